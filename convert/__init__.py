@@ -1,0 +1,1 @@
+"""HF Qwen4-Exp -> GGUF conversion (installed as pyqsa.convert)."""

@@ -1,0 +1,58 @@
+// pyqsa C API, exported from the patched libllama.
+//
+// Return codes: every function returning int32_t returns one of PYQSA_OK or a negative
+// PYQSA_ERR_* listed here; the comment of each function says which it can return.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#    define PYQSA_API __declspec(dllexport)
+#else
+#    define PYQSA_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// cffi-begin: the declarations up to cffi-end are read by pyqsa/native.py (plain C only).
+
+#define PYQSA_OK                 0
+#define PYQSA_ERR_INVALID_ARG   -1
+#define PYQSA_ERR_OUT_OF_RANGE  -2
+
+typedef struct pyqsa_build_info {
+    const char * version;          // pyqsa version, e.g. "0.1.0"
+    const char * upstream_commit;  // pinned llama.cpp commit, e.g. "0c1e570"
+    int32_t      has_cuda;         // 1 when the CUDA backend is compiled in
+    const char * cuda_archs;       // CMAKE_CUDA_ARCHITECTURES of the build, "" without CUDA
+} pyqsa_build_info;
+
+typedef struct pyqsa_device_info {
+    char     name[128];         // backend device name, e.g. "CUDA0", "CPU"
+    char     description[256];  // e.g. "NVIDIA H200" or the CPU model
+    int32_t  type;              // 0 CPU, 1 GPU, 2 integrated GPU, 3 accelerator
+    uint64_t memory_free;       // bytes
+    uint64_t memory_total;      // bytes
+} pyqsa_device_info;
+
+// "pyqsa <version> (llama.cpp <commit>)". Never NULL; static storage.
+PYQSA_API const char * pyqsa_version(void);
+
+// Fills *out. Returns PYQSA_OK, or PYQSA_ERR_INVALID_ARG when out is NULL.
+PYQSA_API int32_t pyqsa_build_info_get(pyqsa_build_info * out);
+
+// Number of ggml backend devices this library sees (loads backends on first call).
+PYQSA_API int32_t pyqsa_device_count(void);
+
+// Fills *out for device i. Returns PYQSA_OK, PYQSA_ERR_INVALID_ARG when out is NULL,
+// or PYQSA_ERR_OUT_OF_RANGE when i is not in [0, pyqsa_device_count()).
+PYQSA_API int32_t pyqsa_device_info_get(int32_t i, pyqsa_device_info * out);
+
+// cffi-end
+
+#ifdef __cplusplus
+}
+#endif

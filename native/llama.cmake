@@ -1,0 +1,18 @@
+# Included by the patched src/CMakeLists.txt (ggml_patches/0001) after the llama target exists:
+# compiles pyqsa's own sources into libllama.
+target_sources(llama PRIVATE
+    ${CMAKE_CURRENT_LIST_DIR}/include/pyqsa.h
+    ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-api.cpp
+)
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-api.cpp
+    PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+target_include_directories(llama PUBLIC ${CMAKE_CURRENT_LIST_DIR}/include)
+target_compile_definitions(llama PRIVATE
+    PYQSA_VERSION="${PYQSA_VERSION}"
+    PYQSA_UPSTREAM_COMMIT="${PYQSA_UPSTREAM_COMMIT}"
+)
+if (GGML_CUDA)
+    target_compile_definitions(llama PRIVATE
+        PYQSA_HAS_CUDA
+        PYQSA_CUDA_ARCHS="${CMAKE_CUDA_ARCHITECTURES}")
+endif()

@@ -1,0 +1,61 @@
+// pyqsa C API: version, build and device queries (see native/include/pyqsa.h).
+#include "pyqsa.h"
+
+#include "ggml-backend.h"
+
+#include <cstdio>
+#include <cstring>
+
+#ifndef PYQSA_VERSION
+#    error "PYQSA_VERSION must be defined by native/llama.cmake"
+#endif
+
+namespace {
+
+void copy_str(char * dst, size_t cap, const char * src) {
+    std::snprintf(dst, cap, "%s", src ? src : "");
+}
+
+}  // namespace
+
+const char * pyqsa_version(void) {
+    return "pyqsa " PYQSA_VERSION " (llama.cpp " PYQSA_UPSTREAM_COMMIT ")";
+}
+
+int32_t pyqsa_build_info_get(pyqsa_build_info * out) {
+    if (out == nullptr) {
+        return PYQSA_ERR_INVALID_ARG;
+    }
+    out->version         = PYQSA_VERSION;
+    out->upstream_commit = PYQSA_UPSTREAM_COMMIT;
+#ifdef PYQSA_HAS_CUDA
+    out->has_cuda   = 1;
+    out->cuda_archs = PYQSA_CUDA_ARCHS;
+#else
+    out->has_cuda   = 0;
+    out->cuda_archs = "";
+#endif
+    return PYQSA_OK;
+}
+
+int32_t pyqsa_device_count(void) {
+    return (int32_t) ggml_backend_dev_count();
+}
+
+int32_t pyqsa_device_info_get(int32_t i, pyqsa_device_info * out) {
+    if (out == nullptr) {
+        return PYQSA_ERR_INVALID_ARG;
+    }
+    if (i < 0 || (size_t) i >= ggml_backend_dev_count()) {
+        return PYQSA_ERR_OUT_OF_RANGE;
+    }
+    ggml_backend_dev_t dev = ggml_backend_dev_get((size_t) i);
+    copy_str(out->name, sizeof(out->name), ggml_backend_dev_name(dev));
+    copy_str(out->description, sizeof(out->description), ggml_backend_dev_description(dev));
+    out->type = (int32_t) ggml_backend_dev_type(dev);
+    size_t free_b = 0, total_b = 0;
+    ggml_backend_dev_memory(dev, &free_b, &total_b);
+    out->memory_free  = free_b;
+    out->memory_total = total_b;
+    return PYQSA_OK;
+}

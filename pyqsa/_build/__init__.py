@@ -1,0 +1,1 @@
+"""Build support (standard library only): pinned upstream, patch series, CMake build."""

@@ -1,0 +1,129 @@
+"""Build the patched upstream + native/ with CMake and stage the Python-facing outputs.
+
+Outputs (all under .build/, git-ignored):
+  .build/upstream/<sdist>/   pristine, verified extract (cache)
+  .build/llama.cpp/          patched tree (git repo, see patches.py)
+  .build/cmake-<variant>/    CMake build folder (incremental)
+  .build/py/llama_cpp/       upstream's ctypes bindings, with lib/ holding our shared libraries
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import patches, upstream
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = ROOT / ".build"
+PY_OUT = BUILD / "py"
+DEFAULT_TARGETS = ["llama", "ggml"]
+PYTHON_LOADED = ["libllama.so", "libggml.so"]
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    cuda: bool
+    cuda_archs: str
+    extra_targets: tuple[str, ...]
+    jobs: int
+
+    @classmethod
+    def from_env(cls) -> BuildConfig:
+        return cls(
+            cuda=os.environ.get("PYQSA_CUDA", "0") not in ("", "0", "off", "OFF"),
+            cuda_archs=os.environ.get("PYQSA_CUDA_ARCHS", "90a"),
+            extra_targets=tuple(os.environ.get("PYQSA_EXTRA_TARGETS", "").split()),
+            jobs=int(os.environ.get("PYQSA_BUILD_JOBS", os.cpu_count() or 2)),
+        )
+
+    @property
+    def variant(self) -> str:
+        return "cuda" if self.cuda else "cpu"
+
+    @property
+    def build_dir(self) -> Path:
+        return BUILD / f"cmake-{self.variant}"
+
+
+def pyqsa_version() -> str:
+    for line in (ROOT / "pyqsa" / "__init__.py").read_text().splitlines():
+        if line.startswith("__version__"):
+            return line.split("=", 1)[1].strip().strip("\"'")
+    raise RuntimeError("pyqsa/__init__.py has no __version__")
+
+
+def _run(cmd: list[str], **kw) -> None:
+    print("pyqsa:", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, **kw)
+
+
+def configure(cfg: BuildConfig, src: Path) -> None:
+    up = upstream.read_upstream()
+    args = [
+        "cmake", "-S", str(src), "-B", str(cfg.build_dir),
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DBUILD_SHARED_LIBS=ON",
+        "-DLLAMA_BUILD_COMMON=ON",
+        "-DLLAMA_BUILD_TESTS=ON",
+        "-DLLAMA_BUILD_TOOLS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_SERVER=OFF",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+        "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+        "-DCMAKE_INSTALL_RPATH=$ORIGIN",
+        f"-DLLAMA_BUILD_COMMIT={up.llama_cpp_commit}",
+        f"-DPYQSA_NATIVE_DIR={ROOT / 'native'}",
+        f"-DPYQSA_VERSION={pyqsa_version()}",
+        f"-DPYQSA_UPSTREAM_COMMIT={up.llama_cpp_commit}",
+        f"-DGGML_CUDA={'ON' if cfg.cuda else 'OFF'}",
+    ]
+    if cfg.cuda:
+        args.append(f"-DCMAKE_CUDA_ARCHITECTURES={cfg.cuda_archs}")
+    if shutil.which("ninja"):
+        args += ["-G", "Ninja"]
+    cache = cfg.build_dir / "CMakeCache.txt"
+    if cache.exists() and ("Ninja" in cache.read_text()) != bool(shutil.which("ninja")):
+        shutil.rmtree(cfg.build_dir)
+    _run(args)
+
+
+def stage_python(extract: Path, cfg: BuildConfig) -> Path:
+    """Copy upstream's llama_cpp package to .build/py and put our libraries in its lib/."""
+    dst = PY_OUT / "llama_cpp"
+    src_pkg = extract / "llama_cpp"
+    if not dst.exists() or (dst / ".pyqsa-sha256").read_text() != (extract / ".pyqsa-sha256").read_text():
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src_pkg, dst, ignore=shutil.ignore_patterns("server", "__pycache__"))
+        shutil.copy2(extract / ".pyqsa-sha256", dst / ".pyqsa-sha256")
+    lib = dst / "lib"
+    shutil.rmtree(lib, ignore_errors=True)
+    lib.mkdir()
+    # The dynamic linker wants the SONAME files (libggml.so.0, ...; found through RPATH $ORIGIN);
+    # Python loads libllama.so and libggml.so by their plain names. Wheels cannot hold symlinks.
+    bin_dir = cfg.build_dir / "bin"
+    for so in sorted(bin_dir.glob("lib*.so.0")):
+        shutil.copy2(so, lib / so.name)
+    for name in PYTHON_LOADED:
+        shutil.copy2(bin_dir / name, lib / name)
+    # The header travels with the library: pyqsa/native.py reads its declarations for cffi.
+    shutil.copy2(ROOT / "native" / "include" / "pyqsa.h", lib / "pyqsa.h")
+    (lib / "VARIANT").write_text(cfg.variant + "\n")
+    return dst
+
+
+def build(cfg: BuildConfig | None = None) -> Path:
+    """Fetch, patch, configure and build; return the staged llama_cpp package folder."""
+    cfg = cfg or BuildConfig.from_env()
+    extract = upstream.fetch()
+    tree = BUILD / "llama.cpp"
+    patches.init_tree(extract / "vendor" / "llama.cpp", tree)
+    patches.apply_series(tree)
+    configure(cfg, tree)
+    targets = DEFAULT_TARGETS + list(cfg.extra_targets)
+    _run(["cmake", "--build", str(cfg.build_dir), "-j", str(cfg.jobs), "--target", *targets])
+    return stage_python(extract, cfg)

@@ -1,0 +1,1 @@
+"""Engine: requests, slots, scheduler, runner, sampler."""

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# GPU machine: build the CUDA variant through the normal setup path and run upstream's
+# test-backend-ops for the ops QSA models rely on. Needs .gpu-carry/ from tests/gpu/pack.sh.
+#   device run: carry [".gpu-carry"], command: tests/gpu/backend_ops.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-/tmp/pyqsa-gpu-out}
+mkdir -p "$out" .build/upstream
+exec > >(tee "$out/backend_ops.log") 2>&1
+tar -C .build/upstream -xzf .gpu-carry/upstream-extract.tar.gz
+python3 -m pip install -q --no-index --no-deps --target /tmp/pyqsa-site .gpu-carry/*.whl
+export PYTHONPATH=/tmp/pyqsa-site
+export PYQSA_CUDA=1 PYQSA_EXTRA_TARGETS="test-backend-ops" PYQSA_BUILD_JOBS=$(nproc)
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+t0=$(date +%s)
+python3 -m pip install -q --no-build-isolation --no-deps --no-index -e .
+echo "build: $(( $(date +%s) - t0 )) s (CUDA variant, archs ${PYQSA_CUDA_ARCHS:-90a})"
+python3 -m pyqsa.cli info
+bin=.build/cmake-cuda/bin/test-backend-ops
+status=0
+for op in TOP_K FLASH_ATTN_EXT GATED_DELTA_NET SSM_CONV; do
+    t0=$(date +%s)
+    if "$bin" test -o "$op" -b CUDA0 > "$out/test-$op.log" 2>&1; then r=PASS; else r=FAIL; status=1; fi
+    echo "$op: $r ($(grep -c 'OK' "$out/test-$op.log") cases OK, $(grep -c 'FAIL' "$out/test-$op.log") FAIL lines, $(( $(date +%s) - t0 )) s)"
+    tail -n 3 "$out/test-$op.log"
+done
+exit $status

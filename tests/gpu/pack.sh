@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Run HERE (not on the GPU machine) before a device run: the GPU machine has no network and the
+# pinned sdist (76 MB) is over the device tool's carry limit, so carry a trimmed copy of the
+# verified extract (without models/docs) plus the wheels the image lacks, in .gpu-carry/.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$(python3 -c "import sys; sys.path.insert(0,'.'); from pyqsa._build import upstream as u; print(u.fetch())")
+mkdir -p .gpu-carry
+tar -C "$(dirname "$root")" -czf .gpu-carry/upstream-extract.tar.gz \
+    --exclude='vendor/llama.cpp/models/ggml-vocab-*' --exclude='vendor/llama.cpp/docs' \
+    --exclude='vendor/llama.cpp/benches' --exclude='vendor/llama.cpp/media' \
+    --exclude='vendor/llama.cpp/tools/server/public*' --exclude='docs' --exclude='examples' \
+    "$(basename "$root")"
+for w in cffi==2.1.1 pycparser==2.23 gguf==0.19.0; do
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform any -d .gpu-carry "$w"
+done
+du -sh .gpu-carry/*

@@ -1,0 +1,126 @@
+"""The build foundation: pinned upstream, patch series, native library, `pyqsa info`."""
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from pyqsa import native
+from pyqsa._build import patches, upstream
+from pyqsa.cli import main
+
+UP = upstream.read_upstream()
+
+
+@pytest.fixture(scope="module")
+def extract():
+    root = upstream.CACHE_DIR / UP.sdist_root
+    if not (root / ".pyqsa-sha256").exists():
+        pytest.fail("the build did not leave a verified upstream extract in .build/upstream")
+    return root
+
+
+def test_upstream_file_pins_sdist_and_commit():
+    assert UP.package == "llama-cpp-python"
+    assert UP.sdist == f"llama_cpp_python-{UP.version}.tar.gz"
+    assert len(UP.sha256) == 64
+    assert UP.llama_cpp_commit
+
+
+def test_library_loads_and_reports_pinned_commit():
+    assert native.version().endswith(f"(llama.cpp {UP.llama_cpp_commit})")
+    b = native.build_info()
+    assert b.upstream_commit == UP.llama_cpp_commit
+    import pyqsa
+
+    assert b.version == pyqsa.__version__
+
+
+def test_upstream_ctypes_bindings_use_patched_library():
+    import llama_cpp
+
+    assert native.lib_dir() == (
+        __import__("pathlib").Path(llama_cpp.__file__).parent / "lib"
+    )
+    info = llama_cpp.llama_print_system_info().decode()
+    assert "CPU" in info
+
+
+def test_device_query_return_codes():
+    ffi, lib = native.raw()
+    n = lib.pyqsa_device_count()
+    assert n >= 1
+    out = ffi.new("pyqsa_device_info *")
+    assert lib.pyqsa_device_info_get(n, out) == lib.PYQSA_ERR_OUT_OF_RANGE
+    assert lib.pyqsa_device_info_get(-1, out) == lib.PYQSA_ERR_OUT_OF_RANGE
+    assert lib.pyqsa_device_info_get(0, ffi.NULL) == lib.PYQSA_ERR_INVALID_ARG
+    assert lib.pyqsa_build_info_get(ffi.NULL) == lib.PYQSA_ERR_INVALID_ARG
+    assert any(d.type == "CPU" for d in native.devices())
+
+
+def test_pyqsa_info_prints_commit_and_backend():
+    res = CliRunner().invoke(main, ["info"])
+    assert res.exit_code == 0, res.output
+    assert UP.llama_cpp_commit in res.output
+    backend = (native.lib_dir() / "VARIANT").read_text().strip().upper()
+    assert f"backend:         {backend}" in res.output
+    res = CliRunner().invoke(main, ["info", "--json"])
+    doc = json.loads(res.output)
+    assert doc["build"]["upstream_commit"] == UP.llama_cpp_commit
+
+
+def test_series_applies_to_fresh_extract(extract, tmp_path):
+    tree = tmp_path / "llama.cpp"
+    patches.init_tree(extract / "vendor" / "llama.cpp", tree)
+    assert patches.apply_series(tree) is True
+    assert patches.apply_series(tree) is False  # idempotent: nothing rewritten
+    assert "PYQSA_NATIVE_DIR" in (tree / "src" / "CMakeLists.txt").read_text()
+    log = patches._git(tree, "log", "--format=%s").stdout.split()
+    assert log[: len(patches.series())] == [p.name for p in reversed(patches.series())]
+
+
+def test_broken_patch_is_refused_by_name(extract, tmp_path):
+    tree = tmp_path / "llama.cpp"
+    patches.init_tree(extract / "vendor" / "llama.cpp", tree)
+    bad_dir = tmp_path / "series"
+    bad_dir.mkdir()
+    for p in patches.series():
+        shutil.copy(p, bad_dir / p.name)
+    first = sorted(bad_dir.iterdir())[0]
+    text = first.read_text()
+    # change a context line so one hunk no longer matches upstream
+    first.write_text(text.replace(" target_link_libraries(llama PUBLIC ggml)",
+                                  " target_link_libraries(llama PUBLIC ggml-changed)", 1))
+    assert first.read_text() != text
+    with pytest.raises(patches.PatchError, match=first.name):
+        patches.apply_series(tree, patches.series(bad_dir))
+
+
+def test_regenerate_writes_edits_as_new_patch(extract, tmp_path):
+    tree = tmp_path / "llama.cpp"
+    patches.init_tree(extract / "vendor" / "llama.cpp", tree)
+    series_dir = tmp_path / "series"
+    series_dir.mkdir()
+    for p in patches.series():
+        shutil.copy(p, series_dir / p.name)
+    patches.apply_series(tree, patches.series(series_dir))
+    (tree / "README.md").write_text((tree / "README.md").read_text() + "\npyqsa test edit\n")
+    out = patches.regenerate(tree, "9999-test-edit.patch", patch_dir=series_dir)
+    assert "+pyqsa test edit" in out.read_text()
+    fresh = tmp_path / "fresh"
+    patches.init_tree(extract / "vendor" / "llama.cpp", fresh)
+    patches.apply_series(fresh, patches.series(series_dir))
+    assert "pyqsa test edit" in (fresh / "README.md").read_text()
+
+
+def test_sdist_hash_mismatch_is_refused(tmp_path):
+    fake = tmp_path / UP.sdist
+    fake.write_bytes(b"not the pinned sdist")
+    with pytest.raises(upstream.UpstreamError, match="sha256 mismatch") as e:
+        upstream.download_sdist(UP, tmp_path)
+    assert UP.sha256 in str(e.value) and "delete" in str(e.value)
+
+
+def test_cached_sdist_matches_pin():
+    upstream.verify_sdist(upstream.CACHE_DIR / UP.sdist, UP)
