@@ -15,6 +15,8 @@ sys.path.insert(0, str(ROOT))
 
 from pyqsa._build import native  # noqa: E402
 
+native.stage_bindings()
+
 
 class BuildWithNative(build_py):
     def run(self):

@@ -92,15 +92,26 @@ def configure(cfg: BuildConfig, src: Path) -> None:
     _run(args)
 
 
-def stage_python(extract: Path, cfg: BuildConfig) -> Path:
-    """Copy upstream's llama_cpp package to .build/py and put our libraries in its lib/."""
+def stage_bindings() -> Path:
+    """Copy upstream's llama_cpp package to .build/py (fetching upstream if needed).
+
+    setup.py calls this before setup(): setuptools wants every package folder to exist already
+    when it writes metadata, long before build_py compiles anything.
+    """
+    extract = upstream.fetch()
     dst = PY_OUT / "llama_cpp"
-    src_pkg = extract / "llama_cpp"
-    if not dst.exists() or (dst / ".pyqsa-sha256").read_text() != (extract / ".pyqsa-sha256").read_text():
+    stamp = (extract / ".pyqsa-sha256").read_text()
+    if not (dst / ".pyqsa-sha256").exists() or (dst / ".pyqsa-sha256").read_text() != stamp:
         shutil.rmtree(dst, ignore_errors=True)
-        shutil.copytree(src_pkg, dst, ignore=shutil.ignore_patterns("server", "__pycache__"))
-        shutil.copy2(extract / ".pyqsa-sha256", dst / ".pyqsa-sha256")
-    lib = dst / "lib"
+        shutil.copytree(extract / "llama_cpp", dst,
+                        ignore=shutil.ignore_patterns("server", "__pycache__", "lib"))
+        (dst / ".pyqsa-sha256").write_text(stamp)
+    return dst
+
+
+def stage_libraries(cfg: BuildConfig) -> Path:
+    """Put the built shared libraries (and pyqsa.h) into the staged llama_cpp/lib."""
+    lib = stage_bindings() / "lib"
     shutil.rmtree(lib, ignore_errors=True)
     lib.mkdir()
     # The dynamic linker wants the SONAME files (libggml.so.0, ...; found through RPATH $ORIGIN);
@@ -113,11 +124,11 @@ def stage_python(extract: Path, cfg: BuildConfig) -> Path:
     # The header travels with the library: pyqsa/native.py reads its declarations for cffi.
     shutil.copy2(ROOT / "native" / "include" / "pyqsa.h", lib / "pyqsa.h")
     (lib / "VARIANT").write_text(cfg.variant + "\n")
-    return dst
+    return lib
 
 
 def build(cfg: BuildConfig | None = None) -> Path:
-    """Fetch, patch, configure and build; return the staged llama_cpp package folder."""
+    """Fetch, patch, configure and build; return the staged llama_cpp/lib folder."""
     cfg = cfg or BuildConfig.from_env()
     extract = upstream.fetch()
     tree = BUILD / "llama.cpp"
@@ -126,4 +137,4 @@ def build(cfg: BuildConfig | None = None) -> Path:
     configure(cfg, tree)
     targets = DEFAULT_TARGETS + list(cfg.extra_targets)
     _run(["cmake", "--build", str(cfg.build_dir), "-j", str(cfg.jobs), "--target", *targets])
-    return stage_python(extract, cfg)
+    return stage_libraries(cfg)

@@ -9,7 +9,10 @@ mkdir -p .gpu-carry
 tar -C "$(dirname "$root")" -czf .gpu-carry/upstream-extract.tar.gz \
     --exclude='vendor/llama.cpp/models/ggml-vocab-*' --exclude='vendor/llama.cpp/docs' \
     --exclude='vendor/llama.cpp/benches' --exclude='vendor/llama.cpp/media' \
-    --exclude='vendor/llama.cpp/tools/server/public*' --exclude='docs' --exclude='examples' \
+    --exclude="$(basename "$root")/.git" --exclude='vendor/llama.cpp/tools/ui' \
+    --exclude='vendor/llama.cpp/tools/mtmd' --exclude='*.mp4' --exclude='*.webp' \
+    --exclude='ggml-opencl' --exclude='ggml-vulkan' --exclude='vendor/miniaudio' \
+    --exclude='docs' --exclude='examples' \
     "$(basename "$root")"
 for w in cffi==2.1.1 pycparser==2.23 gguf==0.19.0; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
