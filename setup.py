@@ -8,24 +8,21 @@ import sys
 from pathlib import Path
 
 from setuptools import setup
-from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 from pyqsa._build import native  # noqa: E402
 
+# NOTE: setuptools checks every package folder while writing metadata, so the llama_cpp
+# bindings are staged first. The native build runs for any command that produces an install
+# (pip's wheel and editable paths, legacy develop): hooking build_py alone misses `develop`,
+# and editable_wheel skips build_py's body.
 native.stage_bindings()
-
-
-class BuildWithNative(build_py):
-    def run(self):
-        native.build()
-        super().run()
-
+if {"build", "build_py", "bdist_wheel", "editable_wheel", "develop", "install"} & set(sys.argv):
+    native.build()
 
 setup(
-    cmdclass={"build_py": BuildWithNative},
     package_dir={
         "pyqsa": "pyqsa",
         "pyqsa.convert": "convert",
