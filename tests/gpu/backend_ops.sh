@@ -5,10 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/pyqsa-gpu-out}
+rm -rf .build/upstream .build/llama.cpp  # a warm machine keeps ignored outputs of the last run
 mkdir -p "$out" .build/upstream
 exec > >(tee "$out/backend_ops.log") 2>&1
 tar -C .build/upstream -xzf .gpu-carry/upstream-extract.tar.gz
-python3 -m pip install -q --no-index --no-deps --target /tmp/pyqsa-site .gpu-carry/*.whl
+python3 -m pip install -q --upgrade --no-index --no-deps --target /tmp/pyqsa-site .gpu-carry/*.whl
 export PYTHONPATH=/tmp/pyqsa-site
 export PYQSA_CUDA=1 PYQSA_EXTRA_TARGETS="test-backend-ops" PYQSA_BUILD_JOBS=$(nproc)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
