@@ -3,10 +3,17 @@
 target_sources(llama PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/include/pyqsa.h
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-api.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-debug.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/qsa-mask.cpp
 )
-set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-api.cpp
+set_source_files_properties(
+    ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-api.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-debug.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/qsa-mask.cpp
     PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
 target_include_directories(llama PUBLIC ${CMAKE_CURRENT_LIST_DIR}/include)
+# internal headers of native/src, included by the patched upstream graph code
+target_include_directories(llama PRIVATE ${CMAKE_CURRENT_LIST_DIR}/src)
 target_compile_definitions(llama PRIVATE
     PYQSA_VERSION="${PYQSA_VERSION}"
     PYQSA_UPSTREAM_COMMIT="${PYQSA_UPSTREAM_COMMIT}"

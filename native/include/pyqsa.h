@@ -22,6 +22,7 @@ extern "C" {
 #define PYQSA_OK                 0
 #define PYQSA_ERR_INVALID_ARG   -1
 #define PYQSA_ERR_OUT_OF_RANGE  -2
+#define PYQSA_ERR_UNSUPPORTED   -3
 
 typedef struct pyqsa_build_info {
     const char * version;          // pyqsa version, e.g. "0.1.0"
@@ -50,6 +51,24 @@ PYQSA_API int32_t pyqsa_device_count(void);
 // Fills *out for device i. Returns PYQSA_OK, PYQSA_ERR_INVALID_ARG when out is NULL,
 // or PYQSA_ERR_OUT_OF_RANGE when i is not in [0, pyqsa_device_count()).
 PYQSA_API int32_t pyqsa_device_info_get(int32_t i, pyqsa_device_info * out);
+
+// Debug view of a ggml tensor seen by llama's cb_eval callback (llama_context_params.cb_eval):
+// lets tests and calibration read named intermediates (e.g. "indexer_sel-3", "Kcur-3").
+typedef struct pyqsa_tensor_view {
+    char    name[64];  // ggml tensor name
+    int32_t type;      // enum ggml_type
+    int64_t ne[4];     // elements per dimension, ne[0] fastest
+} pyqsa_tensor_view;
+
+// Fills *out from tensor t (a struct ggml_tensor *). Returns PYQSA_OK, or
+// PYQSA_ERR_INVALID_ARG when t or out is NULL.
+PYQSA_API int32_t pyqsa_tensor_view_get(const void * t, pyqsa_tensor_view * out);
+
+// Copies tensor t (F32, F16, BF16 or I32; any backend) into dst as float, n = ggml_nelements(t)
+// values in ggml row-major order. Returns PYQSA_OK, PYQSA_ERR_INVALID_ARG when t or dst is NULL
+// or t is not contiguous, PYQSA_ERR_OUT_OF_RANGE when n is smaller than the element count,
+// PYQSA_ERR_UNSUPPORTED for other types.
+PYQSA_API int32_t pyqsa_tensor_read_f32(const void * t, float * dst, int64_t n);
 
 // cffi-end
 

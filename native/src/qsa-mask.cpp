@@ -1,0 +1,42 @@
+// QSA block selection for the masked attention path (see qsa-mask.h).
+#include "qsa-mask.h"
+
+#include <cmath>
+
+pyqsa_qsa_selection pyqsa_qsa_select_blocks(ggml_context * ctx, ggml_tensor * score,
+                                            ggml_tensor * comp, ggml_tensor * force,
+                                            ggml_tensor * cell_blk, ggml_tensor * kq_mask,
+                                            int64_t kb) {
+    const int64_t n_blocks = score->ne[0];
+    const int64_t n_tps    = score->ne[1];
+    const int64_t n_stream = score->ne[2];
+    const int64_t n_kv     = cell_blk->ne[0];
+
+    GGML_ASSERT(kb > 0 && kb <= n_blocks);
+    GGML_ASSERT(kq_mask->ne[0] == n_kv && kq_mask->ne[1] == n_tps && kq_mask->ne[3] == n_stream);
+
+    // candidates only; the CPU top_k breaks exact ties towards the lower block index
+    // (ggml_patches/0003). When fewer than kb blocks are candidates, the extra picks score -inf
+    // and are tail, future, foreign or padding blocks: forced anyway or dropped by kq_mask.
+    ggml_tensor * cand   = ggml_add(ctx, score, comp);
+    ggml_tensor * blocks = ggml_top_k(ctx, cand, kb);  // I32 [kb, n_tps, n_stream]
+
+    // allow[b] = 0 for forced or selected blocks, else -inf. set_rows on rows of one element:
+    // [1, n_blocks, n_tps, n_stream] <- zeros [1, kb, n_tps, n_stream] at blocks [kb, n_tps, n_stream, 1]
+    ggml_tensor * allow = ggml_cont(ctx, force);
+    allow = ggml_reshape_4d(ctx, allow, 1, n_blocks, n_tps, n_stream);
+    ggml_tensor * zeros = ggml_fill(ctx, ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, kb, n_tps, n_stream), 0.0f);
+    ggml_tensor * idx   = ggml_reshape_4d(ctx, ggml_cont(ctx, blocks), kb, n_tps, n_stream, 1);
+    allow = ggml_set_rows(ctx, allow, zeros, idx);
+    allow = ggml_reshape_3d(ctx, allow, n_blocks, n_tps, n_stream);
+
+    // every cell takes its block's value: rows are blocks after the permute
+    // [n_blocks, n_tps, ns] -> [n_tps, n_blocks, ns] -get_rows(cell_blk)-> [n_tps, n_kv, ns]
+    ggml_tensor * cells = ggml_get_rows(ctx, ggml_cont(ctx, ggml_permute(ctx, allow, 1, 0, 2, 3)), cell_blk);
+    cells = ggml_cont(ctx, ggml_permute(ctx, cells, 1, 0, 2, 3));  // [n_kv, n_tps, ns]
+
+    ggml_tensor * mask = kq_mask->type == GGML_TYPE_F32 ? kq_mask : ggml_cast(ctx, kq_mask, GGML_TYPE_F32);
+    mask = ggml_add(ctx, ggml_reshape_4d(ctx, cells, n_kv, n_tps, 1, n_stream), mask);
+
+    return { blocks, mask };
+}

@@ -1,0 +1,103 @@
+"""Test-side driver of the patched llama.cpp runtime: logits for every position, and the QSA
+selection each indexed layer made, read from the graph's "qsa_mask-<layer>" tensor."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import llama_cpp
+import numpy as np
+
+from pyqsa.debug import TensorCapture
+
+GGML_TYPE_F32 = 0
+_MASK = re.compile(r"qsa_mask-(\d+)")
+
+
+@dataclass
+class Selections:
+    """Selected KV cells per (layer, stream, query row), in call order of the decodes."""
+
+    rows: dict[int, list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
+
+    def on_mask(self, name: str, mask: np.ndarray) -> None:
+        layer = int(_MASK.fullmatch(name).group(1))
+        self.rows[layer].append(np.isfinite(mask[:, 0]))  # [n_stream, n_tps, n_kv]
+
+
+class LlamaRuntime:
+    """One model + one context with f32 KV (for parity), n_seq sequences in separate streams."""
+
+    def __init__(self, path: str, n_ctx: int = 1024, n_seq: int = 1, n_batch: int = 1024):
+        llama_cpp.llama_backend_init()
+        mparams = llama_cpp.llama_model_default_params()
+        self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
+        assert self.model, f"failed to load {path}"
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.selections = Selections()
+        self._capture = TensorCapture(r"qsa_mask-\d+", self.selections.on_mask)
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx * n_seq
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_seq_max = n_seq
+        cparams.kv_unified = False
+        cparams.type_k = GGML_TYPE_F32
+        cparams.type_v = GGML_TYPE_F32
+        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cparams.n_threads = cparams.n_threads_batch = 2
+        self._capture.install(cparams)
+        self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
+        assert self.ctx, "failed to create a context"
+
+    def close(self) -> None:
+        llama_cpp.llama_free(self.ctx)
+        llama_cpp.llama_model_free(self.model)
+
+    def decode(self, chunks: list[tuple[int, list[int], int]]) -> dict[int, np.ndarray]:
+        """Decode one batch. chunks: (seq_id, tokens, first position). Returns, per seq_id,
+        the logits [len(tokens), n_vocab] of every token of its chunk."""
+        n = sum(len(t) for _, t, _ in chunks)
+        batch = llama_cpp.llama_batch_init(n, 0, 1)
+        try:
+            i = 0
+            rows: dict[int, list[int]] = {}
+            for seq, tokens, pos0 in chunks:
+                rows[seq] = []
+                for j, tok in enumerate(tokens):
+                    batch.token[i] = tok
+                    batch.pos[i] = pos0 + j
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = seq
+                    batch.logits[i] = True
+                    rows[seq].append(i)
+                    i += 1
+            batch.n_tokens = n
+            rc = llama_cpp.llama_decode(self.ctx, batch)
+            self._capture.raise_pending()
+            assert rc == 0, f"llama_decode returned {rc}"
+            out = {}
+            for seq, idx in rows.items():
+                out[seq] = np.stack(
+                    [
+                        np.ctypeslib.as_array(
+                            ctypes.cast(
+                                llama_cpp.llama_get_logits_ith(self.ctx, k),
+                                ctypes.POINTER(ctypes.c_float),
+                            ),
+                            shape=(self.n_vocab,),
+                        ).copy()
+                        for k in idx
+                    ]
+                )
+            return out
+        finally:
+            llama_cpp.llama_batch_free(batch)
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ctx), True)
+        self.selections.rows.clear()
