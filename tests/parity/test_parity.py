@@ -1,0 +1,96 @@
+"""Logits and QSA selections of the patched runtime vs HF transformers (eager, f32).
+
+Tiny models: budget 16 tokens, ratio 4, so from position 19 on every QSA query prunes.
+"""
+
+import numpy as np
+import pytest
+
+from .conftest import RESULTS
+
+MAX_REL_ERR = 1e-3
+PROMPT_LEN = 300
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 151643, n).tolist()
+
+
+def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
+    """Max over positions of max|ours - ref| / max|ref| (per position)."""
+    return float((np.abs(ours - ref).max(-1) / np.abs(ref).max(-1)).max())
+
+
+def check_logits(name: str, ours: np.ndarray, ref: np.ndarray) -> None:
+    err = rel_err(ours, ref)
+    top1 = float((ours.argmax(-1) == ref.argmax(-1)).mean())
+    RESULTS.append(f"{name}: {len(ref)} positions, top-1 agreement {top1:.2%}, max rel err {err:.2e}")
+    assert top1 == 1.0, f"{name}: top-1 agreement {top1:.2%}"
+    assert err < MAX_REL_ERR, f"{name}: max relative logit error {err:.2e}"
+
+
+def selected_rows(rt, layer: int) -> np.ndarray:
+    """Selections of a single-sequence run, one row per query, in decode order: [T, n_kv]."""
+    return np.concatenate([rows[0] for rows in rt.selections.rows[layer]], axis=0)
+
+
+def check_selections(name, hf, rt, hf_sel, n_tokens):
+    budget = hf.model.config.indexer_budget
+    r = hf.model.config.indexer_compress_ratio
+    for layer in hf.qsa_layers:
+        ours = selected_rows(rt, layer)
+        assert ours.shape[0] == n_tokens
+        for p in range(n_tokens):
+            got = set(np.nonzero(ours[p])[0].tolist())
+            assert got == hf_sel[layer][p], (
+                f"{name} layer {layer} query {p}: extra {sorted(got - hf_sel[layer][p])}, "
+                f"missing {sorted(hf_sel[layer][p] - got)}"
+            )
+        sizes = ours.sum(-1)
+        # the layer really pruned: dense attention would see p + 1 tokens at every query
+        assert sizes.max() <= budget + r - 1
+        assert all(sizes[p] < p + 1 for p in range(budget + r, n_tokens))
+
+
+def test_prefill_matches_hf(pair):
+    name, hf, rt = pair
+    rt.clear()
+    toks = tokens(PROMPT_LEN, seed=1)
+    ref, ref_sel = hf.run(toks)
+    ours = rt.decode([(0, toks, 0)])[0]
+    check_logits(f"{name} one-shot prefill", ours, ref)
+    check_selections(f"{name} prefill", hf, rt, ref_sel, PROMPT_LEN)
+
+
+def test_token_by_token_decode_matches_hf(pair):
+    name, hf, rt = pair
+    rt.clear()
+    toks = tokens(72, seed=2)
+    ref, ref_sel = hf.run(toks)
+    rows = [rt.decode([(0, toks[:8], 0)])[0]]
+    rows += [rt.decode([(0, [toks[p]], p)])[0] for p in range(8, len(toks))]
+    check_logits(f"{name} prefill 8 + decode 64", np.concatenate(rows), ref)
+    check_selections(f"{name} decode", hf, rt, ref_sel, len(toks))
+
+
+def test_chunked_prefill_matches_one_shot(pair):
+    name, hf, rt = pair
+    rt.clear()
+    toks = tokens(160, seed=3)
+    one_shot = rt.decode([(0, toks, 0)])[0]
+    rt.clear()
+    chunks = [rt.decode([(0, toks[i : i + 37], i)])[0] for i in range(0, len(toks), 37)]
+    err = rel_err(np.concatenate(chunks), one_shot)
+    RESULTS.append(f"{name}: chunked (37) vs one-shot prefill, max rel err {err:.2e}")
+    assert err < MAX_REL_ERR
+
+
+@pytest.mark.parametrize("lengths", [(120, 75, 200)])
+def test_sequences_in_one_batch_match_hf(pair, lengths):
+    name, hf, rt = pair
+    rt.clear()
+    seqs = [tokens(n, seed=10 + i) for i, n in enumerate(lengths)]
+    out = rt.decode([(i, s, 0) for i, s in enumerate(seqs)])
+    for i, s in enumerate(seqs):
+        ref, _ = hf.run(s)
+        check_logits(f"{name} batch of {len(seqs)}, seq {i}", out[i], ref)
