@@ -6,6 +6,8 @@ import json
 
 import click
 
+from pyqsa.convert.cli import convert, inspect_cmd
+
 from . import __version__
 
 
@@ -40,6 +42,9 @@ def info(as_json: bool) -> None:
         )
         click.echo(f"  {d.name:8s} {d.type:5s} {d.description} ({mem})")
 
+
+main.add_command(convert)
+main.add_command(inspect_cmd)
 
 if __name__ == "__main__":
     main()

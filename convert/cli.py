@@ -1,0 +1,81 @@
+"""Click commands `pyqsa convert` and `pyqsa inspect` (registered in pyqsa/cli.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from .errors import ConvertError
+from .writer import OUTTYPES
+
+
+def _fail(e: ConvertError) -> None:
+    click.echo(f"pyqsa: error: {e}", err=True)
+    raise SystemExit(2)
+
+
+def _read_text(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConvertError(f"{path}: unreadable calibration text ({e})") from None
+
+
+@click.command()
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="GGUF file to write.")
+@click.option("--outtype", type=click.Choice(list(OUTTYPES)), default="f32", show_default=True)
+@click.option(
+    "--calibrate",
+    "calib",
+    type=click.Path(path_type=Path),
+    help="Text file: calibrate the KV scales on it (else they are estimated from weights).",
+)
+@click.option(
+    "--refresh-qsa",
+    is_flag=True,
+    help="SOURCE is a GGUF: rewrite only its pyqsa.* keys (QSA layer map, KV scales).",
+)
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def convert(
+    source: Path,
+    output: Path | None,
+    outtype: str,
+    calib: Path | None,
+    refresh_qsa: bool,
+    quiet: bool,
+) -> None:
+    """Convert an HF Qwen4-Exp checkpoint folder to GGUF (or refresh a GGUF's QSA keys)."""
+    from . import pipeline
+
+    try:
+        text = _read_text(calib)
+        if refresh_qsa:
+            scales = pipeline.refresh_qsa(source, text, out_path=output, progress=not quiet)
+            click.echo(f"refreshed QSA keys of {output or source} ({scales.source})")
+            return
+        if output is None:
+            raise ConvertError("missing -o/--output")
+        pipeline.convert_checkpoint(source, output, outtype, text, progress=not quiet)
+        click.echo(f"wrote {output}")
+    except ConvertError as e:
+        _fail(e)
+
+
+@click.command(name="inspect")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def inspect_cmd(path: Path, as_json: bool) -> None:
+    """Show a qwen4exp GGUF's layer map, QSA parameters, KV scales and tensor sizes."""
+    from .inspect import render, summarize
+
+    try:
+        s = summarize(path)
+    except ConvertError as e:
+        _fail(e)
+        return
+    click.echo(json.dumps(s.to_dict()) if as_json else render(s))
