@@ -102,7 +102,8 @@ def save_qwen_tokenizer(out: Path) -> None:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
     v = from_vocab_gguf(qwen_vocab_gguf())
-    vocab = {t: i for i, (t, ty) in enumerate(zip(v.tokens, v.token_types, strict=True)) if ty == 1}
+    typed = list(enumerate(zip(v.tokens, v.token_types, strict=True)))
+    vocab = {t: i for i, (t, ty) in typed if ty == 1}
     merges = [tuple(m.split(" ", 1)) for m in v.merges]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=False, fuse_unk=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
