@@ -7,6 +7,7 @@ import json
 import click
 
 from pyqsa.convert.cli import convert, inspect_cmd
+from pyqsa.server.cli import chat, serve
 
 from . import __version__
 
@@ -45,6 +46,8 @@ def info(as_json: bool) -> None:
 
 main.add_command(convert)
 main.add_command(inspect_cmd)
+main.add_command(serve)
+main.add_command(chat)
 
 if __name__ == "__main__":
     main()

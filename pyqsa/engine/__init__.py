@@ -1,1 +1,37 @@
-"""Engine: requests, slots, scheduler, runner, sampler."""
+"""Engine: requests, slots, scheduler, runner, sampler.
+
+Module map: config (EngineConfig) | request (Request, SamplingParams, events) | slots
+(SlotTable, SlotLease) | scheduler (token budget: decode first, then prompt chunks) | runner
+(llama.cpp: model, tokenizer, batched forward) | sampler (numpy sampling, penalties) |
+detokenizer (UTF-8-safe deltas, stop strings) | engine (the thread and its step loop) |
+demo_model (the embedded default model).
+"""
+
+from .config import EngineConfig
+from .engine import (
+    AdmissionError,
+    Engine,
+    EngineStats,
+    EngineStopped,
+    PromptTooLong,
+    QueueFull,
+    load_engine,
+)
+from .request import Delta, Event, Finished, FinishReason, SamplingParams, TokenLogprob
+
+__all__ = [
+    "AdmissionError",
+    "Delta",
+    "Engine",
+    "EngineConfig",
+    "EngineStats",
+    "EngineStopped",
+    "Event",
+    "FinishReason",
+    "Finished",
+    "PromptTooLong",
+    "QueueFull",
+    "SamplingParams",
+    "TokenLogprob",
+    "load_engine",
+]

@@ -1,0 +1,52 @@
+"""Engine configuration: one frozen dataclass that checks its own invariants."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs one model.
+
+    `n_slots` sequences run at once, each with room for `ctx_per_slot` tokens (prompt plus
+    output); `max_batch_tokens` is the token budget of one step (decode tokens first, then
+    prefill chunks); `max_waiting` bounds the queue of requests waiting for a slot, beyond
+    which submissions are refused rather than buffered without limit.
+    """
+
+    model_path: str
+    n_slots: int = 8
+    ctx_per_slot: int = 4096
+    max_batch_tokens: int = 256
+    max_waiting: int = 64
+    n_threads: int = 0  # 0: all cores
+    seed: int = 0  # seeds requests that give no seed of their own, in arrival order
+
+    def __post_init__(self) -> None:
+        if not self.model_path:
+            raise ValueError("model_path is required")
+        if self.n_slots < 1:
+            raise ValueError(f"n_slots must be >= 1, got {self.n_slots}")
+        if self.ctx_per_slot < 2:
+            raise ValueError(f"ctx_per_slot must be >= 2, got {self.ctx_per_slot}")
+        if self.max_batch_tokens < self.n_slots:
+            # NOTE: every running slot must be able to decode one token per step, or a
+            # request could starve behind the others' decode tokens.
+            raise ValueError(
+                f"max_batch_tokens ({self.max_batch_tokens}) must be >= n_slots ({self.n_slots})"
+            )
+        if self.max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        if self.n_threads < 0:
+            raise ValueError(f"n_threads must be >= 0, got {self.n_threads}")
+
+    @property
+    def threads(self) -> int:
+        return self.n_threads or os.cpu_count() or 1
+
+    @property
+    def n_ctx(self) -> int:
+        """Total context of the llama context: one `ctx_per_slot` stream per slot."""
+        return self.n_slots * self.ctx_per_slot

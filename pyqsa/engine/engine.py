@@ -1,0 +1,298 @@
+"""The engine: one thread owns the model and runs schedule -> run -> postprocess.
+
+Other threads talk to it only through `submit` and `cancel`, which post commands to a queue;
+results go back through each request's sink as typed `Delta` / `Finished` events, called on
+the engine thread (a sink must not block: the server's sink hands events to its event loop).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from .config import EngineConfig
+from .detokenizer import Detokenizer
+from .request import (
+    Delta,
+    EventSink,
+    Finished,
+    FinishReason,
+    Request,
+    RequestState,
+    SamplingParams,
+)
+from .runner import LlamaModel, LlamaRunner, Runner, RunnerError
+from .sampler import Sampler
+from .scheduler import Chunk, Scheduler
+from .slots import SlotTable
+
+log = logging.getLogger(__name__)
+
+
+class Vocab(Protocol):
+    def token_bytes(self, token: int) -> bytes: ...
+
+    def is_eog(self, token: int) -> bool: ...
+
+
+class AdmissionError(Exception):
+    """A request the engine refuses up front; nothing was queued."""
+
+
+class PromptTooLong(AdmissionError):
+    pass
+
+
+class QueueFull(AdmissionError):
+    pass
+
+
+class EngineStopped(AdmissionError):
+    pass
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    n_slots: int
+    busy_slots: int
+    waiting: int  # queued for a slot
+    in_flight: int  # submitted and not yet finished (queued, running, or in the inbox)
+    prompt_tokens: int  # totals since start
+    generated_tokens: int
+    finished: dict[str, int]  # by finish reason
+    tokens_per_second: float  # generated, over the last few seconds
+
+
+@dataclass(eq=False)
+class _Live:
+    req: Request
+    sampler: Sampler
+    detok: Detokenizer
+
+
+_TPS_WINDOW_S = 5.0
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, runner: Runner, vocab: Vocab) -> None:
+        self.config = config
+        self.runner = runner
+        self.vocab = vocab
+        self.slots = SlotTable(config.n_slots, config.ctx_per_slot, runner.release)
+        self.scheduler = Scheduler(self.slots, config.max_batch_tokens)
+        self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._live: dict[str, _Live] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()  # guards the counters below
+        self._in_flight = 0
+        self._prompt_tokens = 0
+        self._generated = 0
+        self._finished = {r.value: 0 for r in FinishReason}
+        self._recent: deque[tuple[float, int]] = deque()
+        self._busy = 0
+        self._waiting = 0
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="pyqsa-engine", daemon=True)
+
+    # -- API for other threads -------------------------------------------------------------
+
+    def start(self) -> Engine:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Cancel everything, stop the thread; idempotent."""
+        with self._lock:
+            self._stopped = True
+        self._inbox.put(("stop", None))
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def submit(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        sink: EventSink,
+        request_id: str | None = None,
+    ) -> str:
+        """Queue a request; its events go to `sink`. Raises an AdmissionError when refused."""
+        cap = self.config.ctx_per_slot
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if len(prompt) >= cap:
+            raise PromptTooLong(
+                f"the prompt has {len(prompt)} tokens; a slot holds {cap} "
+                f"(prompt plus at least one generated token)"
+            )
+        max_len = cap if params.max_tokens is None else min(cap, len(prompt) + params.max_tokens)
+        with self._lock:
+            if self._stopped:
+                raise EngineStopped("the engine is shutting down")
+            if self._in_flight >= self.config.n_slots + self.config.max_waiting:
+                raise QueueFull(
+                    f"all {self.config.n_slots} slots are busy and "
+                    f"{self.config.max_waiting} requests are waiting"
+                )
+            self._in_flight += 1
+            n = next(self._ids)
+        rid = request_id or f"req-{n}"
+        req = Request(rid, list(prompt), params, sink, max_len=max_len, arrival=n)
+        self._inbox.put(("submit", req))
+        return rid
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a queued or running request; unknown or finished ids are ignored."""
+        self._inbox.put(("cancel", request_id))
+
+    def stats(self) -> EngineStats:
+        now = time.monotonic()
+        with self._lock:
+            while self._recent and self._recent[0][0] < now - _TPS_WINDOW_S:
+                self._recent.popleft()
+            recent = sum(n for _, n in self._recent)
+            return EngineStats(
+                n_slots=self.config.n_slots,
+                busy_slots=self._busy,
+                waiting=self._waiting,
+                in_flight=self._in_flight,
+                prompt_tokens=self._prompt_tokens,
+                generated_tokens=self._generated,
+                finished=dict(self._finished),
+                tokens_per_second=recent / _TPS_WINDOW_S,
+            )
+
+    # -- engine thread ---------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            idle = not self.scheduler.running and not self.scheduler.waiting
+            if not self._drain(block=idle):
+                break
+            chunks = self.scheduler.schedule()
+            self._publish()
+            if not chunks:
+                continue
+            try:
+                logits = self.runner.run(chunks)
+            except RunnerError as e:
+                log.error("step failed: %s", e)
+                for c in chunks:
+                    self._finish(c.request, FinishReason.ERROR, error=str(e))
+                continue
+            # NOTE: cancels that arrived during the forward pass free their slots now; the
+            # rows of those requests then carry stale leases and are dropped below.
+            if not self._drain(block=False):
+                break
+            self._postprocess(chunks, logits)
+            self._publish()
+        for live in list(self._live.values()):
+            self._finish(live.req, FinishReason.CANCELLED)
+        self._publish()
+
+    def _drain(self, block: bool) -> bool:
+        """Apply queued commands; False when asked to stop."""
+        while True:
+            try:
+                cmd, arg = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if cmd == "stop":
+                return False
+            if cmd == "submit":
+                assert isinstance(arg, Request)
+                seed = hash((self.config.seed, arg.arrival)) & 0xFFFFFFFF
+                detok = Detokenizer(self.vocab.token_bytes, arg.params.stop)
+                self._live[arg.request_id] = _Live(arg, Sampler(arg.params, seed), detok)
+                self.scheduler.add(arg)
+            elif cmd == "cancel":
+                live = self._live.get(str(arg))
+                if live is not None:
+                    self._finish(live.req, FinishReason.CANCELLED)
+
+    def _postprocess(self, chunks: list[Chunk], logits: np.ndarray) -> None:
+        rows = iter(logits)
+        generated = 0
+        prompt = 0
+        for c in chunks:
+            row = next(rows) if c.sample else None
+            req = c.request
+            if req.state is not RequestState.RUNNING or not self.slots.is_current(c.lease):
+                continue  # stale: the request ended while its batch ran
+            if req.num_computed_tokens < len(req.prompt):
+                prompt += min(len(c.tokens), len(req.prompt) - req.num_computed_tokens)
+            req.num_computed_tokens += len(c.tokens)
+            if row is None:
+                continue
+            generated += 1
+            self._advance(self._live[req.request_id], row)
+        with self._lock:
+            self._prompt_tokens += prompt
+            self._generated += generated
+            if generated:
+                self._recent.append((time.monotonic(), generated))
+
+    def _advance(self, live: _Live, row: np.ndarray) -> None:
+        """Sample the next token of a running request and emit it."""
+        req, params = live.req, live.req.params
+        token, lp = live.sampler(row, req.tokens, len(req.prompt))
+        req.tokens.append(token)
+        if (not params.ignore_eos and self.vocab.is_eog(token)) or token in params.stop_token_ids:
+            self._finish(req, FinishReason.STOP, text=live.detok.flush())
+            return
+        text, hit = live.detok.add(token)
+        self._emit(req, Delta(req.request_id, text, (token,), (lp,) if lp else ()))
+        if hit:
+            self._finish(req, FinishReason.STOP)
+        elif len(req.tokens) >= req.max_len:
+            self._finish(req, FinishReason.LENGTH, text=live.detok.flush())
+
+    def _finish(
+        self, req: Request, reason: FinishReason, text: str = "", error: str | None = None
+    ) -> None:
+        if req.state is RequestState.FINISHED:
+            return
+        self.scheduler.finish(req)
+        del self._live[req.request_id]
+        with self._lock:
+            self._in_flight -= 1
+            self._finished[reason.value] += 1
+        ev = Finished(
+            req.request_id, reason, len(req.prompt), req.num_output_tokens, text=text, error=error
+        )
+        self._emit(req, ev)
+
+    def _emit(self, req: Request, ev: Delta | Finished) -> None:
+        try:
+            req.sink(ev)
+        except Exception:
+            # NOTE: a consumer that went away (closed event loop) must not take the engine
+            # thread down; its request is cancelled instead.
+            log.exception("event sink of %s failed; cancelling it", req.request_id)
+            if not isinstance(ev, Finished):
+                self._finish_silently(req)
+
+    def _finish_silently(self, req: Request) -> None:
+        req.sink = lambda ev: None
+        self._finish(req, FinishReason.CANCELLED)
+
+    def _publish(self) -> None:
+        with self._lock:
+            self._busy = self.slots.busy
+            self._waiting = len(self.scheduler.waiting)
+
+
+def load_engine(config: EngineConfig) -> tuple[Engine, LlamaModel]:
+    """Load the model, create its context and start the engine thread."""
+    model = LlamaModel(config.model_path)
+    runner = LlamaRunner(model, config)
+    return Engine(config, runner, model).start(), model

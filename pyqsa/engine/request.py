@@ -1,0 +1,136 @@
+"""Requests, sampling parameters and the typed events a request streams back.
+
+A request is its token list catching up: `num_computed_tokens` of `tokens` are in the slot's
+cache; the scheduler feeds the rest in chunks (a prompt) or one at a time (decode). There are
+no separate prefill and decode phases.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from .slots import SlotLease
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # a stop token or stop string
+    LENGTH = "length"  # max_tokens or the slot's context is full
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling; temperature 0 is greedy. Checked on construction."""
+
+    max_tokens: int | None = 16  # None: until the slot's context is full
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0  # OpenAI: over generated tokens
+    frequency_penalty: float = 0.0  # OpenAI: over generated tokens
+    repetition_penalty: float = 1.0  # HF / llama.cpp: over prompt and generated tokens
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: off; n: the chosen token plus the top n
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be finite")
+        if any(not math.isfinite(b) for b in self.logit_bias.values()):
+            raise ValueError("logit_bias values must be finite")
+        if any(s == "" for s in self.stop):
+            raise ValueError("stop strings must not be empty")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token, logprob), best first
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New output: `text` is complete UTF-8 and never part of a stop string."""
+
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last event of every request, whatever ended it."""
+
+    request_id: str
+    reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    text: str = ""  # final text not yet sent as a Delta (held back for stop strings)
+    error: str | None = None
+
+
+Event = Delta | Finished
+EventSink = Callable[[Event], None]
+
+
+@dataclass(eq=False)
+class Request:
+    """Engine-side state of one request; touched only by the engine thread."""
+
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    sink: EventSink
+    max_len: int  # prompt + output never exceed this (slot context, max_tokens)
+    tokens: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    state: RequestState = RequestState.WAITING
+    lease: SlotLease | None = None
+    arrival: int = 0  # submission order, for FCFS
+
+    def __post_init__(self) -> None:
+        self.tokens = list(self.prompt)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.tokens) - len(self.prompt)
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens known but not yet in the cache: the prompt tail, or the last sampled token."""
+        return len(self.tokens) - self.num_computed_tokens

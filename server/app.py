@@ -1,0 +1,403 @@
+"""The OpenAI-compatible HTTP app around a running engine.
+
+Templating, tokenization and JSON shaping happen here, on the event loop (tokenization in a
+worker thread); the engine sees token ids and SamplingParams and streams typed events back.
+Every completion request owns an `_EngineStream`; closing it (reply done, client gone,
+handler error) cancels the request in the engine and so frees its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sse_starlette import EventSourceResponse
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+
+from pyqsa.engine import (
+    Delta,
+    Engine,
+    EngineStopped,
+    Event,
+    Finished,
+    FinishReason,
+    PromptTooLong,
+    QueueFull,
+    SamplingParams,
+    TokenLogprob,
+)
+
+from . import errors
+from .chat_template import ChatTemplate, ParsedToolCall, ToolCallStream, parse_tool_calls
+from .errors import APIError
+from .metrics import Metrics
+from .protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, Shaper, usage
+
+
+class Tokenizer(Protocol):
+    n_vocab: int
+
+    def tokenize(self, text: str, special: bool = True) -> list[int]: ...
+
+    def token_bytes(self, token: int) -> bytes: ...
+
+
+class _EngineStream:
+    """One request's events, moved from the engine thread onto the event loop."""
+
+    def __init__(self, engine: Engine, metrics: Metrics) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.loop = asyncio.get_running_loop()
+        self.request_id: str | None = None
+        self.closed = False
+        metrics.open_requests.inc()
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> None:
+        try:
+            self.request_id = self.engine.submit(prompt, params, self._sink)
+        except PromptTooLong as e:
+            self.metrics.refused.labels("400").inc()
+            raise APIError(400, str(e), param="messages", code="context_length_exceeded") from e
+        except QueueFull as e:
+            self.metrics.refused.labels("429").inc()
+            raise APIError(429, str(e), code="queue_full") from e
+        except EngineStopped as e:
+            raise APIError(503, str(e)) from e
+
+    def _sink(self, ev: Event) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
+
+    async def next(self) -> Event:
+        ev = await self.queue.get()
+        if isinstance(ev, Finished):
+            self.request_id = None  # nothing left to cancel
+        return ev
+
+    def close(self) -> None:
+        """Cancel the request if it still runs; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.request_id is not None:
+            self.engine.cancel(self.request_id)
+        self.metrics.open_requests.dec()
+
+
+def _template_message(m: ChatMessage) -> dict:
+    d: dict = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+    if m.name:
+        d["name"] = m.name
+    if m.tool_call_id:
+        d["tool_call_id"] = m.tool_call_id
+    if m.tool_calls:
+        calls = []
+        for tc in m.tool_calls:
+            try:
+                args = json.loads(tc.function.arguments)
+            except json.JSONDecodeError:
+                args = tc.function.arguments
+            calls.append(
+                {
+                    "id": tc.id,
+                    "type": "function",
+                    "function": {"name": tc.function.name, "arguments": args},
+                }
+            )
+        d["tool_calls"] = calls
+    return d
+
+
+def create_app(
+    engine: Engine,
+    tokenizer: Tokenizer,
+    model_name: str,
+    template: ChatTemplate,
+    api_key: str | None = None,
+    max_body_bytes: int = 8 << 20,
+) -> FastAPI:
+    app = FastAPI(title="pyqsa", docs_url=None, redoc_url=None, openapi_url=None)
+    errors.install(app)
+    app.add_middleware(errors.BodyLimit, max_bytes=max_body_bytes)
+    metrics = Metrics(engine)
+    created = int(time.time())
+
+    async def auth(request: Request) -> None:
+        if api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        if not header.startswith("Bearer "):
+            raise APIError(401, "missing API key (Authorization: Bearer ...)")
+        if not hmac.compare_digest(header[len("Bearer ") :].encode(), api_key.encode()):
+            raise APIError(401, "invalid API key", code="invalid_api_key")
+
+    def check_model(name: str) -> None:
+        if name != model_name:
+            raise APIError(
+                404,
+                f"model {name!r} does not exist; this server has {model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    def piece(t: int) -> str:
+        return tokenizer.token_bytes(t).decode("utf-8", errors="replace")
+
+    def chat_logprobs(lps: list[TokenLogprob]) -> list[dict]:
+        def entry(t: int, lp: float) -> dict:
+            return {"token": piece(t), "logprob": lp, "bytes": list(tokenizer.token_bytes(t))}
+
+        return [
+            {**entry(x.token, x.logprob), "top_logprobs": [entry(t, v) for t, v in x.top]}
+            for x in lps
+        ]
+
+    def text_logprobs(lps: list[TokenLogprob], offset: int) -> dict:
+        tokens = [piece(x.token) for x in lps]
+        offsets = []
+        for t in tokens:
+            offsets.append(offset)
+            offset += len(t)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [x.logprob for x in lps],
+            "top_logprobs": [{piece(t): v for t, v in x.top} for x in lps],
+            "text_offset": offsets,
+        }
+
+    def finish_reason(ev: Finished, calls: bool) -> str:
+        if ev.reason is FinishReason.ERROR:
+            raise APIError(500, f"generation failed: {ev.error}")
+        if calls:
+            return "tool_calls"
+        return "length" if ev.reason is FinishReason.LENGTH else "stop"
+
+    async def start(prompt: list[int], params: SamplingParams) -> _EngineStream:
+        stream = _EngineStream(engine, metrics)
+        try:
+            stream.submit(prompt, params)
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
+    async def collect(
+        stream: _EngineStream, request: Request, t0: float
+    ) -> tuple[str, list[TokenLogprob], Finished | None]:
+        """Wait for a whole reply, cancelling it if the client goes away meanwhile."""
+        parts: list[str] = []
+        lps: list[TokenLogprob] = []
+        first = True
+        while True:
+            try:
+                ev = await asyncio.wait_for(stream.next(), timeout=0.2)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    return "", [], None
+                continue
+            if isinstance(ev, Delta):
+                if first:
+                    metrics.ttft.observe(time.monotonic() - t0)
+                    first = False
+                parts.append(ev.text)
+                lps.extend(ev.logprobs)
+            else:
+                parts.append(ev.text)
+                return "".join(parts), lps, ev
+
+    def sse(events: AsyncIterator[dict], stream: _EngineStream) -> EventSourceResponse:
+        async def body() -> AsyncIterator[dict]:
+            try:
+                async for obj in events:
+                    yield {"data": json.dumps(obj, ensure_ascii=False)}
+                yield {"data": "[DONE]"}
+            except APIError as e:
+                yield {"data": json.dumps(e.body())}
+            finally:
+                stream.close()
+
+        return EventSourceResponse(body(), ping=15, background=BackgroundTask(stream.close))
+
+    @app.get("/health")
+    async def health() -> dict:
+        s = engine.stats()
+        return {
+            "status": "ok",
+            "slots": s.n_slots,
+            "busy_slots": s.busy_slots,
+            "waiting": s.waiting,
+        }
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def model_card() -> dict:
+        return {
+            "id": model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "pyqsa",
+            "max_model_len": engine.config.ctx_per_slot,
+        }
+
+    @app.get("/v1/models", dependencies=[Depends(auth)])
+    async def models() -> dict:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}", dependencies=[Depends(auth)])
+    async def model(name: str) -> dict:
+        check_model(name)
+        return model_card()
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(auth)], response_model=None)
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response | dict:
+        t0 = time.monotonic()
+        check_model(body.model)
+        tools = [t.model_dump(exclude_none=True) for t in body.tools or []] or None
+        prompt_text = template.render([_template_message(m) for m in body.messages], tools)
+        prompt = await run_in_threadpool(tokenizer.tokenize, prompt_text, True)
+        params = body.params(tokenizer.n_vocab)
+        stream = await start(prompt, params)
+        shaper = Shaper("chat", model_name)
+        want_lp = body.logprobs
+        if body.stream:
+            return sse(chat_events(stream, shaper, body, t0), stream)
+        try:
+            text, lps, fin = await collect(stream, request, t0)
+        finally:
+            stream.close()
+        if fin is None:
+            return Response(status_code=499)
+        content, calls = parse_tool_calls(text) if body.use_tools() else (text, [])
+        message: dict = {
+            "role": "assistant",
+            "content": content if not calls else (content or None),
+        }
+        if calls:
+            message["tool_calls"] = [c.to_openai() for c in calls]
+        choice = {
+            "message": message,
+            "logprobs": {"content": chat_logprobs(lps)} if want_lp else None,
+            "finish_reason": finish_reason(fin, bool(calls)),
+        }
+        return shaper.final(choice, usage(fin.prompt_tokens, fin.completion_tokens))
+
+    async def chat_events(
+        stream: _EngineStream, shaper: Shaper, body: ChatCompletionRequest, t0: float
+    ) -> AsyncIterator[dict]:
+        with_usage = body.include_usage()
+        tools = ToolCallStream() if body.use_tools() else None
+        n_calls = 0
+        pending_lp: list[TokenLogprob] = []
+
+        def chunk(delta: dict, finish: str | None = None) -> dict:
+            lp = None
+            if body.logprobs and "content" in delta:
+                lp = {"content": chat_logprobs(pending_lp)}
+                pending_lp.clear()
+            return shaper.chunk(
+                {"delta": delta, "logprobs": lp, "finish_reason": finish}, with_usage
+            )
+
+        def pieces(text: str, final: bool) -> list[str | ParsedToolCall]:
+            if tools is None:
+                return [text] if text else []
+            out = tools.feed(text)
+            if final and (rest := tools.flush()):
+                out.append(rest)
+            return out
+
+        yield chunk({"role": "assistant", "content": ""})
+        first = True
+        while True:
+            ev = await stream.next()
+            if isinstance(ev, Delta) and first:
+                metrics.ttft.observe(time.monotonic() - t0)
+                first = False
+            if isinstance(ev, Delta):
+                pending_lp.extend(ev.logprobs)
+            for p in pieces(ev.text, isinstance(ev, Finished)):
+                if isinstance(p, str):
+                    yield chunk({"content": p})
+                else:
+                    call = {"index": n_calls, **p.to_openai()}
+                    n_calls += 1
+                    yield chunk({"tool_calls": [call]})
+            if isinstance(ev, Finished):
+                yield chunk({}, finish_reason(ev, n_calls > 0))
+                if with_usage:
+                    yield shaper.chunk(None, True, usage(ev.prompt_tokens, ev.completion_tokens))
+                return
+
+    @app.post("/v1/completions", dependencies=[Depends(auth)], response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> Response | dict:
+        t0 = time.monotonic()
+        check_model(body.model)
+        if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
+            if len(body.prompt) != 1:
+                raise APIError(400, "only one prompt per request is supported", param="prompt")
+            body.prompt = body.prompt[0]
+        if isinstance(body.prompt, str):
+            prompt = await run_in_threadpool(tokenizer.tokenize, body.prompt, True)
+        else:
+            prompt = list(body.prompt)
+            if any(not 0 <= t < tokenizer.n_vocab for t in prompt):
+                raise APIError(400, "prompt: token id out of range", param="prompt")
+        params = body.params(tokenizer.n_vocab)
+        stream = await start(prompt, params)
+        shaper = Shaper("text", model_name)
+        if body.stream:
+            return sse(text_events(stream, shaper, body, t0), stream)
+        try:
+            text, lps, fin = await collect(stream, request, t0)
+        finally:
+            stream.close()
+        if fin is None:
+            return Response(status_code=499)
+        choice = {
+            "text": text,
+            "logprobs": text_logprobs(lps, 0) if body.logprobs is not None else None,
+            "finish_reason": finish_reason(fin, False),
+        }
+        return shaper.final(choice, usage(fin.prompt_tokens, fin.completion_tokens))
+
+    async def text_events(
+        stream: _EngineStream, shaper: Shaper, body: CompletionRequest, t0: float
+    ) -> AsyncIterator[dict]:
+        with_usage = body.include_usage()
+        offset = 0
+        first = True
+        while True:
+            ev = await stream.next()
+            if isinstance(ev, Delta):
+                if first:
+                    metrics.ttft.observe(time.monotonic() - t0)
+                    first = False
+                lp = text_logprobs(list(ev.logprobs), offset) if body.logprobs is not None else None
+                offset += len(ev.text)
+                if ev.text or lp:
+                    choice = {"text": ev.text, "logprobs": lp, "finish_reason": None}
+                    yield shaper.chunk(choice, with_usage)
+                continue
+            choice = {"text": ev.text, "logprobs": None, "finish_reason": finish_reason(ev, False)}
+            yield shaper.chunk(choice, with_usage)
+            if with_usage:
+                yield shaper.chunk(None, True, usage(ev.prompt_tokens, ev.completion_tokens))
+            return
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        return APIError(500, f"internal error: {type(exc).__name__}").response()
+
+    app.state.metrics = metrics
+    return app

@@ -1,0 +1,206 @@
+"""`pyqsa serve` (the OpenAI-compatible server) and `pyqsa chat` (terminal chat)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+DEFAULT_PORT = 8000
+
+
+def _load(
+    model: str | None, slots: int, ctx: int, batch_tokens: int, max_waiting: int, threads: int
+):
+    """Start an engine on MODEL (the embedded demo model when None)."""
+    from pyqsa.engine import EngineConfig, load_engine
+    from pyqsa.engine.demo_model import demo_model_path
+
+    if model is None:
+        click.echo(
+            "pyqsa: no model given, using the embedded demo model (random weights)", err=True
+        )
+        path, name = str(demo_model_path()), "pyqsa-demo"
+    else:
+        path, name = model, Path(model).name.removesuffix(".gguf")
+    config = EngineConfig(
+        path,
+        n_slots=slots,
+        ctx_per_slot=ctx,
+        max_batch_tokens=batch_tokens,
+        max_waiting=max_waiting,
+        n_threads=threads,
+    )
+    engine, llama_model = load_engine(config)
+    return engine, llama_model, name
+
+
+def _template(llama_model, override: str | None):
+    from .chat_template import QWEN_TEMPLATE, ChatTemplate
+
+    if override:
+        source = Path(override).read_text()
+    else:
+        source = llama_model.meta("tokenizer.chat_template") or QWEN_TEMPLATE
+    return ChatTemplate(source, eos_token=llama_model.token_bytes(llama_model.eos).decode())
+
+
+def _uvicorn_server(app, host: str, port: int, on_ready: Callable[[str], None]):
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                bound = self.servers[0].sockets[0].getsockname()
+                h = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+                on_ready(f"http://{h}:{bound[1]}")
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=2,
+    )
+    return Server(config)
+
+
+def _engine_options(f):
+    options = [
+        click.option("--slots", default=8, show_default=True, help="Concurrent sequences."),
+        click.option(
+            "--ctx",
+            default=4096,
+            show_default=True,
+            help="Context per slot: prompt plus output tokens.",
+        ),
+        click.option(
+            "--batch-tokens",
+            default=256,
+            show_default=True,
+            help="Token budget of one step (decode first, then prompt chunks).",
+        ),
+        click.option(
+            "--max-waiting",
+            default=64,
+            show_default=True,
+            help="Requests that may wait for a slot; more get 429.",
+        ),
+        click.option("--threads", default=0, help="CPU threads (0: all cores)."),
+        click.option(
+            "--chat-template",
+            type=click.Path(exists=True, dir_okay=False),
+            help="Jinja chat template file, instead of the model's own.",
+        ),
+    ]
+    for opt in reversed(options):
+        f = opt(f)
+    return f
+
+
+@click.command()
+@click.argument("model", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=DEFAULT_PORT, show_default=True, help="0: any free port.")
+@click.option("--api-key", envvar="PYQSA_API_KEY", help="Require this Bearer key on /v1.")
+@click.option("--model-name", help="Model id clients send (default: the file name).")
+@click.option("--max-body-bytes", default=8 << 20, show_default=True)
+@_engine_options
+def serve(
+    model,
+    host,
+    port,
+    api_key,
+    model_name,
+    max_body_bytes,
+    slots,
+    ctx,
+    batch_tokens,
+    max_waiting,
+    threads,
+    chat_template,
+) -> None:
+    """Serve MODEL (a qwen4exp GGUF; default: the embedded demo) over an OpenAI API."""
+    from .app import create_app
+
+    engine, llama_model, name = _load(model, slots, ctx, batch_tokens, max_waiting, threads)
+    try:
+        app = create_app(
+            engine,
+            llama_model,
+            model_name or name,
+            _template(llama_model, chat_template),
+            api_key,
+            max_body_bytes,
+        )
+
+        def ready(url: str) -> None:
+            click.echo(f"pyqsa: serving {model_name or name} at {url}/v1", nl=True)
+            sys.stdout.flush()
+
+        _uvicorn_server(app, host, port, ready).run()
+    finally:
+        engine.stop()
+
+
+@click.command()
+@click.argument("model", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.option("--url", help="Chat with a running server instead (e.g. http://127.0.0.1:8000).")
+@click.option("--api-key", envvar="PYQSA_API_KEY")
+@click.option("--system", "system_prompt", help="System message.")
+@click.option("--max-tokens", type=int, help="Reply length limit.")
+@click.option("--temperature", default=0.7, show_default=True)
+@_engine_options
+def chat(
+    model,
+    url,
+    api_key,
+    system_prompt,
+    max_tokens,
+    temperature,
+    slots,
+    ctx,
+    batch_tokens,
+    max_waiting,
+    threads,
+    chat_template,
+) -> None:
+    """Chat in the terminal with MODEL (default: the embedded demo) or a server at --url.
+
+    Replies stream; Ctrl-C stops a reply, /reset clears the history, /exit (or Ctrl-D)
+    quits. End a line with \\ to continue it, or wrap a block in \"\"\" lines.
+    """
+    from .chat_client import ChatSession
+
+    if url and model:
+        raise click.UsageError("give MODEL or --url, not both")
+    if url:
+        ChatSession(url, api_key, system_prompt, max_tokens, temperature).run()
+        return
+    from .app import create_app
+
+    engine, llama_model, name = _load(model, slots, ctx, batch_tokens, max_waiting, threads)
+    app = create_app(engine, llama_model, name, _template(llama_model, chat_template), None)
+    ready = threading.Event()
+    urls: list[str] = []
+
+    def on_ready(u: str) -> None:
+        urls.append(u)
+        ready.set()
+
+    server = _uvicorn_server(app, "127.0.0.1", 0, on_ready)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        if not ready.wait(60):
+            raise click.ClickException("the in-process server did not start")
+        ChatSession(urls[0], None, system_prompt, max_tokens, temperature).run()
+    finally:
+        server.should_exit = True
+        thread.join(5)
+        engine.stop()

@@ -1,0 +1,63 @@
+"""Prometheus metrics: engine figures read at scrape time, plus what only the server sees."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from pyqsa.engine import Engine
+
+
+class _EngineCollector(Collector):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.engine.stats()
+        yield GaugeMetricFamily("pyqsa_slots", "Slots (sequences) of the engine", s.n_slots)
+        yield GaugeMetricFamily("pyqsa_busy_slots", "Slots leased to a request", s.busy_slots)
+        yield GaugeMetricFamily("pyqsa_queue_length", "Requests waiting for a slot", s.waiting)
+        yield GaugeMetricFamily(
+            "pyqsa_requests_in_flight", "Requests submitted and not finished", s.in_flight
+        )
+        yield GaugeMetricFamily(
+            "pyqsa_tokens_per_second", "Generated tokens per second, recent", s.tokens_per_second
+        )
+        yield CounterMetricFamily(
+            "pyqsa_prompt_tokens", "Prompt tokens computed", value=s.prompt_tokens
+        )
+        yield CounterMetricFamily(
+            "pyqsa_generated_tokens", "Tokens generated", value=s.generated_tokens
+        )
+        finished = CounterMetricFamily(
+            "pyqsa_requests_finished", "Finished requests by reason", labels=["reason"]
+        )
+        for reason, n in s.finished.items():
+            finished.add_metric([reason], n)
+        yield finished
+
+
+class Metrics:
+    def __init__(self, engine: Engine) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(engine))
+        self.open_requests = Gauge(
+            "pyqsa_http_open_requests",
+            "Completion requests the server is answering",
+            registry=self.registry,
+        )
+        self.refused = Counter(
+            "pyqsa_http_refused",
+            "Completion requests refused before reaching the engine",
+            ["status"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "pyqsa_time_to_first_token_seconds",
+            "From request arrival to the first generated token",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=self.registry,
+        )

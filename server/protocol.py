@@ -1,0 +1,201 @@
+"""OpenAI request models (pydantic, strict types) and the response shapes built from events."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pyqsa.engine import SamplingParams
+
+from .errors import APIError
+
+
+class _Model(BaseModel):
+    # NOTE: strict: "1" is not an int and "true" not a bool, as in OpenAI's API; unknown
+    # fields are accepted and ignored, as clients send vendor extras.
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class TextPart(_Model):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(_Model):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Model):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Model):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class FunctionDef(_Model):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Model):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class StreamOptions(_Model):
+    include_usage: bool = False
+
+
+Probability = Annotated[float, Field(ge=0, le=1)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+
+
+class _Sampling(_Model):
+    """Fields shared by both endpoints; top_k, min_p, repetition_penalty, ignore_eos and
+    stop_token_ids are the usual vLLM / llama-server extensions."""
+
+    model: str
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    n: Literal[1] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    seed: int | None = None
+    user: str | None = None
+    top_k: Annotated[int, Field(ge=0)] = 0
+    min_p: Probability = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0)] = 1.0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def sampling(self, n_vocab: int, max_tokens: int | None, logprobs: int | None):
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stop) > 4 or any(not s for s in stop):
+            raise APIError(400, "'stop' takes up to 4 non-empty strings", param="stop")
+        bias: dict[int, float] = {}
+        for key, value in (self.logit_bias or {}).items():
+            if not key.lstrip("-").isdigit() or not 0 <= int(key) < n_vocab:
+                raise APIError(400, f"logit_bias: {key!r} is not a token id", param="logit_bias")
+            bias[int(key)] = value
+        for t in self.stop_token_ids or []:
+            if not 0 <= t < n_vocab:
+                raise APIError(400, f"stop_token_ids: {t} is not a token id")
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=self.top_k,
+                min_p=self.min_p,
+                seed=self.seed,
+                presence_penalty=self.presence_penalty,
+                frequency_penalty=self.frequency_penalty,
+                repetition_penalty=self.repetition_penalty,
+                logit_bias=bias,
+                stop=tuple(stop),
+                stop_token_ids=tuple(self.stop_token_ids or ()),
+                ignore_eos=self.ignore_eos,
+                logprobs=logprobs,
+            )
+        except ValueError as e:
+            raise APIError(400, str(e)) from e
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+
+    def params(self, n_vocab: int) -> SamplingParams:
+        limit = self.max_completion_tokens or self.max_tokens
+        return self.sampling(n_vocab, limit, (self.top_logprobs or 0) if self.logprobs else None)
+
+    def use_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | Annotated[list[int], Field(min_length=1)] | list[str]
+    max_tokens: Annotated[int, Field(ge=1)] | None = 16
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    echo: Literal[False] = False
+    suffix: None = None
+
+    def params(self, n_vocab: int) -> SamplingParams:
+        return self.sampling(n_vocab, self.max_tokens, self.logprobs)
+
+
+# -- responses -------------------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class Shaper:
+    """Builds the JSON objects of one response (shared id, timestamp and model name)."""
+
+    def __init__(self, kind: Literal["chat", "text"], model: str) -> None:
+        self.kind = kind
+        self.id = new_id("chatcmpl" if kind == "chat" else "cmpl")
+        self.created = int(time.time())
+        self.model = model
+
+    def _envelope(self, obj: str, choices: list[dict]) -> dict:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+
+    def chunk(self, choice: dict | None, with_usage: bool = False, usage_: dict | None = None):
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        out = self._envelope(obj, [] if choice is None else [{"index": 0, **choice}])
+        if with_usage:
+            out["usage"] = usage_
+        return out
+
+    def final(self, choice: dict, usage_: dict) -> dict:
+        obj = "chat.completion" if self.kind == "chat" else "text_completion"
+        out = self._envelope(obj, [{"index": 0, **choice}])
+        out["usage"] = usage_
+        return out
