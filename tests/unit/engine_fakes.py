@@ -1,0 +1,79 @@
+"""Fakes for the engine unit tests: a scripted runner and vocabulary, an event collector."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from pyqsa.engine import Delta, Event, Finished
+from pyqsa.engine.scheduler import Chunk
+
+N_VOCAB = 64
+EOS = 63
+
+
+class FakeRunner:
+    """Greedy next token = last token + 1 (mod N_VOCAB); records batches and releases."""
+
+    def __init__(self, hook: Callable[[Sequence[Chunk]], None] | None = None) -> None:
+        self.n_vocab = N_VOCAB
+        self.batches: list[list[tuple[int, int, tuple[int, ...]]]] = []
+        self.released: list[int] = []
+        self.hook = hook
+
+    def run(self, chunks: Sequence[Chunk]) -> np.ndarray:
+        self.batches.append([(c.lease.slot, c.start, c.tokens) for c in chunks])
+        if self.hook:
+            self.hook(chunks)
+        rows = []
+        for c in chunks:
+            if c.sample:
+                row = np.zeros(N_VOCAB, np.float32)
+                row[(c.tokens[-1] + 1) % N_VOCAB] = 10.0
+                rows.append(row)
+        return np.array(rows, np.float32).reshape(len(rows), N_VOCAB)
+
+    def release(self, slot: int) -> None:
+        self.released.append(slot)
+
+
+class FakeVocab:
+    def __init__(self, pieces: dict[int, bytes] | None = None) -> None:
+        self.pieces = pieces or {}
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.pieces.get(token, f"<{token}>".encode())
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOS
+
+
+class Collector:
+    """A sink that keeps a request's events and says when it finished."""
+
+    def __init__(self) -> None:
+        self.events: queue.Queue[Event] = queue.Queue()
+        self.seen: list[Event] = []
+        self.first = threading.Event()
+
+    def __call__(self, ev: Event) -> None:
+        self.events.put(ev)
+        self.first.set()
+
+    def wait(self, timeout: float = 10.0) -> Finished:
+        while True:
+            ev = self.events.get(timeout=timeout)
+            self.seen.append(ev)
+            if isinstance(ev, Finished):
+                return ev
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for e in self.seen)
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for e in self.seen if isinstance(e, Delta) for t in e.token_ids]

@@ -1,0 +1,190 @@
+"""The engine thread with a fake runner: events, finish reasons, admission, cancellation."""
+
+import threading
+
+import pytest
+from engine_fakes import EOS, Collector, FakeRunner, FakeVocab
+
+from pyqsa.engine import (
+    Delta,
+    Engine,
+    EngineConfig,
+    FinishReason,
+    PromptTooLong,
+    QueueFull,
+    SamplingParams,
+)
+
+GREEDY = SamplingParams(temperature=0, max_tokens=5)
+
+
+def engine(runner=None, vocab=None, **kw) -> Engine:
+    cfg = EngineConfig("fake.gguf", **{"n_slots": 2, "ctx_per_slot": 32, **kw})
+    return Engine(cfg, runner or FakeRunner(), vocab or FakeVocab()).start()
+
+
+@pytest.fixture
+def stop_after():
+    engines = []
+    yield engines.append
+    for e in engines:
+        e.stop()
+
+
+def test_greedy_tokens_text_and_usage(stop_after):
+    runner = FakeRunner()
+    e = engine(runner)
+    stop_after(e)
+    sink = Collector()
+    e.submit([3, 4], GREEDY, sink)
+    fin = sink.wait()
+    assert sink.tokens == [5, 6, 7, 8, 9]
+    assert sink.text == "<5><6><7><8><9>"
+    assert (fin.reason, fin.prompt_tokens, fin.completion_tokens) == (FinishReason.LENGTH, 2, 5)
+    assert runner.batches[0] == [(0, 0, (3, 4))]
+    assert runner.batches[1] == [(0, 2, (5,))]
+    assert runner.released == [0]
+    s = e.stats()
+    assert (s.busy_slots, s.waiting, s.in_flight, s.generated_tokens) == (0, 0, 0, 5)
+
+
+def test_stop_token_and_stop_string(stop_after):
+    e = engine(vocab=FakeVocab({60: b"a", 61: b"b", 62: b"c"}))
+    stop_after(e)
+    sink = Collector()
+    e.submit([59], SamplingParams(temperature=0, max_tokens=10), sink)
+    fin = sink.wait()  # 60, 61, 62, then EOS (63): stop, not shown
+    assert (sink.text, fin.reason, fin.completion_tokens) == ("abc", FinishReason.STOP, 4)
+    sink = Collector()
+    e.submit([59], SamplingParams(temperature=0, max_tokens=10, stop=("bc",)), sink)
+    fin = sink.wait()
+    assert (sink.text, fin.reason, fin.completion_tokens) == ("a", FinishReason.STOP, 3)
+    sink = Collector()
+    e.submit([59], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), sink)
+    fin = sink.wait()
+    assert fin.reason is FinishReason.LENGTH and EOS in sink.tokens
+
+
+def test_output_is_capped_by_the_slot_context(stop_after):
+    e = engine(ctx_per_slot=8)
+    stop_after(e)
+    sink = Collector()
+    e.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=None), sink)
+    fin = sink.wait()
+    assert (fin.reason, fin.completion_tokens) == (FinishReason.LENGTH, 5)
+
+
+def test_admission_refusals(stop_after):
+    gate = threading.Event()
+    e = engine(FakeRunner(hook=lambda chunks: gate.wait()), n_slots=2, max_waiting=1)
+    stop_after(e)
+    with pytest.raises(PromptTooLong):
+        e.submit(list(range(32)), GREEDY, Collector())
+    with pytest.raises(ValueError):
+        e.submit([], GREEDY, Collector())
+    sinks = [Collector() for _ in range(3)]
+    for s in sinks:
+        e.submit([1], GREEDY, s)
+    with pytest.raises(QueueFull):
+        e.submit([1], GREEDY, Collector())
+    gate.set()
+    for s in sinks:
+        assert s.wait().reason is FinishReason.LENGTH
+    assert e.stats().in_flight == 0
+    e.submit([1], GREEDY, Collector())  # room again
+
+
+def test_cancel_while_queued(stop_after):
+    gate = threading.Event()
+    runner = FakeRunner(hook=lambda chunks: gate.wait())
+    e = engine(runner, n_slots=1)
+    stop_after(e)
+    a, b = Collector(), Collector()
+    e.submit([1], SamplingParams(temperature=0, max_tokens=3), a)
+    rid_b = e.submit([40, 41], GREEDY, b)
+    e.cancel(rid_b)
+    gate.set()
+    fin_b = b.wait()
+    assert (fin_b.reason, fin_b.completion_tokens, b.tokens) == (FinishReason.CANCELLED, 0, [])
+    assert a.wait().reason is FinishReason.LENGTH
+    assert all(tokens != (40, 41) for batch in runner.batches for _, _, tokens in batch)
+    assert runner.released == [0]
+
+
+def test_cancel_during_prefill_drops_the_stale_result(stop_after):
+    running, proceed = threading.Event(), threading.Event()
+
+    def hook(chunks):
+        if not proceed.is_set():
+            running.set()
+            proceed.wait()
+
+    runner = FakeRunner(hook=hook)
+    e = engine(runner, n_slots=2, max_batch_tokens=4)
+    stop_after(e)
+    sink = Collector()
+    rid = e.submit(list(range(1, 21)), GREEDY, sink)  # 20 prompt tokens: 5 steps of 4
+    assert running.wait(5)
+    e.cancel(rid)  # arrives while the first chunk is being computed
+    proceed.set()
+    fin = sink.wait()
+    assert fin.reason is FinishReason.CANCELLED
+    assert not any(isinstance(ev, Delta) for ev in sink.seen)
+    assert runner.batches == [[(0, 0, (1, 2, 3, 4))]]  # no second chunk was scheduled
+    assert runner.released == [0]
+    # the slot is leased again under a new generation; the old request left no trace
+    after = Collector()
+    e.submit([5], SamplingParams(temperature=0, max_tokens=1), after)
+    assert after.wait().reason is FinishReason.LENGTH and after.tokens == [6]
+    assert runner.batches[-1] == [(0, 0, (5,))]
+
+
+def test_cancel_while_decoding_frees_the_slot(stop_after):
+    third_step, proceed = threading.Event(), threading.Event()
+
+    def hook(chunks):
+        if len(runner.batches) == 3:
+            third_step.set()
+            proceed.wait()
+
+    runner = FakeRunner(hook=hook)
+    e = engine(runner, n_slots=2)
+    stop_after(e)
+    sink = Collector()
+    rid = e.submit([1], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True), sink)
+    assert third_step.wait(5)
+    e.cancel(rid)
+    proceed.set()
+    fin = sink.wait()
+    # steps 1 and 2 produced tokens; step 3's row carried a released lease and was dropped
+    assert (fin.reason, fin.completion_tokens, sink.tokens) == (FinishReason.CANCELLED, 2, [2, 3])
+    assert runner.released == [0]
+    s = e.stats()
+    assert (s.busy_slots, s.in_flight, s.finished["cancelled"]) == (0, 0, 1)
+    e.cancel(rid)  # finished ids are ignored
+    assert e.stats().finished["cancelled"] == 1
+
+
+def test_a_failing_sink_cancels_only_its_request(stop_after):
+    e = engine()
+    stop_after(e)
+
+    def broken(ev):
+        raise RuntimeError("event loop closed")
+
+    e.submit([1], GREEDY, broken)
+    ok = Collector()
+    e.submit([2], GREEDY, ok)
+    assert ok.wait().reason is FinishReason.LENGTH
+    s = e.stats()
+    assert (s.in_flight, s.busy_slots, s.finished["cancelled"]) == (0, 0, 1)
+
+
+def test_stop_cancels_everything():
+    gate = threading.Event()
+    e = engine(FakeRunner(hook=lambda chunks: gate.wait(0.05)), n_slots=1)
+    sinks = [Collector() for _ in range(3)]
+    for s in sinks:
+        e.submit([1], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True), s)
+    e.stop()
+    assert {s.wait().reason for s in sinks} == {FinishReason.CANCELLED}
