@@ -23,3 +23,8 @@ if (GGML_CUDA)
         PYQSA_HAS_CUDA
         PYQSA_CUDA_ARCHS="${CMAKE_CUDA_ARCHITECTURES}")
 endif()
+
+# op checks of native/ggml (test-backend-ops style): test-qsa-ops [test|perf] [-b BACKEND]
+add_executable(test-qsa-ops ${CMAKE_CURRENT_LIST_DIR}/tests/test-qsa-ops.cpp)
+target_link_libraries(test-qsa-ops PRIVATE ggml)
+target_compile_features(test-qsa-ops PRIVATE cxx_std_17)

@@ -25,4 +25,9 @@ for op in TOP_K FLASH_ATTN_EXT GATED_DELTA_NET SSM_CONV; do
     echo "$op: $r ($(grep -c 'OK' "$out/test-$op.log") cases OK, $(grep -c 'FAIL' "$out/test-$op.log") FAIL lines, $(( $(date +%s) - t0 )) s)"
     tail -n 3 "$out/test-$op.log"
 done
+# pyqsa's own ops: CUDA against CPU, then the decode-shape timings
+if .build/cmake-cuda/bin/test-qsa-ops test -b CUDA0 > "$out/test-qsa-ops.log" 2>&1; then r=PASS; else r=FAIL; status=1; fi
+echo "pyqsa ops: $r ($(tail -n 1 "$out/test-qsa-ops.log"))"
+grep -E "FAIL" "$out/test-qsa-ops.log" | head -n 20 || true
+.build/cmake-cuda/bin/test-qsa-ops perf 2>&1 | tee "$out/perf-qsa-ops.log"
 exit $status

@@ -1,0 +1,16 @@
+// CPU dispatch of GGML_OP_PYQSA on the sub-op in op_params[0].
+#include "pyqsa-cpu.h"
+
+#include "ggml-impl.h"
+#include "pyqsa-ggml.h"
+#include "qsa-attn.h"
+
+void pyqsa_cpu_forward(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    switch (ggml_get_op_params_i32(dst, 0)) {
+        case PYQSA_GGML_OP_QSA_ATTN:
+            pyqsa_cpu_qsa_attn(params, dst);
+            break;
+        default:
+            GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));
+    }
+}

@@ -1,0 +1,24 @@
+// CUDA dispatch of GGML_OP_PYQSA on the sub-op in op_params[0].
+#include "pyqsa-cuda.cuh"
+
+#include "pyqsa-ggml.h"
+#include "qsa-attn.cuh"
+
+void pyqsa_cuda_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    switch (ggml_get_op_params_i32(dst, 0)) {
+        case PYQSA_GGML_OP_QSA_ATTN:
+            pyqsa_cuda_qsa_attn(ctx, dst);
+            break;
+        default:
+            GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));
+    }
+}
+
+bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
+    switch (ggml_get_op_params_i32(op, 0)) {
+        case PYQSA_GGML_OP_QSA_ATTN:
+            return pyqsa_cuda_qsa_attn_supported(op);
+        default:
+            return false;
+    }
+}

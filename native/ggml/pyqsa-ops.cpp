@@ -1,0 +1,30 @@
+// Graph constructors of the pyqsa ggml ops (see native/include/pyqsa-ggml.h).
+#include "pyqsa-ggml.h"
+
+#include "ggml-impl.h"
+
+struct ggml_tensor * pyqsa_ggml_qsa_attn(struct ggml_context * ctx, struct ggml_tensor * q,
+                                         struct ggml_tensor * k, struct ggml_tensor * v,
+                                         struct ggml_tensor * cells, float scale) {
+    GGML_ASSERT(q->type == GGML_TYPE_F32);
+    GGML_ASSERT(cells->type == GGML_TYPE_I32);
+    GGML_ASSERT(k->type == v->type);
+    GGML_ASSERT(k->type == GGML_TYPE_F32 || k->type == GGML_TYPE_F16 || k->type == GGML_TYPE_Q8_0);
+    GGML_ASSERT(k->ne[0] == q->ne[0] && v->ne[0] == q->ne[0]);
+    GGML_ASSERT(k->ne[1] == v->ne[1] && q->ne[1] % k->ne[1] == 0);
+    GGML_ASSERT(k->ne[2] == v->ne[2] && k->ne[3] == v->ne[3] && k->ne[3] == q->ne[3]);
+    GGML_ASSERT(cells->ne[1] == q->ne[2] && cells->ne[2] == q->ne[3]);
+    GGML_ASSERT(ggml_is_contiguous(cells));
+    // one contiguous row per (head, cell), so a row can be read or dequantized in one go
+    GGML_ASSERT(k->nb[0] == ggml_type_size(k->type) && v->nb[0] == ggml_type_size(v->type));
+
+    struct ggml_tensor * result = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, q->ne[0], q->ne[1], q->ne[2], q->ne[3]);
+    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_ATTN);
+    ggml_set_op_params_f32(result, 1, scale);
+    result->op     = GGML_OP_PYQSA;
+    result->src[0] = q;
+    result->src[1] = k;
+    result->src[2] = v;
+    result->src[3] = cells;
+    return result;
+}

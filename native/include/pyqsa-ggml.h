@@ -1,0 +1,34 @@
+// pyqsa ggml ops: graph constructors for the ops in native/ggml (exported from ggml-base).
+//
+// All share one ggml op, GGML_OP_PYQSA (ggml_patches/0006), with the sub-op in op_params[0];
+// each backend dispatches on it (native/ggml/cpu/pyqsa-cpu.cpp, native/ggml/cuda/pyqsa-cuda.cu).
+#pragma once
+
+#include "ggml.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum pyqsa_ggml_op {
+    PYQSA_GGML_OP_QSA_ATTN = 1,
+};
+
+// Sparse attention: every query attends only to the KV cells listed for it (QSA: the selected
+// blocks plus the tail), softmax(scale * q.k) over those cells, weighted sum of v.
+//   q:     F32 [D, n_head, n_q, n_stream]
+//   k, v:  F32, F16 or Q8_0 [D, n_head_kv, n_kv, n_stream], one contiguous row per (head, cell)
+//          (views of the KV cache); n_head % n_head_kv == 0 (GQA)
+//   cells: I32 [n_sel, n_q, n_stream] cell indices into k/v ne[2], each at most once per query;
+//          negative = unused slot
+// returns F32 [D, n_head, n_q, n_stream]; a query with no listed cell gets zeros
+GGML_API struct ggml_tensor * pyqsa_ggml_qsa_attn(struct ggml_context * ctx,
+                                                  struct ggml_tensor * q,
+                                                  struct ggml_tensor * k,
+                                                  struct ggml_tensor * v,
+                                                  struct ggml_tensor * cells,
+                                                  float scale);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,299 @@
+// Checks every pyqsa ggml op in the style of upstream's test-backend-ops: each case runs on the
+// CPU backend against a double-precision reference written here, then on every other backend
+// against the CPU result. `perf` mode times the decode shapes instead.
+//
+//   test-qsa-ops [test|perf] [-b BACKEND]      exit code 0 when every case passed
+#include "pyqsa-ggml.h"
+
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct attn_case {
+    ggml_type type;
+    int64_t   D, H, Hkv, n_q, ns, n_kv, n_sel;
+    double    unused_frac;  // share of -1 slots in the cell lists
+    bool      empty_row;    // one query with no cell at all
+
+    std::string name() const {
+        char buf[256];
+        std::snprintf(buf, sizeof(buf),
+                      "QSA_ATTN(type=%s,D=%lld,H=%lld,Hkv=%lld,n_q=%lld,ns=%lld,n_kv=%lld,n_sel=%lld,unused=%.2f%s)",
+                      ggml_type_name(type), (long long) D, (long long) H, (long long) Hkv, (long long) n_q,
+                      (long long) ns, (long long) n_kv, (long long) n_sel, unused_frac, empty_row ? ",empty" : "");
+        return buf;
+    }
+};
+
+// host data of one case; k/v kept both encoded (as uploaded) and decoded (for the reference)
+struct attn_data {
+    std::vector<float>   q, k, v;        // f32, k/v already round-tripped through the type
+    std::vector<uint8_t> k_raw, v_raw;   // encoded as c.type
+    std::vector<int32_t> cells;
+};
+
+std::vector<uint8_t> encode(ggml_type type, std::vector<float> & x, int64_t row) {
+    const int64_t n_rows = (int64_t) x.size() / row;
+    std::vector<uint8_t> raw(ggml_row_size(type, row) * n_rows);
+    if (type == GGML_TYPE_F32) {
+        std::memcpy(raw.data(), x.data(), raw.size());
+    } else if (type == GGML_TYPE_F16) {
+        ggml_fp32_to_fp16_row(x.data(), (ggml_fp16_t *) raw.data(), (int64_t) x.size());
+    } else {
+        ggml_quantize_chunk(type, x.data(), raw.data(), 0, n_rows, row, nullptr);
+    }
+    // what the kernels will actually see
+    if (type == GGML_TYPE_F16) {
+        ggml_fp16_to_fp32_row((const ggml_fp16_t *) raw.data(), x.data(), (int64_t) x.size());
+    } else if (type != GGML_TYPE_F32) {
+        ggml_get_type_traits(type)->to_float(raw.data(), x.data(), (int64_t) x.size());
+    }
+    return raw;
+}
+
+attn_data make_data(const attn_case & c, std::mt19937 & rng) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    attn_data d;
+    d.q.resize(c.D * c.H * c.n_q * c.ns);
+    d.k.resize(c.D * c.Hkv * c.n_kv * c.ns);
+    d.v.resize(d.k.size());
+    for (auto & x : d.q) x = nd(rng);
+    for (auto & x : d.k) x = nd(rng);
+    for (auto & x : d.v) x = nd(rng);
+    d.k_raw = encode(c.type, d.k, c.D);
+    d.v_raw = encode(c.type, d.v, c.D);
+
+    d.cells.assign(c.n_sel * c.n_q * c.ns, -1);
+    std::uniform_real_distribution<double> ud(0.0, 1.0);
+    for (int64_t s = 0; s < c.ns; ++s) {
+        for (int64_t iq = 0; iq < c.n_q; ++iq) {
+            if (c.empty_row && iq == c.n_q - 1) {
+                continue;
+            }
+            // distinct cells: a random sample of the cache, in random order
+            std::vector<int32_t> pool(c.n_kv);
+            for (int64_t i = 0; i < c.n_kv; ++i) pool[i] = (int32_t) i;
+            const int64_t take = std::min(c.n_sel, c.n_kv);
+            for (int64_t i = 0; i < take; ++i) {
+                std::swap(pool[i], pool[i + rng() % (c.n_kv - i)]);
+            }
+            int32_t * row = d.cells.data() + (s * c.n_q + iq) * c.n_sel;
+            for (int64_t i = 0; i < take; ++i) {
+                row[i] = ud(rng) < c.unused_frac ? -1 : pool[i];
+            }
+        }
+    }
+    return d;
+}
+
+std::vector<float> reference(const attn_case & c, const attn_data & d, float scale) {
+    std::vector<float> out(c.D * c.H * c.n_q * c.ns, 0.0f);
+    const int64_t group = c.H / c.Hkv;
+    std::vector<double> acc(c.D);
+    for (int64_t s = 0; s < c.ns; ++s)
+    for (int64_t iq = 0; iq < c.n_q; ++iq)
+    for (int64_t h = 0; h < c.H; ++h) {
+        const float *   q    = d.q.data() + ((s * c.n_q + iq) * c.H + h) * c.D;
+        const int32_t * row  = d.cells.data() + (s * c.n_q + iq) * c.n_sel;
+        const int64_t   hk   = h / group;
+        std::vector<double> scores;
+        std::vector<int32_t> used;
+        for (int64_t j = 0; j < c.n_sel; ++j) {
+            if (row[j] < 0) continue;
+            const float * k = d.k.data() + ((s * c.n_kv + row[j]) * c.Hkv + hk) * c.D;
+            double dot = 0.0;
+            for (int64_t e = 0; e < c.D; ++e) dot += (double) q[e] * k[e];
+            scores.push_back(dot * scale);
+            used.push_back(row[j]);
+        }
+        if (used.empty()) continue;
+        double m = -INFINITY;
+        for (double x : scores) m = std::max(m, x);
+        double l = 0.0;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (size_t j = 0; j < used.size(); ++j) {
+            const double w = std::exp(scores[j] - m);
+            const float * v = d.v.data() + ((s * c.n_kv + used[j]) * c.Hkv + hk) * c.D;
+            for (int64_t e = 0; e < c.D; ++e) acc[e] += w * v[e];
+            l += w;
+        }
+        float * o = out.data() + ((s * c.n_q + iq) * c.H + h) * c.D;
+        for (int64_t e = 0; e < c.D; ++e) o[e] = (float) (acc[e] / l);
+    }
+    return out;
+}
+
+double nmse(const std::vector<float> & a, const std::vector<float> & ref) {
+    double err = 0.0, norm = 0.0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        const double diff = (double) a[i] - ref[i];
+        err += diff * diff;
+        norm += (double) ref[i] * ref[i];
+    }
+    return norm > 0.0 ? err / norm : err;
+}
+
+struct graph_run {
+    ggml_context *        ctx = nullptr;
+    ggml_backend_buffer_t buf = nullptr;
+    ggml_cgraph *         gf  = nullptr;
+    ggml_tensor *         out = nullptr;
+    ~graph_run() {
+        if (buf) ggml_backend_buffer_free(buf);
+        if (ctx) ggml_free(ctx);
+    }
+};
+
+// builds the case on backend; returns false when the backend does not support it
+bool build(graph_run & g, ggml_backend_t backend, const attn_case & c, const attn_data & d, float scale) {
+    ggml_init_params ip = { ggml_tensor_overhead() * 16 + ggml_graph_overhead(), nullptr, true };
+    g.ctx = ggml_init(ip);
+    ggml_tensor * q     = ggml_new_tensor_4d(g.ctx, GGML_TYPE_F32, c.D, c.H, c.n_q, c.ns);
+    ggml_tensor * k     = ggml_new_tensor_4d(g.ctx, c.type, c.D, c.Hkv, c.n_kv, c.ns);
+    ggml_tensor * v     = ggml_new_tensor_4d(g.ctx, c.type, c.D, c.Hkv, c.n_kv, c.ns);
+    ggml_tensor * cells = ggml_new_tensor_3d(g.ctx, GGML_TYPE_I32, c.n_sel, c.n_q, c.ns);
+    g.out = pyqsa_ggml_qsa_attn(g.ctx, q, k, v, cells, scale);
+    if (!ggml_backend_supports_op(backend, g.out)) {
+        return false;
+    }
+    g.gf = ggml_new_graph(g.ctx);
+    ggml_build_forward_expand(g.gf, g.out);
+    g.buf = ggml_backend_alloc_ctx_tensors(g.ctx, backend);
+    ggml_backend_tensor_set(q, d.q.data(), 0, ggml_nbytes(q));
+    ggml_backend_tensor_set(k, d.k_raw.data(), 0, ggml_nbytes(k));
+    ggml_backend_tensor_set(v, d.v_raw.data(), 0, ggml_nbytes(v));
+    ggml_backend_tensor_set(cells, d.cells.data(), 0, ggml_nbytes(cells));
+    return true;
+}
+
+std::vector<float> run(ggml_backend_t backend, const attn_case & c, const attn_data & d, float scale, bool * supported) {
+    graph_run g;
+    *supported = build(g, backend, c, d, scale);
+    if (!*supported) return {};
+    if (ggml_backend_graph_compute(backend, g.gf) != GGML_STATUS_SUCCESS) {
+        std::fprintf(stderr, "compute failed\n");
+        std::exit(2);
+    }
+    std::vector<float> out(ggml_nelements(g.out));
+    ggml_backend_tensor_get(g.out, out.data(), 0, ggml_nbytes(g.out));
+    return out;
+}
+
+std::vector<attn_case> test_cases() {
+    std::vector<attn_case> cases;
+    const ggml_type types[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0 };
+    for (ggml_type t : types) {
+        // GQA ratios and head dims of the QSA models (Flash-Next: 24 q / 2 kv heads x 256)
+        cases.push_back({ t, 256, 24, 2, 1, 1, 2100, 2051, 0.0, false });
+        cases.push_back({ t, 256, 24, 2, 3, 2, 300, 64, 0.1, true });
+        cases.push_back({ t, 128, 4, 1, 17, 1, 300, 19, 0.2, false });
+        cases.push_back({ t, 64, 8, 8, 5, 2, 7, 12, 0.3, false });
+        cases.push_back({ t, 512, 2, 1, 2, 1, 40, 40, 0.0, true });
+        cases.push_back({ t, 64, 4, 2, 1, 1, 1, 1, 0.0, false });
+    }
+    // long contexts: the list, not the cache, sets the cost
+    cases.push_back({ GGML_TYPE_F16, 128, 4, 1, 1, 1, 262144, 2051, 0.0, false });
+    cases.push_back({ GGML_TYPE_Q8_0, 256, 12, 1, 2, 1, 65536, 515, 0.05, false });
+    return cases;
+}
+
+int cmd_test(const char * only_backend) {
+    std::mt19937 rng(1234);
+    int n_ok = 0, n_fail = 0;
+    ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    ggml_backend_cpu_set_n_threads(cpu, 4);
+    for (const attn_case & c : test_cases()) {
+        const float scale = 1.0f / std::sqrt((float) c.D);
+        const attn_data d = make_data(c, rng);
+        const std::vector<float> ref = reference(c, d, scale);
+        bool supported = false;
+        const std::vector<float> out_cpu = run(cpu, c, d, scale, &supported);
+        const double e_cpu = nmse(out_cpu, ref);
+        bool ok = supported && e_cpu < 1e-9;
+        std::printf("  %s CPU vs reference: nmse %.3e %s\n", c.name().c_str(), e_cpu, ok ? "OK" : "FAIL");
+        ok ? ++n_ok : ++n_fail;
+        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+            if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;
+            if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
+            ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
+            const std::vector<float> out = run(be, c, d, scale, &supported);
+            if (!supported) {
+                std::printf("  %s %s: not supported, FAIL\n", c.name().c_str(), ggml_backend_dev_name(dev));
+                ++n_fail;
+            } else {
+                const double e = nmse(out, out_cpu);
+                const bool ok_be = e < 1e-9;
+                std::printf("  %s %s vs CPU: nmse %.3e %s\n", c.name().c_str(), ggml_backend_dev_name(dev), e, ok_be ? "OK" : "FAIL");
+                ok_be ? ++n_ok : ++n_fail;
+            }
+            ggml_backend_free(be);
+        }
+    }
+    ggml_backend_free(cpu);
+    std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
+    return n_fail == 0 ? 0 : 1;
+}
+
+int cmd_perf(const char * only_backend) {
+    std::mt19937 rng(99);
+    // decode: one query per slot, Flash-Next attention shape, budget 2048 + tail
+    const attn_case shapes[] = {
+        { GGML_TYPE_F16, 256, 24, 2, 1, 1, 262144, 2051, 0.0, false },
+        { GGML_TYPE_F16, 256, 24, 2, 1, 8, 32768, 2051, 0.0, false },
+        { GGML_TYPE_Q8_0, 256, 24, 2, 1, 8, 32768, 2051, 0.0, false },
+    };
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
+        ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
+        for (const attn_case & c : shapes) {
+            const attn_data d = make_data(c, rng);
+            graph_run g;
+            if (!build(g, be, c, d, 0.0625f)) continue;
+            const int iters = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU ? 3 : 200;
+            ggml_backend_graph_compute(be, g.gf);
+            ggml_backend_synchronize(be);
+            const auto t0 = std::chrono::steady_clock::now();
+            for (int it = 0; it < iters; ++it) ggml_backend_graph_compute(be, g.gf);
+            ggml_backend_synchronize(be);
+            const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+            // K and V rows of the listed cells, once per kv head
+            const double bytes = 2.0 * c.ns * c.n_q * c.n_sel * c.Hkv * ggml_row_size(c.type, c.D);
+            std::printf("  %s %s: %.1f us/run, %.1f GB/s of K/V rows\n", c.name().c_str(), ggml_backend_dev_name(dev), us, bytes / us / 1e3);
+        }
+        ggml_backend_free(be);
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    const char * mode = "test";
+    const char * backend = nullptr;
+    for (int i = 1; i < argc; ++i) {
+        if (std::strcmp(argv[i], "-b") == 0 && i + 1 < argc) {
+            backend = argv[++i];
+        } else if (std::strcmp(argv[i], "test") == 0 || std::strcmp(argv[i], "perf") == 0) {
+            mode = argv[i];
+        } else {
+            std::fprintf(stderr, "usage: %s [test|perf] [-b BACKEND]\n", argv[0]);
+            return 2;
+        }
+    }
+    ggml_backend_load_all();
+    return std::strcmp(mode, "perf") == 0 ? cmd_perf(backend) : cmd_test(backend);
+}
