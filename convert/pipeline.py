@@ -17,7 +17,7 @@ from .metadata import model_kv
 from .qsa import KVScales, QsaLayout, pyqsa_kv
 from .tensors import plan_tensors
 from .tokenizer import Tokenizer, load_tokenizer
-from .writer import KV, OUTTYPES, Item, encode, temp_path, write_gguf
+from .writer import KV, OUTTYPES, Item, check_output, encode, temp_path, write_gguf
 
 Tensors = TensorSource | Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]]
 
@@ -45,13 +45,14 @@ def write_model(
     cfg = parse_config(config)
     src = tensors if hasattr(tensors, "load") else ArraySource(tensors)  # type: ignore[arg-type]
     plan = plan_tensors(cfg, src)  # type: ignore[arg-type]
+    items = [encode(t, outtype) for t in plan.tensors]
+    out = Path(out_path)
+    check_output(out, sum(i.nbytes for i in items))  # fail fast, before the slow parts
     tok = load_tokenizer(tokenizer, cfg.vocab_size)
     layout = QsaLayout.from_config(cfg)
     by_name = {t.name: t for t in plan.tensors}
     scales = weight_estimate(layout, lambda n: by_name[n].array())
     kvs = model_kv(cfg, plan.ple, outtype, name) + tok.kv() + pyqsa_kv(layout, scales)
-    items = [encode(t, outtype) for t in plan.tensors]
-    out = Path(out_path)
     if calibrate_text is None:
         write_gguf(out, kvs, items, progress)
         return out

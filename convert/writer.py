@@ -72,21 +72,26 @@ def temp_path(out: Path) -> Path:
     return out.parent / f".{out.name}.{os.getpid()}.tmp"
 
 
-def write_gguf(out: Path, kvs: list[KV], items: list[Item], progress: bool = True) -> None:
-    """Write a qwen4exp GGUF atomically (temp file in the same folder, then rename)."""
-    out = Path(out)
+def check_output(out: Path, nbytes: int) -> None:
+    """Refuse an output path that cannot be written, or a disk without room for nbytes."""
     if out.is_dir():
         raise ConvertError(f"cannot write {out}: it is a directory")
-    parent = out.parent if str(out.parent) else Path(".")
+    parent = out.parent
     if not parent.is_dir():
         raise ConvertError(f"cannot write {out}: folder {parent} does not exist")
-    need = sum(i.nbytes for i in items) + _SLACK
+    need = nbytes + _SLACK
     free = shutil.disk_usage(parent).free
     if free < need:
         raise ConvertError(
             f"not enough disk space in {parent}: need {need / 2**30:.2f} GiB, "
             f"{free / 2**30:.2f} GiB free"
         )
+
+
+def write_gguf(out: Path, kvs: list[KV], items: list[Item], progress: bool = True) -> None:
+    """Write a qwen4exp GGUF atomically (temp file in the same folder, then rename)."""
+    out = Path(out)
+    check_output(out, sum(i.nbytes for i in items))
     tmp = temp_path(out)
     try:
         open(tmp, "xb").close()
