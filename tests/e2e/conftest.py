@@ -1,0 +1,161 @@
+"""Real `pyqsa serve` processes on free ports, driven by real clients.
+
+The model is the embedded demo model (random weights, the real Qwen tokenizer), built by
+the converter's write_model into a per-session cache, so these tests need no torch and no
+network. Servers start once per session; each test leaves them idle.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+API_KEY = "test-key"
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass
+class Server:
+    url: str  # http://127.0.0.1:PORT (no /v1)
+    proc: subprocess.Popen
+    model: str = "pyqsa-demo"
+    api_key: str | None = None
+
+    @property
+    def v1(self) -> str:
+        return self.url + "/v1"
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(self.url + "/metrics").text
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+    def openai(self, **kw):
+        import openai
+
+        return openai.OpenAI(base_url=self.v1, api_key=self.api_key or "none", **kw)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("pyqsa-cache")
+
+
+@pytest.fixture(scope="session")
+def demo_gguf(cache_dir) -> Path:
+    os.environ["PYQSA_CACHE_DIR"] = str(cache_dir)
+    from pyqsa.engine.demo_model import demo_model_path
+
+    return demo_model_path()
+
+
+def start_server(args: list[str], env_cache: Path, timeout: float = 120) -> Server:
+    env = {**os.environ, "PYQSA_CACHE_DIR": str(env_cache)}
+    cmd = [sys.executable, "-m", "pyqsa.cli", "serve", "--port", "0", *args]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True
+    )
+    deadline = time.monotonic() + timeout
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"serving (\S+) at (http://\S+)/v1", line)
+        if m:
+            return Server(m.group(2), proc, m.group(1))
+    proc.kill()
+    raise RuntimeError("server did not start:\n" + "".join(lines))
+
+
+def stop_server(s: Server) -> None:
+    s.proc.terminate()
+    try:
+        s.proc.wait(15)
+    except subprocess.TimeoutExpired:
+        s.proc.kill()
+    s.proc.stdout.close()
+
+
+@pytest.fixture(scope="session")
+def server(demo_gguf, cache_dir):
+    """8 slots of 512 tokens, an API key, a 1 MiB body limit."""
+    s = start_server(
+        [
+            str(demo_gguf),
+            "--model-name",
+            "pyqsa-demo",
+            "--slots",
+            "8",
+            "--ctx",
+            "512",
+            "--api-key",
+            API_KEY,
+            "--max-body-bytes",
+            str(1 << 20),
+        ],
+        cache_dir,
+    )
+    s.api_key = API_KEY
+    yield s
+    stop_server(s)
+
+
+@pytest.fixture(scope="session")
+def small_server(demo_gguf, cache_dir):
+    """1 slot, no waiting room (429 at once), and the test-only tool template."""
+    s = start_server(
+        [
+            str(demo_gguf),
+            "--model-name",
+            "pyqsa-demo",
+            "--slots",
+            "1",
+            "--ctx",
+            "256",
+            "--batch-tokens",
+            "64",
+            "--max-waiting",
+            "0",
+            "--chat-template",
+            str(HERE / "tool_template.jinja"),
+        ],
+        cache_dir,
+    )
+    yield s
+    stop_server(s)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(demo_gguf):
+    """The server's tokenizer, in the test process (llama.cpp vocabulary of the demo GGUF)."""
+    from pyqsa.engine.runner import LlamaModel
+
+    return LlamaModel(str(demo_gguf))
+
+
+def wait_idle(s: Server, timeout: float = 20) -> dict[str, float]:
+    """Metrics once nothing is in flight (requests finish asynchronously after a disconnect)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = s.metrics()
+        idle = m["pyqsa_busy_slots"] == 0 and m["pyqsa_requests_in_flight"] == 0
+        if (idle and m["pyqsa_http_open_requests"] == 0) or time.monotonic() > deadline:
+            return m
+        time.sleep(0.1)

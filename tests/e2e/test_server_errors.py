@@ -1,0 +1,148 @@
+"""Bad input gets an OpenAI-shaped 4xx with a stable error type, never a 500."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import openai
+import pytest
+
+CHAT = {"model": "pyqsa-demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+def post(server, body=None, *, content=None, headers=None, path="/chat/completions"):
+    h = {**server.headers(), **(headers or {})}
+    if content is not None:
+        h.setdefault("Content-Type", "application/json")
+        return httpx.post(server.v1 + path, content=content, headers=h, timeout=30)
+    return httpx.post(server.v1 + path, json=body, headers=h, timeout=30)
+
+
+def check(r: httpx.Response, status: int, type_: str, param: str | None = None) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == type_ and err["message"]
+    if param is not None:
+        assert err["param"] == param
+    return err
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"{not json", b"", b"[]", b'"text"', b"\xff\xfe"],
+    ids=["malformed", "empty", "array", "string", "binary"],
+)
+def test_malformed_bodies(server, content):
+    check(post(server, content=content), 400, "invalid_request_error")
+
+
+@pytest.mark.parametrize(
+    "patch, param",
+    [
+        ({"temperature": "hot"}, "temperature"),
+        ({"max_tokens": "5"}, "max_tokens"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"stream": "yes"}, "stream"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"n": 2}, "n"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"logit_bias": {"not-a-token": 1}}, "logit_bias"),
+        ({"logit_bias": {"999999999": 1}}, "logit_bias"),
+        ({"model": 5}, "model"),
+    ],
+)
+def test_wrong_types_and_values(server, patch, param):
+    check(post(server, {**CHAT, **patch}), 400, "invalid_request_error", param)
+
+
+def test_missing_fields(server):
+    check(post(server, {"messages": CHAT["messages"]}), 400, "invalid_request_error", "model")
+    check(post(server, {"model": "pyqsa-demo"}), 400, "invalid_request_error", "messages")
+    check(
+        post(server, {"model": "pyqsa-demo"}, path="/completions"),
+        400,
+        "invalid_request_error",
+        "prompt",
+    )
+
+
+def test_unknown_model_and_route(server):
+    err = check(post(server, {**CHAT, "model": "gpt-9"}), 404, "not_found_error", "model")
+    assert err["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        server.openai().completions.create(model="gpt-9", prompt="x", max_tokens=1)
+    r = httpx.get(server.v1 + "/nothing-here", headers=server.headers())
+    check(r, 404, "not_found_error")
+
+
+def test_context_overflow(server, tokenizer):
+    long = "hello " * 600  # the server's slots hold 512 tokens
+    assert len(tokenizer.tokenize(long)) > 512
+    err = check(
+        post(server, {**CHAT, "messages": [{"role": "user", "content": long}]}),
+        400,
+        "invalid_request_error",
+    )
+    assert err["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError):
+        server.openai().completions.create(model=server.model, prompt=long, max_tokens=1)
+    ids = [1] * 512
+    r = post(server, {"model": "pyqsa-demo", "prompt": ids, "max_tokens": 1}, path="/completions")
+    check(r, 400, "invalid_request_error")
+
+
+def test_api_key_required(server):
+    r = httpx.post(server.v1 + "/chat/completions", json=CHAT)
+    check(r, 401, "authentication_error")
+    r = httpx.post(
+        server.v1 + "/chat/completions", json=CHAT, headers={"Authorization": "Bearer wrong"}
+    )
+    assert check(r, 401, "authentication_error")["code"] == "invalid_api_key"
+    check(httpx.get(server.v1 + "/models"), 401, "authentication_error")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.v1, api_key="wrong").models.list()
+    assert httpx.get(server.url + "/health").status_code == 200  # probes need no key
+
+
+def test_oversized_body(server):
+    big = {**CHAT, "messages": [{"role": "user", "content": "x" * (2 << 20)}]}
+    check(post(server, big), 413, "request_too_large")
+
+    def chunked():  # no Content-Length: counted as it arrives
+        yield b'{"model": "pyqsa-demo", "messages": [{"role": "user", "content": "'
+        for _ in range(40):
+            yield b"y" * 65536
+        yield b'"}]}'
+
+    check(post(server, content=chunked()), 413, "request_too_large")
+
+
+def test_queue_full_is_429(small_server):
+    """One slot, no waiting room: a second request while the first runs is refused."""
+    s = small_server
+    started = threading.Event()
+    done = threading.Event()
+
+    def long_request():
+        body = {"model": s.model, "prompt": "a", "max_tokens": 200, "stream": True}
+        with httpx.stream("POST", s.v1 + "/completions", json=body, timeout=60) as r:
+            for _ in r.iter_lines():
+                started.set()
+                if done.is_set():
+                    break
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    try:
+        assert started.wait(30)
+        r = httpx.post(s.v1 + "/completions", json={"model": s.model, "prompt": "b"})
+        err = check(r, 429, "rate_limit_error")
+        assert err["code"] == "queue_full"
+    finally:
+        done.set()
+        t.join(60)
