@@ -67,6 +67,9 @@ PYQSA_QSA_BUDGET = "pyqsa.qsa.budget"
 PYQSA_KV_SCALES_K = "pyqsa.kv_scales.k"
 PYQSA_KV_SCALES_V = "pyqsa.kv_scales.v"
 PYQSA_KV_SCALES_SOURCE = "pyqsa.kv_scales.source"
+# "NFC" when HF normalises text before BPE (llama.cpp does not); absent: no normalisation
+PYQSA_TOKENIZER_NORMALIZER = "pyqsa.tokenizer.normalizer"
+# the keys --refresh-qsa rewrites
 PYQSA_KEYS = (
     PYQSA_CONVERTER_VERSION,
     PYQSA_QSA_LAYERS,

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from . import names as N
 from .calibrate import calibrate, weight_estimate
 from .checkpoint import ArraySource, SafetensorsSource, TensorSource
 from .errors import ConvertError
@@ -48,7 +49,7 @@ def write_model(
     items = [encode(t, outtype) for t in plan.tensors]
     out = Path(out_path)
     check_output(out, sum(i.nbytes for i in items))  # fail fast, before the slow parts
-    tok = load_tokenizer(tokenizer, cfg.vocab_size)
+    tok = load_tokenizer(tokenizer, cfg.vocab_size, config.get("model_type"))
     layout = QsaLayout.from_config(cfg)
     by_name = {t.name: t for t in plan.tensors}
     scales = weight_estimate(layout, lambda n: by_name[n].array())
@@ -116,7 +117,7 @@ def refresh_qsa(
     kvs: list[KV] = [
         (key, f.value, f.type, f.sub_type)
         for key, f in g.fields.items()
-        if not key.startswith("pyqsa.") and key != "general.architecture"
+        if key not in N.PYQSA_KEYS and key != "general.architecture"
     ]
     kvs += pyqsa_kv(layout, scales)
     items = [Item(t.name, t.shape, t.qtype, lambda t=t: iter([g.raw(t)])) for t in g.tensors]

@@ -2,9 +2,14 @@
 
 Both give a `Tokenizer` (the `tokenizer.*` keys upstream reads for a gpt2/BPE vocab). The HF
 folder is read as files (tokenizer.json, tokenizer_config.json, chat template) with no
-`tokenizers`/`transformers` import. The pre-tokenizer name is chosen from the Split regex in
-tokenizer.json, not from a hash of a sample encoding: qwen2 and qwen35 tokenize a shared
-sample identically but differ on combining marks.
+`tokenizers`/`transformers` import, and the pre-tokenizer is the one transformers' AutoTokenizer
+really runs: Qwen tokenizer classes build their own pipeline (regex + NFC) and ignore
+tokenizer.json's, and for some model types AutoTokenizer even ignores the hub's class. The name
+is never guessed from a hash of a sample encoding: qwen2 and qwen35 tokenize upstream's sample
+identically but differ on combining marks.
+
+llama.cpp's BPE has no normalizer. When HF applies NFC, the file says so in
+`pyqsa.tokenizer.normalizer` and pyqsa NFC-normalises text before calling llama_tokenize.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from pathlib import Path
 import gguf
 from gguf import GGUFValueType as T
 
+from . import names as N
 from .errors import ConvertError
 from .gguf_file import GGUFFile
 
@@ -25,6 +31,17 @@ _PRE_REGEXES = {
     r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+}
+# transformers 5.23 tokenization_auto.py: these model types ignore the hub's tokenizer_class
+_AUTO_CLASSES = dict.fromkeys(
+    ("qwen4_exp", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"), "Qwen3_5Tokenizer"
+)
+# tokenizer classes that build their own pipeline: (pre-tokenizer, normalizer)
+_CLASS_PIPELINES = {
+    "Qwen2Tokenizer": ("qwen2", "NFC"),
+    "Qwen2TokenizerFast": ("qwen2", "NFC"),
+    "Qwen3_5Tokenizer": ("qwen35", "NFC"),
+    "Qwen3_5TokenizerFast": ("qwen35", "NFC"),
 }
 _SPECIAL_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "padding_token_id"}
 
@@ -41,6 +58,7 @@ class Tokenizer:
     add_bos: bool | None = None
     add_eos: bool | None = None
     chat_template: str | None = None
+    normalizer: str | None = None  # "NFC": normalise text before llama_tokenize
 
     def kv(self) -> list[tuple[str, object, T, T | None]]:
         """(key, value, type, array sub-type) for the GGUF writer."""
@@ -58,6 +76,8 @@ class Tokenizer:
                 out.append((f"tokenizer.ggml.add_{kind}_token", flag, T.BOOL, None))
         if self.chat_template:
             out.append(("tokenizer.chat_template", self.chat_template, T.STRING, None))
+        if self.normalizer:
+            out.append((N.PYQSA_TOKENIZER_NORMALIZER, self.normalizer, T.STRING, None))
         return out
 
     def check_vocab_size(self, vocab_size: int) -> None:
@@ -83,7 +103,19 @@ def from_vocab_gguf(path: Path, pre: str = "qwen35") -> Tokenizer:
         add_bos=get("tokenizer.ggml.add_bos_token"),
         add_eos=get("tokenizer.ggml.add_eos_token"),
         chat_template=get("tokenizer.chat_template"),
+        normalizer=get(N.PYQSA_TOKENIZER_NORMALIZER),
     )
+
+
+def _pipeline(tok_json: dict, tok_class: str | None) -> tuple[str, str | None]:
+    """(pre-tokenizer name, normalizer) of what AutoTokenizer will run."""
+    if tok_class in _CLASS_PIPELINES:
+        return _CLASS_PIPELINES[tok_class]
+    norm = tok_json.get("normalizer")
+    kind = norm.get("type") if isinstance(norm, dict) else None
+    if kind not in (None, "NFC"):
+        raise ConvertError(f"tokenizer.json: unsupported normalizer {kind!r} (none or NFC)")
+    return _pre_name(tok_json), kind
 
 
 def _pre_name(tok_json: dict) -> str:
@@ -105,8 +137,12 @@ def _pre_name(tok_json: dict) -> str:
     )
 
 
-def from_hf_dir(hf_dir: Path, vocab_size: int) -> Tokenizer:
-    """Read an HF fast-tokenizer folder; ids without a token become [PAD<id>] (UNUSED)."""
+def from_hf_dir(hf_dir: Path, vocab_size: int, model_type: str | None = None) -> Tokenizer:
+    """Read an HF fast-tokenizer folder; ids without a token become [PAD<id>] (UNUSED).
+
+    `model_type` (config.json's) matters because AutoTokenizer picks the class by it for some
+    types, whatever tokenizer_config.json says.
+    """
     path = Path(hf_dir) / "tokenizer.json"
     try:
         tj = json.loads(path.read_text(encoding="utf-8"))
@@ -144,6 +180,8 @@ def from_hf_dir(hf_dir: Path, vocab_size: int) -> Tokenizer:
     # without a BOS id llama.cpp's gpt2 default is token 11 (","): use Qwen's <|endoftext|>
     if "bos" not in special and "<|endoftext|>" in vocab:
         special["bos"] = vocab["<|endoftext|>"]
+    tok_class = _AUTO_CLASSES.get(model_type or "") or _tokenizer_class(hf_dir)
+    pre, normalizer = _pipeline(tj, tok_class)
     template = sv.chat_template
     if isinstance(template, list):  # named templates: keep the default one
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
@@ -151,20 +189,31 @@ def from_hf_dir(hf_dir: Path, vocab_size: int) -> Tokenizer:
         tokens=tokens,
         token_types=[int(t) for t in types],
         merges=list(sv.merges),
-        pre=_pre_name(tj),
+        pre=pre,
         special_ids=special,
         add_bos=sv.add_special_token.get("bos"),
         add_eos=sv.add_special_token.get("eos"),
         chat_template=template,
+        normalizer=normalizer,
     )
 
 
-def load_tokenizer(source: Tokenizer | str | Path, vocab_size: int) -> Tokenizer:
+def _tokenizer_class(hf_dir: Path) -> str | None:
+    try:
+        cfg = json.loads((Path(hf_dir) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None  # SpecialVocab reads the same file; without it tokenizer.json rules
+    return cfg.get("tokenizer_class")
+
+
+def load_tokenizer(
+    source: Tokenizer | str | Path, vocab_size: int, model_type: str | None = None
+) -> Tokenizer:
     """A Tokenizer, an HF tokenizer folder, or a vocab-only .gguf file."""
     if isinstance(source, Tokenizer):
         tok = source
     elif Path(source).is_dir():
-        tok = from_hf_dir(Path(source), vocab_size)
+        tok = from_hf_dir(Path(source), vocab_size, model_type)
     elif Path(source).suffix == ".gguf":
         tok = from_vocab_gguf(Path(source))
     else:

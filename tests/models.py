@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE_ROOT = ROOT / ".build" / "test-models"
-# the Qwen3.5 Split regex (the vocab GGUF's pre-tokenizer "qwen35"); no normalizer, as llama.cpp
+# the Qwen3.5 Split regex (the vocab GGUF's pre-tokenizer "qwen35")
 QWEN35_RE = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
     r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -97,9 +97,21 @@ def make_tiny_model(ple: bool, seed: int = 0):
 
 
 def save_qwen_tokenizer(out: Path) -> None:
-    """Rebuild an HF fast tokenizer from the Qwen vocab GGUF (tokens keep their GGUF ids)."""
+    """Rebuild an HF fast tokenizer from the Qwen vocab GGUF (tokens keep their GGUF ids).
+
+    Class Qwen3_5Tokenizer, as AutoTokenizer uses for real qwen4_exp checkpoints: qwen35 split
+    regex and NFC (tokenizer.json says the same, for tools that read it directly).
+    """
     from pyqsa.convert import from_vocab_gguf, qwen_vocab_gguf
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+    )
 
     v = from_vocab_gguf(qwen_vocab_gguf())
     typed = list(enumerate(zip(v.tokens, v.token_types, strict=True)))
@@ -112,6 +124,7 @@ def save_qwen_tokenizer(out: Path) -> None:
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
         ]
     )
+    tok.normalizer = normalizers.NFC()
     tok.decoder = decoders.ByteLevel()
     specials = [
         (i, t) for i, (t, ty) in enumerate(zip(v.tokens, v.token_types, strict=True)) if ty == 3
@@ -121,7 +134,7 @@ def save_qwen_tokenizer(out: Path) -> None:
         assert tok.token_to_id(t) == i, (t, i)
     tok.save(str(out / "tokenizer.json"))
     config = {
-        "tokenizer_class": "Qwen2Tokenizer",
+        "tokenizer_class": "Qwen3_5Tokenizer",
         "bos_token": None,
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
