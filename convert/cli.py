@@ -28,7 +28,7 @@ def _read_text(path: Path | None) -> str | None:
 @click.command()
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="GGUF file to write.")
-@click.option("--outtype", type=click.Choice(list(OUTTYPES)), default="f32", show_default=True)
+@click.option("--outtype", type=click.Choice(list(OUTTYPES)), help="Tensor type [default: f32].")
 @click.option(
     "--calibrate",
     "calib",
@@ -55,12 +55,14 @@ def convert(
     try:
         text = _read_text(calib)
         if refresh_qsa:
+            if outtype:
+                raise ConvertError("--outtype does not apply to --refresh-qsa (weights are kept)")
             scales = pipeline.refresh_qsa(source, text, out_path=output, progress=not quiet)
             click.echo(f"refreshed QSA keys of {output or source} ({scales.source})")
             return
         if output is None:
             raise ConvertError("missing -o/--output")
-        pipeline.convert_checkpoint(source, output, outtype, text, progress=not quiet)
+        pipeline.convert_checkpoint(source, output, outtype or "f32", text, progress=not quiet)
         click.echo(f"wrote {output}")
     except ConvertError as e:
         _fail(e)

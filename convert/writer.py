@@ -78,7 +78,8 @@ def check_output(out: Path, nbytes: int) -> None:
         raise ConvertError(f"cannot write {out}: it is a directory")
     parent = out.parent
     if not parent.is_dir():
-        raise ConvertError(f"cannot write {out}: folder {parent} does not exist")
+        why = "is not a folder" if parent.exists() else "does not exist"
+        raise ConvertError(f"cannot write {out}: {parent} {why}")
     need = nbytes + _SLACK
     free = shutil.disk_usage(parent).free
     if free < need:

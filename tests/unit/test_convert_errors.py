@@ -148,13 +148,18 @@ def test_missing_shard(tiny_hf_dir, tmp_path):
 
 def test_output_folder_missing(tiny_hf_dir, tmp_path):
     msg = run_convert([tiny_hf_dir, "-o", tmp_path / "nope" / "m.gguf"], tmp_path)
-    assert "does not exist" in msg
+    assert "nope does not exist" in msg
 
 
 def test_output_not_writable(tiny_hf_dir, tmp_path):
     (tmp_path / "file").write_text("x")
     msg = run_convert([tiny_hf_dir, "-o", tmp_path / "file" / "m.gguf"], tmp_path)
-    assert "cannot write" in msg
+    assert "cannot write" in msg and "file is not a folder" in msg
+
+
+def test_refresh_with_outtype(tiny_gguf, tmp_path):
+    msg = run_convert([tiny_gguf, "--refresh-qsa", "--outtype", "f16"], tmp_path)
+    assert "--outtype does not apply to --refresh-qsa" in msg
 
 
 def test_output_is_directory(tiny_hf_dir, tmp_path):

@@ -75,12 +75,12 @@ def test_transforms_match_hf(converted):
         assert g.get(N.PLE_LAYER_MULTIPLIERS) == hf[p + "ple_embedding.layer_multipliers"].tolist()
 
 
-def test_loads_in_upstream_runtime(converted):
+def load_in_runtime(path):
+    """llama_model_load_from_file on the file; checks arch and layer count, then frees it."""
     import llama_cpp as L
 
-    _, _, g = converted
     L.llama_backend_init()
-    model = L.llama_model_load_from_file(str(g.path).encode(), L.llama_model_default_params())
+    model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
     assert model, "llama_model_load_from_file failed"
     try:
         buf = ctypes.create_string_buffer(64)
@@ -89,6 +89,10 @@ def test_loads_in_upstream_runtime(converted):
         assert L.llama_model_n_layer(model) == 8
     finally:
         L.llama_model_free(model)
+
+
+def test_loads_in_upstream_runtime(converted):
+    load_in_runtime(converted[2].path)
 
 
 def test_inspect_shows_two_qsa_layers(tiny_gguf):
@@ -121,3 +125,4 @@ def test_outtypes(tiny_hf_dir, tmp_path, outtype):
     emb = g.f32(next(t for t in g.tensors if t.name == "token_embd.weight"))
     ref = load_file(str(tiny_hf_dir / "model.safetensors"))["model.embed_tokens.weight"]
     np.testing.assert_allclose(emb, ref, atol=np.abs(ref).max() / 100)
+    load_in_runtime(out)
