@@ -130,6 +130,19 @@ def _few(items: list[str], n: int = 3) -> str:
 
 def plan_tensors(cfg: ModelConfig, src: TensorSource) -> Plan:
     """Check the source against the config and return the GGUF tensors to write."""
+    b, ple = _build(cfg, src)
+    b.check()
+    return Plan(b.out, ple() if ple is not None else None)
+
+
+def expected_shapes(cfg: ModelConfig, src: TensorSource) -> dict[str, tuple[int, ...]]:
+    """The HF tensors (name -> shape) the config implies; src only decides layout variants."""
+    return _build(cfg, src)[0].expected
+
+
+def _build(
+    cfg: ModelConfig, src: TensorSource
+) -> tuple[_Builder, Callable[[], PleConstants] | None]:
     b = _Builder(cfg, src)
     E, V, hc, R = cfg.hidden_size, cfg.vocab_size, cfg.hc_count, cfg.hc_lowrank
     hcE = hc * E
@@ -143,11 +156,7 @@ def plan_tensors(cfg: ModelConfig, src: TensorSource) -> Plan:
     b.copy(N.OUTPUT_HC_UP, mixer + "input_mix_weight_up.weight", (hcE, R))
     for il in range(cfg.n_layer):
         _layer(b, il)
-    ple = _ple(b) if cfg.ple_layer is not None else None
-    b.check()
-    if ple is not None:
-        ple = ple()
-    return Plan(b.out, ple)
+    return b, (_ple(b) if cfg.ple_layer is not None else None)
 
 
 def _layer(b: _Builder, il: int) -> None:

@@ -190,3 +190,33 @@ def test_refresh_cli_with_calibration(tiny_gguf, tmp_path):
     info = json.loads(s.output)
     assert [q["layer"] for q in info["qsa_layers"]] == [3, 7]
     assert info["kv_scales_source"].startswith("calibrated:")
+
+
+def test_synthetic_weights_match_hf_layout(tiny_ple_hf_dir, tmp_path):
+    """random_tensors: HF's names, shapes and PLE hash constants; the result converts and runs."""
+    import llama_cpp as L
+    from pyqsa.convert import hf_tensor_shapes, random_tensors
+
+    config = json.loads((tiny_ple_hf_dir / "config.json").read_text())
+    hf = load_file(str(tiny_ple_hf_dir / "model.safetensors"))
+    shapes = hf_tensor_shapes(config)
+    table = "model.layers.1.ple.ple_embedding.ngram_embedding"
+    assert shapes.pop(table + ".weight") == (4096, 16)  # = the two saved shards
+    assert shapes == {n: v.shape for n, v in hf.items() if not n.startswith(table)}
+    t = random_tensors(config, seed=3)
+    for c in ("layer_multipliers", "ngram_heads_offsets", "ngram_heads_vocab_sizes"):
+        name = f"model.layers.1.ple.ple_embedding.{c}"
+        np.testing.assert_array_equal(t[name], hf[name])
+    out = write_model(config, t, qwen_vocab_gguf(), tmp_path / "rand.gguf")
+    L.llama_backend_init()
+    model = L.llama_model_load_from_file(str(out).encode(), L.llama_model_default_params())
+    assert model
+    ctx = L.llama_init_from_model(model, L.llama_context_default_params())
+    try:
+        toks = (L.llama_token * 8)(*range(100, 108))
+        assert L.llama_decode(ctx, L.llama_batch_get_one(toks, 8)) == 0
+        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), shape=(151936,))
+        assert np.isfinite(logits).all() and logits.std() > 0
+    finally:
+        L.llama_free(ctx)
+        L.llama_model_free(model)
