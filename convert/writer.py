@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +70,8 @@ def encode(t: OutTensor, outtype: str) -> Item:
 
 
 def temp_path(out: Path) -> Path:
-    return out.parent / f".{out.name}.{os.getpid()}.tmp"
+    """A hidden sibling, unique per call (concurrent writers of one output never collide)."""
+    return out.parent / f".{out.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
 
 
 def check_output(out: Path, nbytes: int) -> None:
