@@ -157,6 +157,13 @@ def test_output_not_writable(tiny_hf_dir, tmp_path):
     assert "cannot write" in msg and "file is not a folder" in msg
 
 
+def test_calibration_text_missing(tiny_hf_dir, tmp_path):
+    msg = run_convert(
+        [tiny_hf_dir, "-o", tmp_path / "m.gguf", "--calibrate", tmp_path / "none.txt"], tmp_path
+    )
+    assert "unreadable calibration text" in msg
+
+
 def test_refresh_with_outtype(tiny_gguf, tmp_path):
     msg = run_convert([tiny_gguf, "--refresh-qsa", "--outtype", "f16"], tmp_path)
     assert "--outtype does not apply to --refresh-qsa" in msg
