@@ -45,7 +45,7 @@ def summarize(path: str | Path) -> Summary:
     path = Path(path)
     g = GGUFFile(path)
     get = g.get
-    layout = QsaLayout.from_gguf(g)
+    layout = QsaLayout.from_gguf(g, require_ratios=False)
     layers = get(N.PYQSA_QSA_LAYERS, list(layout.layers))
     ratios = get(N.PYQSA_QSA_COMPRESS_RATIO, list(layout.ratios))
     budgets = get(N.PYQSA_QSA_BUDGET, list(layout.budgets))
@@ -95,6 +95,9 @@ def render(s: Summary) -> str:
         f"QSA layers:    {', '.join(str(q.layer) for q in s.qsa_layers) or 'none'}",
     ]
     for q in s.qsa_layers:
+        if q.compress_ratio <= 0:
+            lines.append(f"  layer {q.layer:3d}: ratio 0: QSA OFF (dense attention)")
+            continue
         lines.append(
             f"  layer {q.layer:3d}: ratio {q.compress_ratio}, budget {q.budget} tokens "
             f"({q.budget // q.compress_ratio} blocks), K absmax {fmt(q.k_scales)}, "

@@ -45,7 +45,8 @@ class QsaLayout:
         )
 
     @classmethod
-    def from_gguf(cls, g: GGUFFile) -> QsaLayout:
+    def from_gguf(cls, g: GGUFFile, require_ratios: bool = True) -> QsaLayout:
+        """Read from qwen4exp keys; refuses ratio 0 on indexed layers unless told not to."""
         get, path = g.get, g.path
         arch = get("general.architecture")
         if arch != N.ARCH:
@@ -59,7 +60,7 @@ class QsaLayout:
         ratios = ratios if isinstance(ratios, list) else [ratios] * n_layer
         layers = tuple(i for i in range(n_layer) if not recurrent[i])
         off = [i for i in layers if ratios[i] <= 0]
-        if off:
+        if off and require_ratios:
             raise ConvertError(
                 f"{path}: compress ratio is 0 on indexed layers {off} (QSA off, as upstream's "
                 "converter writes it); convert the HF checkpoint again with pyqsa convert"

@@ -32,8 +32,6 @@ _F32_SUFFIXES = (
     "ple_conv1d.weight",
 )
 
-Loader = Callable[[str], np.ndarray]
-
 
 @dataclass(frozen=True)
 class OutTensor:
@@ -48,7 +46,7 @@ class OutTensor:
         return (
             len(self.shape) <= 1
             or self.name.endswith(_F32_SUFFIXES)
-            or not (self.name.endswith(".weight"))
+            or not self.name.endswith(".weight")  # ssm_a, ssm_dt.bias
         )
 
     def array(self) -> np.ndarray:

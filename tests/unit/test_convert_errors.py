@@ -225,6 +225,9 @@ def test_refresh_refuses_upstream_zero_ratios(tiny_gguf, tmp_path):
     msg = run_convert([path, "--refresh-qsa"], tmp_path)
     assert "compress ratio is 0 on indexed layers [3, 7]" in msg
     assert path.read_bytes() == data
+    # inspect still describes such a file, and says what is wrong with it
+    r = CliRunner().invoke(main, ["inspect", str(path)])
+    assert r.exit_code == 0 and r.output.count("ratio 0: QSA OFF (dense attention)") == 2
 
 
 def test_refresh_not_a_gguf(tmp_path):
