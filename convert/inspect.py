@@ -28,6 +28,7 @@ class Summary:
     n_layer: int
     layer_map: str  # one letter per layer: L = linear attention (GDN), Q = QSA indexed
     qsa_layers: list[QsaLayerInfo]
+    pyqsa_keys_in_sync: bool  # pyqsa.qsa.* agree with the qwen4exp keys the runtime reads
     kv_scales_source: str | None
     converter_version: str | None
     output_gate: str | None
@@ -45,16 +46,22 @@ def summarize(path: str | Path) -> Summary:
     path = Path(path)
     g = GGUFFile(path)
     get = g.get
+    # the layer map, ratios and budget the runtime uses come from the qwen4exp keys
     layout = QsaLayout.from_gguf(g, require_ratios=False)
-    layers = get(N.PYQSA_QSA_LAYERS, list(layout.layers))
-    ratios = get(N.PYQSA_QSA_COMPRESS_RATIO, list(layout.ratios))
-    budgets = get(N.PYQSA_QSA_BUDGET, list(layout.budgets))
     H = layout.n_head_kv
     ks, vs = get(N.PYQSA_KV_SCALES_K, []), get(N.PYQSA_KV_SCALES_V, [])
     qsa = [
-        QsaLayerInfo(il, ratios[j], budgets[j], ks[j * H : (j + 1) * H], vs[j * H : (j + 1) * H])
-        for j, il in enumerate(layers)
+        QsaLayerInfo(
+            il,
+            layout.ratios[j],
+            layout.budgets[j],
+            ks[j * H : (j + 1) * H],
+            vs[j * H : (j + 1) * H],
+        )
+        for j, il in enumerate(layout.layers)
     ]
+    pyqsa_map = [get(N.PYQSA_QSA_LAYERS), get(N.PYQSA_QSA_COMPRESS_RATIO), get(N.PYQSA_QSA_BUDGET)]
+    in_sync = pyqsa_map == [list(layout.layers), list(layout.ratios), list(layout.budgets)]
     by_type: dict[str, int] = defaultdict(int)
     count: dict[str, int] = defaultdict(int)
     for t in g.tensors:
@@ -65,7 +72,8 @@ def summarize(path: str | Path) -> Summary:
         architecture=get("general.architecture"),
         name=get("general.name"),
         n_layer=layout.n_layer,
-        layer_map="".join("Q" if i in layers else "L" for i in range(layout.n_layer)),
+        layer_map="".join("Q" if i in layout.layers else "L" for i in range(layout.n_layer)),
+        pyqsa_keys_in_sync=in_sync,
         qsa_layers=qsa,
         kv_scales_source=get(N.PYQSA_KV_SCALES_SOURCE),
         converter_version=get(N.PYQSA_CONVERTER_VERSION),
@@ -102,6 +110,10 @@ def render(s: Summary) -> str:
             f"  layer {q.layer:3d}: ratio {q.compress_ratio}, budget {q.budget} tokens "
             f"({q.budget // q.compress_ratio} blocks), K absmax {fmt(q.k_scales)}, "
             f"V absmax {fmt(q.v_scales)}"
+        )
+    if not s.pyqsa_keys_in_sync:
+        lines.append(
+            "  WARNING: pyqsa.qsa.* keys disagree with the qwen4exp keys (run --refresh-qsa)"
         )
     lines += [
         f"KV scales:     {s.kv_scales_source or 'absent (not converted by pyqsa)'}",
