@@ -104,14 +104,17 @@ def render(s: Summary) -> str:
     ]
     for q in s.qsa_layers:
         if q.compress_ratio <= 0:
-            lines.append(f"  layer {q.layer:3d}: ratio 0: QSA OFF (dense attention)")
+            lines.append(
+                f"  layer {q.layer:3d}: ratio 0: QSA OFF (dense attention; convert the HF "
+                "checkpoint again with pyqsa convert)"
+            )
             continue
         lines.append(
             f"  layer {q.layer:3d}: ratio {q.compress_ratio}, budget {q.budget} tokens "
             f"({q.budget // q.compress_ratio} blocks), K absmax {fmt(q.k_scales)}, "
             f"V absmax {fmt(q.v_scales)}"
         )
-    if not s.pyqsa_keys_in_sync:
+    if s.converter_version and not s.pyqsa_keys_in_sync:
         lines.append(
             "  WARNING: pyqsa.qsa.* keys disagree with the qwen4exp keys (run --refresh-qsa)"
         )
