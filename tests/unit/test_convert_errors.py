@@ -240,3 +240,23 @@ def test_refresh_not_a_gguf(tmp_path):
 def test_inspect_missing_file(tmp_path):
     r = CliRunner().invoke(main, ["inspect", str(tmp_path / "none.gguf")])
     assert r.exit_code == 2 and "not found" in r.stderr
+
+
+def test_ctrl_c_in_a_real_process(tiny_hf_dir, tmp_path):
+    """SIGINT while the file is being written: the process exits and leaves nothing behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "m.gguf"
+    cmd = [sys.executable, "-m", "pyqsa.cli", "convert", str(tiny_hf_dir), "-o", str(out)]
+    # q8_0 quantizes in numpy for a few seconds: a wide window to interrupt the write
+    proc = subprocess.Popen([*cmd, "--outtype", "q8_0", "--quiet"], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not any(p.suffix == ".tmp" for p in tmp_path.iterdir()):
+        assert proc.poll() is None and time.monotonic() < deadline, "no temp file appeared"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) != 0
+    assert list(tmp_path.iterdir()) == []
