@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 
@@ -76,9 +77,12 @@ class _Tensor(ctypes.Structure):
 
 
 def calibrate(
-    gguf_path: Path, layout: QsaLayout, text: str, max_tokens: int = 4096, n_threads: int = 0
+    gguf_path: Path, layout: QsaLayout, text: str, max_tokens: int = 4096, nfc: bool = False
 ) -> KVScales:
-    """Run `text` (at most max_tokens) through the GGUF; return absmax K/V per KV head."""
+    """Run `text` (at most max_tokens) through the GGUF; return absmax K/V per KV head.
+
+    `nfc`: normalise the text first, as pyqsa does for files whose HF tokenizer applies NFC.
+    """
     import llama_cpp as L
 
     want = {}
@@ -126,7 +130,7 @@ def calibrate(
     ctx = None
     try:
         vocab = L.llama_model_get_vocab(model)
-        data = text.encode("utf-8")
+        data = (unicodedata.normalize("NFC", text) if nfc else text).encode("utf-8")
         cap = len(data) + 16
         toks = (L.llama_token * cap)()
         n = L.llama_tokenize(vocab, data, len(data), toks, cap, True, False)
@@ -139,8 +143,6 @@ def calibrate(
         cp.n_batch = cp.n_ubatch = min(n, 512)
         cp.cb_eval = cb
         cp.cb_eval_user_data = None
-        if n_threads:
-            cp.n_threads = cp.n_threads_batch = n_threads
         ctx = L.llama_init_from_model(model, cp)
         if not ctx:
             raise ConvertError(f"{gguf_path}: the runtime could not create a context")

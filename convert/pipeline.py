@@ -104,7 +104,8 @@ def refresh_qsa(
     g = GGUFFile(path)
     layout = QsaLayout.from_gguf(g)
     if calibrate_text is not None:
-        scales = calibrate(path, layout, calibrate_text)
+        nfc = g.get(N.PYQSA_TOKENIZER_NORMALIZER) == "NFC"
+        scales = calibrate(path, layout, calibrate_text, nfc=nfc)
     else:
         tensors = {t.name: t for t in g.tensors}
 
