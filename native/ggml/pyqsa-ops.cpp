@@ -28,3 +28,16 @@ struct ggml_tensor * pyqsa_ggml_qsa_attn(struct ggml_context * ctx, struct ggml_
     result->src[3] = cells;
     return result;
 }
+
+struct ggml_tensor * pyqsa_ggml_qsa_mask_cells(struct ggml_context * ctx, struct ggml_tensor * mask,
+                                               int64_t n_sel) {
+    GGML_ASSERT(mask->type == GGML_TYPE_F32 || mask->type == GGML_TYPE_F16);
+    GGML_ASSERT(mask->ne[2] == 1 && n_sel > 0);
+    GGML_ASSERT(mask->nb[0] == ggml_type_size(mask->type));
+
+    struct ggml_tensor * result = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, n_sel, mask->ne[1], mask->ne[3]);
+    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_MASK_CELLS);
+    result->op     = GGML_OP_PYQSA;
+    result->src[0] = mask;
+    return result;
+}

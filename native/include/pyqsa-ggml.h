@@ -11,7 +11,8 @@ extern "C" {
 #endif
 
 enum pyqsa_ggml_op {
-    PYQSA_GGML_OP_QSA_ATTN = 1,
+    PYQSA_GGML_OP_QSA_ATTN       = 1,
+    PYQSA_GGML_OP_QSA_MASK_CELLS = 2,
 };
 
 // Sparse attention: every query attends only to the KV cells listed for it (QSA: the selected
@@ -28,6 +29,15 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_attn(struct ggml_context * ctx,
                                                   struct ggml_tensor * v,
                                                   struct ggml_tensor * cells,
                                                   float scale);
+
+// Cell lists from a selection mask: per query row, the indices of the finite mask entries in
+// increasing order, padded with -1.
+//   mask:  F32 or F16 [n_kv, n_tps, 1, n_stream] (0 = attend, -inf = skip)
+// returns I32 [n_sel, n_tps, n_stream]; rows with more than n_sel finite entries keep the first
+// n_sel (the caller sizes n_sel to the selection's bound, budget + ratio - 1)
+GGML_API struct ggml_tensor * pyqsa_ggml_qsa_mask_cells(struct ggml_context * ctx,
+                                                        struct ggml_tensor * mask,
+                                                        int64_t n_sel);
 
 #ifdef __cplusplus
 }

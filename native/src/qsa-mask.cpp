@@ -1,7 +1,11 @@
 // QSA block selection for the masked attention path (see qsa-mask.h).
 #include "qsa-mask.h"
 
+#include "pyqsa-ggml.h"
+
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 pyqsa_qsa_selection pyqsa_qsa_select_blocks(ggml_context * ctx, ggml_tensor * score,
                                             ggml_tensor * comp, ggml_tensor * force,
@@ -39,4 +43,26 @@ pyqsa_qsa_selection pyqsa_qsa_select_blocks(ggml_context * ctx, ggml_tensor * sc
     mask = ggml_add(ctx, ggml_reshape_4d(ctx, cells, n_kv, n_tps, 1, n_stream), mask);
 
     return { blocks, mask };
+}
+
+bool pyqsa_qsa_sparse_enabled() {
+    static const bool sparse = [] {
+        const char * v = std::getenv("PYQSA_QSA_ATTN");
+        return v == nullptr || std::strcmp(v, "masked") != 0;
+    }();
+    return sparse;
+}
+
+ggml_tensor * pyqsa_qsa_sparse_attn(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k,
+                                    ggml_tensor * v, ggml_tensor * mask, int64_t n_sel,
+                                    float kq_scale) {
+    const int64_t D        = q->ne[0];
+    const int64_t n_head   = q->ne[1];
+    const int64_t n_stream = k->ne[3];
+    const int64_t n_tps    = q->ne[2] / n_stream;
+
+    ggml_tensor * list = pyqsa_ggml_qsa_mask_cells(ctx, mask, n_sel);        // I32 [n_sel, n_tps, ns]
+    ggml_tensor * q4   = ggml_reshape_4d(ctx, ggml_cont(ctx, q), D, n_head, n_tps, n_stream);
+    ggml_tensor * out  = pyqsa_ggml_qsa_attn(ctx, q4, k, v, list, kq_scale);  // [D, n_head, n_tps, ns]
+    return ggml_reshape_2d(ctx, out, D * n_head, n_tps * n_stream);
 }

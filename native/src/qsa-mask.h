@@ -27,3 +27,16 @@ pyqsa_qsa_selection pyqsa_qsa_select_blocks(ggml_context * ctx, ggml_tensor * sc
                                             ggml_tensor * comp, ggml_tensor * force,
                                             ggml_tensor * cell_blk, ggml_tensor * kq_mask,
                                             int64_t kb);
+
+// true unless PYQSA_QSA_ATTN=masked selects upstream's dense-with-mask attention (for comparison)
+bool pyqsa_qsa_sparse_enabled();
+
+// Sparse attention over the cells a selection mask keeps (the QSA layers' default path).
+//   q:    F32 [D, n_head, n_tokens] (n_tokens = n_tps * n_stream, stream-major)
+//   k, v: [D, n_head_kv, n_kv, n_stream] views of the KV cache, one row per (head, cell)
+//   mask: [n_kv, n_tps, 1, n_stream] from pyqsa_qsa_select_blocks
+//   n_sel: bound on the kept cells per query (budget + ratio - 1, at most n_kv)
+// returns F32 [D * n_head, n_tokens], the layout upstream's build_attn_mha returns
+ggml_tensor * pyqsa_qsa_sparse_attn(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k,
+                                    ggml_tensor * v, ggml_tensor * mask, int64_t n_sel,
+                                    float kq_scale);

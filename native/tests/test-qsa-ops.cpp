@@ -209,6 +209,8 @@ std::vector<attn_case> test_cases() {
     return cases;
 }
 
+void test_mask_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
+
 int cmd_test(const char * only_backend) {
     std::mt19937 rng(1234);
     int n_ok = 0, n_fail = 0;
@@ -242,9 +244,89 @@ int cmd_test(const char * only_backend) {
             ggml_backend_free(be);
         }
     }
+    test_mask_cells(cpu, only_backend, rng, n_ok, n_fail);
     ggml_backend_free(cpu);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
     return n_fail == 0 ? 0 : 1;
+}
+
+struct mask_case {
+    ggml_type type;
+    int64_t   n_kv, n_tps, ns, n_sel;
+    double    keep;  // share of finite entries
+
+    std::string name() const {
+        char buf[160];
+        std::snprintf(buf, sizeof(buf), "QSA_MASK_CELLS(type=%s,n_kv=%lld,n_tps=%lld,ns=%lld,n_sel=%lld,keep=%.3f)",
+                      ggml_type_name(type), (long long) n_kv, (long long) n_tps, (long long) ns, (long long) n_sel, keep);
+        return buf;
+    }
+};
+
+std::vector<int32_t> run_mask(ggml_backend_t backend, const mask_case & c, const std::vector<float> & mask, bool * supported) {
+    ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(ip);
+    ggml_tensor * m   = ggml_new_tensor_4d(ctx, c.type, c.n_kv, c.n_tps, 1, c.ns);
+    ggml_tensor * out = pyqsa_ggml_qsa_mask_cells(ctx, m, c.n_sel);
+    std::vector<int32_t> res;
+    *supported = ggml_backend_supports_op(backend, out);
+    if (*supported) {
+        ggml_cgraph * gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, out);
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+        if (c.type == GGML_TYPE_F32) {
+            ggml_backend_tensor_set(m, mask.data(), 0, ggml_nbytes(m));
+        } else {
+            std::vector<ggml_fp16_t> h(mask.size());
+            ggml_fp32_to_fp16_row(mask.data(), h.data(), (int64_t) mask.size());
+            ggml_backend_tensor_set(m, h.data(), 0, ggml_nbytes(m));
+        }
+        ggml_backend_graph_compute(backend, gf);
+        res.resize(ggml_nelements(out));
+        ggml_backend_tensor_get(out, res.data(), 0, ggml_nbytes(out));
+        ggml_backend_buffer_free(buf);
+    }
+    ggml_free(ctx);
+    return res;
+}
+
+void test_mask_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail) {
+    const mask_case cases[] = {
+        { GGML_TYPE_F32, 300, 5, 2, 19, 0.05 },
+        { GGML_TYPE_F16, 300, 5, 2, 19, 0.05 },
+        { GGML_TYPE_F32, 2100, 3, 1, 64, 0.5 },      // more finite entries than slots: truncated
+        { GGML_TYPE_F16, 1, 1, 1, 1, 1.0 },
+        { GGML_TYPE_F32, 262144, 1, 2, 2051, 0.007 },
+        { GGML_TYPE_F16, 65536, 4, 1, 2051, 0.0 },   // nothing visible
+    };
+    std::uniform_real_distribution<double> ud(0.0, 1.0);
+    for (const mask_case & c : cases) {
+        std::vector<float> mask(c.n_kv * c.n_tps * c.ns);
+        for (auto & x : mask) x = ud(rng) < c.keep ? 0.0f : -INFINITY;
+        std::vector<int32_t> ref(c.n_sel * c.n_tps * c.ns, -1);
+        for (int64_t row = 0; row < c.n_tps * c.ns; ++row) {
+            int64_t n = 0;
+            for (int64_t j = 0; j < c.n_kv && n < c.n_sel; ++j) {
+                if (mask[row * c.n_kv + j] == 0.0f) ref[row * c.n_sel + n++] = (int32_t) j;
+            }
+        }
+        bool supported = false;
+        const std::vector<int32_t> out_cpu = run_mask(cpu, c, mask, &supported);
+        const bool ok = supported && out_cpu == ref;
+        std::printf("  %s CPU vs reference: %s\n", c.name().c_str(), ok ? "OK" : "FAIL");
+        ok ? ++n_ok : ++n_fail;
+        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+            if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;
+            if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
+            ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
+            const std::vector<int32_t> out = run_mask(be, c, mask, &supported);
+            const bool ok_be = supported && out == out_cpu;
+            std::printf("  %s %s vs CPU: %s\n", c.name().c_str(), ggml_backend_dev_name(dev), ok_be ? "OK" : "FAIL");
+            ok_be ? ++n_ok : ++n_fail;
+            ggml_backend_free(be);
+        }
+    }
 }
 
 int cmd_perf(const char * only_backend) {

@@ -14,12 +14,22 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(VARIANTS))
+# sparse: the QSA layers read only the selected cells (pyqsa's path); masked: upstream's dense
+# attention under the selection mask, kept selectable for comparison
+PATHS = ("sparse", "masked")
+
+_hf_refs: dict[str, HFReference] = {}
+
+
+@pytest.fixture(scope="module", params=[(v, p) for v in sorted(VARIANTS) for p in PATHS],
+                ids=lambda vp: f"{vp[0]}-{vp[1]}")
 def pair(request):
-    hf_fixture, gguf_fixture = VARIANTS[request.param]
-    hf = HFReference(str(request.getfixturevalue(hf_fixture)))
-    rt = LlamaRuntime(str(request.getfixturevalue(gguf_fixture)), n_ctx=512, n_seq=3)
-    yield request.param, hf, rt
+    variant, path = request.param
+    hf_fixture, gguf_fixture = VARIANTS[variant]
+    if variant not in _hf_refs:
+        _hf_refs[variant] = HFReference(str(request.getfixturevalue(hf_fixture)))
+    rt = LlamaRuntime(str(request.getfixturevalue(gguf_fixture)), n_ctx=512, n_seq=3, attn=path)
+    yield f"{variant}/{path}", _hf_refs[variant], rt
     rt.close()
 
 

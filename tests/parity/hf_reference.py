@@ -40,6 +40,7 @@ class HFReference:
         ).eval()
         self.hf_tie_order = hf_tie_order
         self._masks: dict[int, torch.Tensor] = {}
+        self._runs: dict[tuple[int, ...], tuple] = {}
         self._patch = None
         for layer in self.model.model.layers:
             attn = getattr(layer, "self_attn", None)
@@ -62,9 +63,15 @@ class HFReference:
             self._patch = None
         self._masks[module.layer_idx] = out.detach()
 
-    @torch.no_grad()
     def run(self, tokens: list[int]) -> tuple[np.ndarray, dict[int, list[set[int]]]]:
         """Logits [T, vocab] and, per QSA layer, the selected token positions of each query."""
+        key = tuple(tokens)
+        if key not in self._runs:
+            self._runs[key] = self._run(tokens)
+        return self._runs[key]
+
+    @torch.no_grad()
+    def _run(self, tokens: list[int]):
         self._masks.clear()
         ids = torch.tensor([tokens])
         logits = self.model(input_ids=ids, use_cache=False).logits[0].float().numpy()

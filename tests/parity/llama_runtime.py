@@ -29,9 +29,14 @@ class Selections:
 
 
 class LlamaRuntime:
-    """One model + one context with f32 KV (for parity), n_seq sequences in separate streams."""
+    """One model + one context with f32 KV (for parity), n_seq sequences in separate streams.
 
-    def __init__(self, path: str, n_ctx: int = 1024, n_seq: int = 1, n_batch: int = 1024):
+    attn="sparse": QSA layers read only the selected cells (needs the V cache in rows, which
+    llama.cpp keeps when flash attention is on); "masked": upstream's dense masked attention.
+    """
+
+    def __init__(self, path: str, n_ctx: int = 1024, n_seq: int = 1, n_batch: int = 1024,
+                 attn: str = "sparse"):
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
         self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
@@ -48,7 +53,11 @@ class LlamaRuntime:
         cparams.kv_unified = False
         cparams.type_k = GGML_TYPE_F32
         cparams.type_v = GGML_TYPE_F32
-        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cparams.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if attn == "sparse"
+            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
         cparams.n_threads = cparams.n_threads_batch = 2
         self._capture.install(cparams)
         self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)

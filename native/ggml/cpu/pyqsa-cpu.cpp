@@ -4,11 +4,15 @@
 #include "ggml-impl.h"
 #include "pyqsa-ggml.h"
 #include "qsa-attn.h"
+#include "qsa-mask-cells.h"
 
 void pyqsa_cpu_forward(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
     switch (ggml_get_op_params_i32(dst, 0)) {
         case PYQSA_GGML_OP_QSA_ATTN:
             pyqsa_cpu_qsa_attn(params, dst);
+            break;
+        case PYQSA_GGML_OP_QSA_MASK_CELLS:
+            pyqsa_cpu_qsa_mask_cells(params, dst);
             break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));

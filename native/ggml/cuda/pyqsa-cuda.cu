@@ -3,11 +3,15 @@
 
 #include "pyqsa-ggml.h"
 #include "qsa-attn.cuh"
+#include "qsa-mask-cells.cuh"
 
 void pyqsa_cuda_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     switch (ggml_get_op_params_i32(dst, 0)) {
         case PYQSA_GGML_OP_QSA_ATTN:
             pyqsa_cuda_qsa_attn(ctx, dst);
+            break;
+        case PYQSA_GGML_OP_QSA_MASK_CELLS:
+            pyqsa_cuda_qsa_mask_cells(ctx, dst);
             break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));
@@ -18,6 +22,8 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
     switch (ggml_get_op_params_i32(op, 0)) {
         case PYQSA_GGML_OP_QSA_ATTN:
             return pyqsa_cuda_qsa_attn_supported(op);
+        case PYQSA_GGML_OP_QSA_MASK_CELLS:
+            return op->src[0]->ne[1] * op->src[0]->ne[3] <= 65535;
         default:
             return false;
     }
