@@ -29,7 +29,13 @@ setup(
         "pyqsa.server": "server",
         "llama_cpp": ".build/py/llama_cpp",
     },
-    packages=["pyqsa", "pyqsa._build", "pyqsa.engine", "pyqsa.convert", "pyqsa.server",
-              "llama_cpp"],
+    packages=[
+        "pyqsa",
+        "pyqsa._build",
+        "pyqsa.engine",
+        "pyqsa.convert",
+        "pyqsa.server",
+        "llama_cpp",
+    ],
     package_data={"llama_cpp": ["lib/*", "py.typed"]},
 )

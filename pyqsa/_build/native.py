@@ -64,7 +64,11 @@ def _run(cmd: list[str], **kw) -> None:
 def configure(cfg: BuildConfig, src: Path) -> None:
     up = upstream.read_upstream()
     args = [
-        "cmake", "-S", str(src), "-B", str(cfg.build_dir),
+        "cmake",
+        "-S",
+        str(src),
+        "-B",
+        str(cfg.build_dir),
         "-DCMAKE_BUILD_TYPE=Release",
         "-DBUILD_SHARED_LIBS=ON",
         "-DLLAMA_BUILD_COMMON=ON",
@@ -103,8 +107,11 @@ def stage_bindings() -> Path:
     stamp = (extract / ".pyqsa-sha256").read_text()
     if not (dst / ".pyqsa-sha256").exists() or (dst / ".pyqsa-sha256").read_text() != stamp:
         shutil.rmtree(dst, ignore_errors=True)
-        shutil.copytree(extract / "llama_cpp", dst,
-                        ignore=shutil.ignore_patterns("server", "__pycache__", "lib"))
+        shutil.copytree(
+            extract / "llama_cpp",
+            dst,
+            ignore=shutil.ignore_patterns("server", "__pycache__", "lib"),
+        )
         (dst / ".pyqsa-sha256").write_text(stamp)
     return dst
 

@@ -43,12 +43,17 @@ def _git(tree: Path, *args: str, check: bool = True) -> subprocess.CompletedProc
 
 def init_tree(pristine: Path, tree: Path) -> None:
     """Make tree a git repository holding a copy of pristine as commit `upstream`."""
-    if (tree / ".git").exists() and _git(tree, "rev-parse", "-q", "--verify", "upstream",
-                                         check=False).returncode == 0:
+    if (tree / ".git").exists() and _git(
+        tree, "rev-parse", "-q", "--verify", "upstream", check=False
+    ).returncode == 0:
         return
     shutil.rmtree(tree, ignore_errors=True)
-    shutil.copytree(pristine, tree, symlinks=True,
-                    ignore=shutil.ignore_patterns(".git", ".gitignore", ".gitmodules"))
+    shutil.copytree(
+        pristine,
+        tree,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(".git", ".gitignore", ".gitmodules"),
+    )
     _git(tree, "init", "-q")
     _git(tree, "add", "-A", "-f")
     _git(tree, "commit", "-q", "--no-verify", "-m", "upstream")
@@ -75,8 +80,9 @@ def apply_series(tree: Path, patches: list[Path] | None = None) -> bool:
     return True
 
 
-def regenerate(tree: Path, name: str, replace_last: bool = False,
-               patch_dir: Path = PATCH_DIR) -> Path:
+def regenerate(
+    tree: Path, name: str, replace_last: bool = False, patch_dir: Path = PATCH_DIR
+) -> Path:
     """Write the tree's uncommitted edits as a patch.
 
     name: 'NNNN-what.patch' for a new patch at the end of the series, or with replace_last the
@@ -94,7 +100,6 @@ def regenerate(tree: Path, name: str, replace_last: bool = False,
         raise PatchError("no edits in the tree to write as a patch")
     out = patch_dir / name
     out.write_text(diff)
-    _git(tree, "commit", "-q", "--no-verify", "-m", name,
-         *(["--amend"] if replace_last else []))
+    _git(tree, "commit", "-q", "--no-verify", "-m", name, *(["--amend"] if replace_last else []))
     (tree / ".git" / STAMP).write_text(series_digest(series(patch_dir)))
     return out

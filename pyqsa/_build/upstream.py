@@ -77,8 +77,16 @@ def download_sdist(up: Upstream, dest_dir: Path) -> Path:
     if not path.exists():
         print(f"pyqsa: downloading {up.package}=={up.version} sdist (pinned upstream)", flush=True)
         cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-            "-d", str(dest_dir), f"{up.package}=={up.version}",
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "-d",
+            str(dest_dir),
+            f"{up.package}=={up.version}",
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not path.exists():

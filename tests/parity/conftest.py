@@ -21,8 +21,11 @@ PATHS = ("sparse", "masked")
 _hf_refs: dict[str, HFReference] = {}
 
 
-@pytest.fixture(scope="module", params=[(v, p) for v in sorted(VARIANTS) for p in PATHS],
-                ids=lambda vp: f"{vp[0]}-{vp[1]}")
+@pytest.fixture(
+    scope="module",
+    params=[(v, p) for v in sorted(VARIANTS) for p in PATHS],
+    ids=lambda vp: f"{vp[0]}-{vp[1]}",
+)
 def pair(request):
     variant, path = request.param
     hf_fixture, gguf_fixture = VARIANTS[variant]

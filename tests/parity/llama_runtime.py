@@ -35,8 +35,14 @@ class LlamaRuntime:
     llama.cpp keeps when flash attention is on); "masked": upstream's dense masked attention.
     """
 
-    def __init__(self, path: str, n_ctx: int = 1024, n_seq: int = 1, n_batch: int = 1024,
-                 attn: str = "sparse"):
+    def __init__(
+        self,
+        path: str,
+        n_ctx: int = 1024,
+        n_seq: int = 1,
+        n_batch: int = 1024,
+        attn: str = "sparse",
+    ):
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
         self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)

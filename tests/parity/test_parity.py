@@ -24,7 +24,9 @@ def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
 def check_logits(name: str, ours: np.ndarray, ref: np.ndarray) -> None:
     err = rel_err(ours, ref)
     top1 = float((ours.argmax(-1) == ref.argmax(-1)).mean())
-    RESULTS.append(f"{name}: {len(ref)} positions, top-1 agreement {top1:.2%}, max rel err {err:.2e}")
+    RESULTS.append(
+        f"{name}: {len(ref)} positions, top-1 agreement {top1:.2%}, max rel err {err:.2e}"
+    )
     assert top1 == 1.0, f"{name}: top-1 agreement {top1:.2%}"
     assert err < MAX_REL_ERR, f"{name}: max relative logit error {err:.2e}"
 

@@ -40,9 +40,7 @@ def test_library_loads_and_reports_pinned_commit():
 def test_upstream_ctypes_bindings_use_patched_library():
     import llama_cpp
 
-    assert native.lib_dir() == (
-        __import__("pathlib").Path(llama_cpp.__file__).parent / "lib"
-    )
+    assert native.lib_dir() == (__import__("pathlib").Path(llama_cpp.__file__).parent / "lib")
     info = llama_cpp.llama_print_system_info().decode()
     assert "CPU" in info
 
@@ -90,8 +88,13 @@ def test_broken_patch_is_refused_by_name(extract, tmp_path):
     first = sorted(bad_dir.iterdir())[0]
     text = first.read_text()
     # change a context line so one hunk no longer matches upstream
-    first.write_text(text.replace(" target_link_libraries(llama PUBLIC ggml)",
-                                  " target_link_libraries(llama PUBLIC ggml-changed)", 1))
+    first.write_text(
+        text.replace(
+            " target_link_libraries(llama PUBLIC ggml)",
+            " target_link_libraries(llama PUBLIC ggml-changed)",
+            1,
+        )
+    )
     assert first.read_text() != text
     with pytest.raises(patches.PatchError, match=first.name):
         patches.apply_series(tree, patches.series(bad_dir))
