@@ -12,15 +12,17 @@ import asyncio
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
+import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from pyqsa.engine import (
     Delta,
@@ -91,6 +93,45 @@ class _EngineStream:
         if self.request_id is not None:
             self.engine.cancel(self.request_id)
         self.metrics.open_requests.dec()
+
+
+class _WholeReply(Response):
+    """A non-streamed reply: its JSON is sent when `produce` returns; if the client hangs up
+    first, the wait is cancelled and so is the request.
+
+    NOTE: uvicorn does not cancel a handler whose client went away; listening on the ASGI
+    channel while waiting is what notices a disconnect at once.
+    """
+
+    def __init__(self, produce: Callable[[], Awaitable[dict]], stream: _EngineStream) -> None:
+        super().__init__()
+        self.produce = produce
+        self.stream = stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        result: JSONResponse | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def work() -> None:
+                    nonlocal result
+                    try:
+                        result = JSONResponse(await self.produce())
+                    except APIError as e:
+                        result = e.response()
+                    tg.cancel_scope.cancel()
+
+                async def watch() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(work)
+                tg.start_soon(watch)
+        finally:
+            self.stream.close()
+        if result is not None:
+            await result(scope, receive, send)
 
 
 def _template_message(m: ChatMessage) -> dict:
@@ -190,29 +231,18 @@ def create_app(
             raise
         return stream
 
-    async def collect(
-        stream: _EngineStream, request: Request, t0: float
-    ) -> tuple[str, list[TokenLogprob], Finished | None]:
-        """Wait for a whole reply, cancelling it if the client goes away meanwhile."""
+    async def collect(stream: _EngineStream, t0: float) -> tuple[str, list[TokenLogprob], Finished]:
+        """Wait for a whole reply."""
         parts: list[str] = []
         lps: list[TokenLogprob] = []
-        first = True
         while True:
-            try:
-                ev = await asyncio.wait_for(stream.next(), timeout=0.2)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    return "", [], None
-                continue
-            if isinstance(ev, Delta):
-                if first:
-                    metrics.ttft.observe(time.monotonic() - t0)
-                    first = False
-                parts.append(ev.text)
-                lps.extend(ev.logprobs)
-            else:
-                parts.append(ev.text)
+            ev = await stream.next()
+            parts.append(ev.text)
+            if isinstance(ev, Finished):
                 return "".join(parts), lps, ev
+            if len(parts) == 1:
+                metrics.ttft.observe(time.monotonic() - t0)
+            lps.extend(ev.logprobs)
 
     def sse(events: AsyncIterator[dict], stream: _EngineStream) -> EventSourceResponse:
         async def body() -> AsyncIterator[dict]:
@@ -260,7 +290,7 @@ def create_app(
         return model_card()
 
     @app.post("/v1/chat/completions", dependencies=[Depends(auth)], response_model=None)
-    async def chat(body: ChatCompletionRequest, request: Request) -> Response | dict:
+    async def chat(body: ChatCompletionRequest) -> Response:
         t0 = time.monotonic()
         check_model(body.model)
         tools = [t.model_dump(exclude_none=True) for t in body.tools or []] or None
@@ -269,15 +299,14 @@ def create_app(
         params = body.params(tokenizer.n_vocab)
         stream = await start(prompt, params)
         shaper = Shaper("chat", model_name)
-        want_lp = body.logprobs
         if body.stream:
             return sse(chat_events(stream, shaper, body, t0), stream)
-        try:
-            text, lps, fin = await collect(stream, request, t0)
-        finally:
-            stream.close()
-        if fin is None:
-            return Response(status_code=499)
+        return _WholeReply(lambda: chat_reply(stream, shaper, body, t0), stream)
+
+    async def chat_reply(
+        stream: _EngineStream, shaper: Shaper, body: ChatCompletionRequest, t0: float
+    ) -> dict:
+        text, lps, fin = await collect(stream, t0)
         content, calls = parse_tool_calls(text) if body.use_tools() else (text, [])
         message: dict = {
             "role": "assistant",
@@ -287,7 +316,7 @@ def create_app(
             message["tool_calls"] = [c.to_openai() for c in calls]
         choice = {
             "message": message,
-            "logprobs": {"content": chat_logprobs(lps)} if want_lp else None,
+            "logprobs": {"content": chat_logprobs(lps)} if body.logprobs else None,
             "finish_reason": finish_reason(fin, bool(calls)),
         }
         return shaper.final(choice, usage(fin.prompt_tokens, fin.completion_tokens))
@@ -340,7 +369,7 @@ def create_app(
                 return
 
     @app.post("/v1/completions", dependencies=[Depends(auth)], response_model=None)
-    async def completions(body: CompletionRequest, request: Request) -> Response | dict:
+    async def completions(body: CompletionRequest) -> Response:
         t0 = time.monotonic()
         check_model(body.model)
         if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
@@ -358,12 +387,12 @@ def create_app(
         shaper = Shaper("text", model_name)
         if body.stream:
             return sse(text_events(stream, shaper, body, t0), stream)
-        try:
-            text, lps, fin = await collect(stream, request, t0)
-        finally:
-            stream.close()
-        if fin is None:
-            return Response(status_code=499)
+        return _WholeReply(lambda: text_reply(stream, shaper, body, t0), stream)
+
+    async def text_reply(
+        stream: _EngineStream, shaper: Shaper, body: CompletionRequest, t0: float
+    ) -> dict:
+        text, lps, fin = await collect(stream, t0)
         choice = {
             "text": text,
             "logprobs": text_logprobs(lps, 0) if body.logprobs is not None else None,

@@ -11,8 +11,9 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -20,6 +21,9 @@ import pytest
 
 API_KEY = "test-key"
 HERE = Path(__file__).resolve().parent
+# NOTE: one compute thread per server: the CI machine has 2 cores shared by the server's event
+# loop, the test clients and llama.cpp, whose worker threads spin while waiting for each other
+THREADS = ["--threads", "1"]
 
 
 @dataclass
@@ -28,6 +32,7 @@ class Server:
     proc: subprocess.Popen
     model: str = "pyqsa-demo"
     api_key: str | None = None
+    log: list[str] = field(default_factory=list)  # the server's output after startup
 
     @property
     def v1(self) -> str:
@@ -79,7 +84,10 @@ def start_server(args: list[str], env_cache: Path, timeout: float = 120) -> Serv
         lines.append(line)
         m = re.search(r"serving (\S+) at (http://\S+)/v1", line)
         if m:
-            return Server(m.group(2), proc, m.group(1))
+            server = Server(m.group(2), proc, m.group(1), log=lines)
+            # NOTE: keep reading: a full pipe would block the server on its next log line
+            threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+            return server
     proc.kill()
     raise RuntimeError("server did not start:\n" + "".join(lines))
 
@@ -90,7 +98,6 @@ def stop_server(s: Server) -> None:
         s.proc.wait(15)
     except subprocess.TimeoutExpired:
         s.proc.kill()
-    s.proc.stdout.close()
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ import threading
 import httpx
 import openai
 import pytest
+from conftest import wait_idle
 
 CHAT = {"model": "pyqsa-demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
@@ -146,3 +147,4 @@ def test_queue_full_is_429(small_server):
     finally:
         done.set()
         t.join(60)
+    assert wait_idle(s)["pyqsa_busy_slots"] == 0  # hanging up freed the slot

@@ -1,0 +1,112 @@
+"""Cancellation storm: hundreds of requests abandoned at random moments leave nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import httpx
+from conftest import wait_idle
+
+N_REQUESTS = 240
+CONCURRENCY = 24  # well under slots + waiting room (8 + 64): refusals are not tested here
+
+
+async def one(client: httpx.AsyncClient, server, rng: random.Random) -> str:
+    kind = rng.choice(["chat-stream", "text-stream", "chat", "text"])
+    body: dict = {"model": server.model, "max_tokens": rng.randint(1, 24), "temperature": 0.8}
+    if kind.startswith("chat"):
+        path = "/chat/completions"
+        body["messages"] = [{"role": "user", "content": "word " * rng.randint(1, 60)}]
+    else:
+        path = "/completions"
+        body["prompt"] = "token " * rng.randint(1, 60)
+    stream = kind.endswith("stream")
+    body["stream"] = stream
+
+    async def run() -> None:
+        if stream:
+            async with client.stream("POST", server.v1 + path, json=body) as r:
+                assert r.status_code == 200
+                async for _ in r.aiter_lines():
+                    pass
+        else:
+            r = await client.post(server.v1 + path, json=body)
+            assert r.status_code == 200, r.text
+
+    # half of the clients hang up after a random delay: queued, prefilling or decoding
+    deadline = rng.uniform(0.0, 1.0) if rng.random() < 0.5 else None
+    try:
+        await asyncio.wait_for(run(), deadline)
+        return "done"
+    except TimeoutError:
+        return "gone"
+
+
+async def storm(server) -> list[str]:
+    rng = random.Random(1234)
+    sem = asyncio.Semaphore(CONCURRENCY)
+    limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=0)
+    async with httpx.AsyncClient(headers=server.headers(), timeout=120, limits=limits) as c:
+
+        async def guarded(i: int) -> str:
+            async with sem:
+                return await one(c, server, random.Random(rng.random()))
+
+        return await asyncio.gather(*(guarded(i) for i in range(N_REQUESTS)))
+
+
+def test_cancellation_storm_leaves_no_trace(server):
+    client = server.openai()
+    before_text = (
+        client.completions.create(model=server.model, prompt="probe", max_tokens=12, temperature=0)
+        .choices[0]
+        .text
+    )
+    start = wait_idle(server)
+
+    outcomes = asyncio.run(storm(server))
+    assert outcomes.count("gone") > 50 and outcomes.count("done") > 50
+
+    end = wait_idle(server)
+    for gauge in (
+        "pyqsa_busy_slots",
+        "pyqsa_queue_length",
+        "pyqsa_requests_in_flight",
+        "pyqsa_http_open_requests",
+    ):
+        assert end[gauge] == start[gauge] == 0, gauge
+    cancelled = 'pyqsa_requests_finished_total{reason="cancelled"}'
+    assert end[cancelled] - start[cancelled] > 20  # disconnects really cancelled work
+    errors = 'pyqsa_requests_finished_total{reason="error"}'
+    assert end[errors] == start[errors]
+    # every slot is clean: the same greedy answer as before the storm
+    after_text = (
+        client.completions.create(model=server.model, prompt="probe", max_tokens=12, temperature=0)
+        .choices[0]
+        .text
+    )
+    assert after_text == before_text
+
+
+def test_disconnect_frees_the_slot_at_once(server):
+    """A client that hangs up mid-reply, streamed or not, ends the request within a moment."""
+    wait_idle(server)
+    body = {"model": server.model, "prompt": "a", "max_tokens": 500, "temperature": 0}
+    for stream in (True, False):
+        before = server.metrics()["pyqsa_generated_tokens_total"]
+        try:
+            with httpx.stream(
+                "POST",
+                server.v1 + "/completions",
+                json={**body, "stream": stream},
+                headers=server.headers(),
+                timeout=httpx.Timeout(30, read=0.3),
+            ) as r:
+                for _ in r.iter_lines():  # a non-streamed reply times out instead
+                    break
+        except httpx.ReadTimeout:
+            assert not stream
+        m = wait_idle(server, timeout=3)
+        assert m["pyqsa_busy_slots"] == 0 and m["pyqsa_http_open_requests"] == 0
+        assert m["pyqsa_generated_tokens_total"] - before < 500  # it did not run to the end

@@ -1,0 +1,102 @@
+"""Tool calls: the model's `<tool_call>{json}</tool_call>` comes back as OpenAI tool_calls.
+
+How the random demo model is steered into writing a tool call: every token of the wanted
+reply gets a logit bias, the first +100 and each next one 3 less, and repetition_penalty=3
+divides a biased logit by 3 once its token has been seen. So at every step the first token
+not yet written has the highest logit (the model's own logits are within about +-1), and the
+reply is the wanted tokens in order. That needs distinct tokens which do not occur in the
+prompt; the test-only template (tool_template.jinja) keeps the tool definitions out of the
+prompt, and the test checks both conditions before relying on them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import HERE
+from pyqsa.server.chat_template import ChatTemplate
+
+CALL = '<tool_call>{"name":"get_weather","arguments":{"city": "Paris"}}</tool_call>'
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+USER = [{"role": "user", "content": "Weather?"}]
+
+
+@pytest.fixture(scope="module")
+def steer(tokenizer):
+    wanted = tokenizer.tokenize(CALL)
+    template = ChatTemplate((HERE / "tool_template.jinja").read_text())
+    prompt = tokenizer.tokenize(template.render(USER, TOOLS))
+    assert len(set(wanted)) == len(wanted), "the steering needs distinct tokens"
+    assert not set(wanted) & set(prompt), "the steering needs tokens absent from the prompt"
+    return {
+        "max_tokens": len(wanted),
+        "temperature": 0,
+        "logit_bias": {str(t): 100 - 3 * i for i, t in enumerate(wanted)},
+        "extra_body": {"repetition_penalty": 3.0},
+    }
+
+
+def test_tool_call_round_trip(small_server, steer, tokenizer):
+    client = small_server.openai()
+    r = client.chat.completions.create(
+        model=small_server.model, messages=USER, tools=TOOLS, **steer
+    )
+    (choice,) = r.choices
+    assert choice.finish_reason == "tool_calls"
+    assert not choice.message.content
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+    # second turn: the call and its result go back through the template
+    messages = USER + [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"},
+    ]
+    r2 = client.chat.completions.create(
+        model=small_server.model, messages=messages, tools=TOOLS, max_tokens=3, temperature=0
+    )
+    assert r2.choices[0].finish_reason == "length" and r2.choices[0].message.tool_calls is None
+    expected_prompt = (
+        "<|im_start|>user\nWeather?<|im_end|>\n"
+        '<|im_start|>assistant\n[call get_weather {"city": "Paris"}]<|im_end|>\n'
+        "<|im_start|>tool\nsunny, 21 C<|im_end|>\n"
+        "<|im_start|>system\n1 tools<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert r2.usage.prompt_tokens == len(tokenizer.tokenize(expected_prompt))
+
+
+def test_tool_call_streamed_as_deltas(small_server, steer):
+    client = small_server.openai()
+    chunks = list(
+        client.chat.completions.create(
+            model=small_server.model, messages=USER, tools=TOOLS, stream=True, **steer
+        )
+    )
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "<tool_call>" not in content and "get_weather" not in content
+    calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert [tc.index for tc in calls] == [0]
+    assert calls[0].function.name == "get_weather" and calls[0].id.startswith("call_")
+    assert json.loads(calls[0].function.arguments) == {"city": "Paris"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_without_tools_the_text_stays_content(small_server, steer):
+    r = small_server.openai().chat.completions.create(
+        model=small_server.model, messages=USER, **steer
+    )
+    assert r.choices[0].message.content == CALL
+    assert r.choices[0].message.tool_calls is None
+    assert r.choices[0].finish_reason == "length"
