@@ -1,0 +1,337 @@
+"""Decode and prefill throughput of a GGUF through llama.cpp's C API (llama_cpp bindings).
+
+    python bench/decode.py model.gguf --variant pyqsa --contexts 8192,32768 --seqs 1,8 \
+        --out results.jsonl [--lib DIR]
+
+One llama context per context length C, with n_seq_max = max(--seqs) sequences, a KV stream of
+its own per sequence (kv_unified off), flash attention on, f16 K/V, all layers offloaded when
+the build can. Sequence 0 is prefilled with C random tokens in batches of --ubatch (timed: the
+`prefill` record). For each sequence count n (ascending) sequences 1..n-1 become copies of
+sequence 0 (llama_memory_seq_cp), then --warmup + --steps decode steps run, each one token for
+every one of the n sequences in one llama_decode with logits for all of them (timed with a
+llama_synchronize: the `decode` record). A decode step only touches the streams of the
+sequences in its batch, so sharing one context across sequence counts does not change its cost.
+
+--lib picks the shared-library folder (LLAMA_CPP_LIB_PATH), so one script drives pyqsa's build
+and an unpatched upstream build; the records say which one ran (pyqsa's library exports
+pyqsa_version, upstream's does not) and refuse a --variant that disagrees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from meta import run_meta  # noqa: E402
+
+PREFILL_EXPONENT = 2.0  # prefill time grows at most quadratically with context (budget guess)
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def _ints(s: str) -> list[int]:
+    return sorted({int(x) for x in s.split(",") if x.strip()})
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--variant", choices=["pyqsa", "upstream"], required=True)
+    ap.add_argument("--lib", type=Path, help="folder with libllama.so (default: the package's)")
+    ap.add_argument("--contexts", type=_ints, default=[8192, 32768, 131072, 262144])
+    ap.add_argument("--seqs", type=_ints, default=[1, 8])
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--ubatch", type=int, default=512, help="prefill batch (n_batch = n_ubatch)")
+    ap.add_argument("--gpu-layers", type=int, default=999, help="ignored by CPU-only builds")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    # NOTE: the pinned CPU backend's AMX f16 matmul crashes on batches over 5 streams; CPU
+    # checks turn its weight repacking (an "extra buffer type") off
+    ap.add_argument("--no-extra-bufts", action="store_true", help="no CPU weight repacking")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--out",
+        type=Path,
+        action="append",
+        default=[],
+        help="append JSON lines here (repeatable); earlier lines feed --deadline",
+    )
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="unix time: skip a context whose estimated run would end later",
+    )
+    args = ap.parse_args(argv)
+    if args.steps < 1 or args.warmup < 1:
+        ap.error("--steps and --warmup must be >= 1 (the first warmup step checks the copies)")
+    return args
+
+
+class Emitter:
+    """Writes each record as one JSON line to stdout and every --out file, flushed at once
+    (a run killed at its time limit keeps what it measured)."""
+
+    def __init__(self, outs: list[Path], common: dict[str, Any]) -> None:
+        self.outs, self.common = outs, common
+        self.history: list[dict[str, Any]] = []
+        for p in outs:
+            if p.exists():
+                self.history += [json.loads(line) for line in p.read_text().splitlines() if line]
+
+    def __call__(self, rec: dict[str, Any]) -> None:
+        line = json.dumps({**rec, **self.common})
+        print(line, flush=True)
+        for p in self.outs:
+            with open(p, "a") as f:
+                f.write(line + "\n")
+        self.history.append(json.loads(line))
+
+    def estimate_s(self, variant: str, context: int) -> float | None:
+        """Prefill seconds for `context`, from this variant's largest smaller measured one."""
+        done = [
+            r
+            for r in self.history
+            if r.get("kind") == "prefill" and r.get("variant") == variant and r["context"] < context
+        ]
+        if not done:
+            return None
+        r = max(done, key=lambda r: r["context"])
+        return r["seconds"] * (context / r["context"]) ** PREFILL_EXPONENT
+
+
+class Bench:
+    """One model and, per context length, one llama context (see the module docstring)."""
+
+    def __init__(self, L: Any, model: Path, args: argparse.Namespace) -> None:
+        self.L, self.args = L, args
+        L.llama_backend_init()
+        if not os.environ.get("PYQSA_LLAMA_LOG"):
+            self._log_cb = L.llama_log_callback(lambda level, text, data: None)
+            L.llama_log_set(self._log_cb, None)
+        mp = L.llama_model_default_params()
+        self.gpu = bool(L.llama_supports_gpu_offload())
+        mp.n_gpu_layers = args.gpu_layers if self.gpu else 0
+        mp.use_extra_bufts = not args.no_extra_bufts
+        t0 = time.perf_counter()
+        self.model = L.llama_model_load_from_file(str(model).encode(), mp)
+        if not self.model:
+            raise BenchError(f"llama.cpp could not load {model}")
+        self.load_s = time.perf_counter() - t0
+        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        self.rng = np.random.default_rng(args.seed)
+        self.ctx = None
+
+    def flags(self, n_ctx: int, n_seq: int) -> dict[str, Any]:
+        a = self.args
+        return {
+            "n_gpu_layers": a.gpu_layers if self.gpu else 0,
+            "flash_attn": "enabled",
+            "type_k": "f16",
+            "type_v": "f16",
+            "kv_unified": False,
+            "n_ctx": n_ctx,
+            "n_seq_max": n_seq,
+            "n_batch": a.ubatch,
+            "n_ubatch": a.ubatch,
+            "n_threads": a.threads,
+            "use_extra_bufts": not a.no_extra_bufts,
+        }
+
+    def open(self, context: int, n_seq: int) -> dict[str, Any]:
+        L, a = self.L, self.args
+        extra = (a.warmup + a.steps) * len(a.seqs)
+        per_seq = -(-(context + extra) // 256) * 256
+        p = L.llama_context_default_params()
+        p.n_ctx = per_seq * n_seq
+        p.n_batch = p.n_ubatch = a.ubatch
+        p.n_seq_max = n_seq
+        p.kv_unified = False
+        p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED  # pyqsa's sparse path needs it
+        p.type_k = p.type_v = L.GGML_TYPE_F16
+        p.n_threads = p.n_threads_batch = a.threads
+        self.ctx = L.llama_init_from_model(self.model, p)
+        if not self.ctx:
+            raise BenchError(f"llama.cpp could not create a context of {p.n_ctx} cells")
+        if L.llama_n_ctx_seq(self.ctx) < context + extra:
+            raise BenchError(f"context per sequence {L.llama_n_ctx_seq(self.ctx)} < {context}")
+        self.mem = L.llama_get_memory(self.ctx)
+        self.batch = L.llama_batch_init(max(a.ubatch, n_seq), 0, 1)
+        return self.flags(p.n_ctx, n_seq)
+
+    def close(self) -> None:
+        if self.ctx:
+            self.L.llama_batch_free(self.batch)
+            self.L.llama_free(self.ctx)
+            self.ctx = None
+
+    def _set(self, tokens: np.ndarray, pos: np.ndarray, seqs: np.ndarray, logits: bool) -> None:
+        b, n = self.batch, len(tokens)
+        np.ctypeslib.as_array(b.token, shape=(n,))[:] = tokens
+        np.ctypeslib.as_array(b.pos, shape=(n,))[:] = pos
+        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
+        out = np.ctypeslib.as_array(ctypes.cast(b.logits, ctypes.POINTER(ctypes.c_int8)), (n,))
+        out[:] = 0
+        if logits:
+            out[:] = 1
+        else:
+            out[-1] = 1
+        for i, s in enumerate(seqs):
+            b.seq_id[i][0] = int(s)
+        b.n_tokens = n
+
+    def _decode(self) -> None:
+        rc = self.L.llama_decode(self.ctx, self.batch)
+        if rc != 0:
+            raise BenchError(f"llama_decode returned {rc}")
+
+    def prefill(self, context: int) -> float:
+        """Fill sequence 0 with `context` random tokens; return the seconds it took."""
+        ub = self.args.ubatch
+        t0 = time.perf_counter()
+        for p0 in range(0, context, ub):
+            n = min(ub, context - p0)
+            self._set(
+                self.rng.integers(0, self.n_vocab, n, dtype=np.int32),
+                np.arange(p0, p0 + n, dtype=np.int32),
+                np.zeros(n, np.int32),
+                False,
+            )
+            self._decode()
+        self.L.llama_synchronize(self.ctx)
+        return time.perf_counter() - t0
+
+    def copy_seq0(self, n_seq: int) -> int:
+        """Make sequences 1..n_seq-1 copies of sequence 0; return the next position."""
+        L, mem = self.L, self.mem
+        for s in range(1, n_seq):
+            L.llama_memory_seq_rm(mem, s, -1, -1)
+            L.llama_memory_seq_cp(mem, 0, s, -1, -1)
+        # NOTE: pos_min of a hybrid memory is the recurrent state's (the last position), so
+        # only pos_max is checked here; the first decode step checks the copied contents
+        end = L.llama_memory_seq_pos_max(mem, 0)
+        for s in range(1, n_seq):
+            if L.llama_memory_seq_pos_max(mem, s) != end:
+                got = L.llama_memory_seq_pos_max(mem, s)
+                raise BenchError(f"sequence {s} ends at position {got}, sequence 0 at {end}")
+        return end + 1
+
+    def logits(self, n: int) -> np.ndarray:
+        ptr = self.L.llama_get_logits(self.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab)).copy()
+
+    def decode(self, n_seq: int, pos: int) -> dict[str, Any]:
+        """Warmup + timed steps with all n_seq sequences in each batch."""
+        a = self.args
+        seqs = np.arange(n_seq, dtype=np.int32)
+        times, check = [], {}
+        for step in range(a.warmup + a.steps):
+            if step == 0:  # the same token everywhere: every copy must give sequence 0's logits
+                tokens = np.full(n_seq, self.rng.integers(0, self.n_vocab), np.int32)
+            else:
+                tokens = self.rng.integers(0, self.n_vocab, n_seq, dtype=np.int32)
+            self._set(tokens, np.full(n_seq, pos + step, np.int32), seqs, True)
+            t0 = time.perf_counter()
+            self._decode()
+            self.L.llama_synchronize(self.ctx)
+            dt = time.perf_counter() - t0
+            if step == 0:
+                lg = self.logits(n_seq)
+                check = {
+                    "logits_finite": bool(np.isfinite(lg).all()),
+                    "logits_absmax": float(np.abs(lg).max()),
+                    "copy_max_abs_diff": float(np.abs(lg - lg[0]).max()),
+                }
+            elif step >= a.warmup:
+                times.append(dt)
+        med = statistics.median(times)
+        return {
+            "pos_start": pos,
+            "steps": a.steps,
+            "warmup": a.warmup,
+            "step_ms_median": med * 1e3,
+            "step_ms_min": min(times) * 1e3,
+            "step_ms_max": max(times) * 1e3,
+            "step_ms": [round(t * 1e3, 3) for t in times],
+            "tok_s": n_seq / med,
+            **check,
+        }
+
+
+def run(args: argparse.Namespace) -> int:
+    import llama_cpp as L
+
+    meta = run_meta(L, args.variant, args.lib, args.model)
+    emit = Emitter(args.out, meta)
+    bench = Bench(L, args.model, args)
+    n_seq = max(args.seqs)
+    for context in args.contexts:
+        est = emit.estimate_s(args.variant, context)
+        if args.deadline is not None and est is not None and time.time() + est > args.deadline:
+            emit(
+                {
+                    "kind": "skipped",
+                    "context": context,
+                    "reason": "deadline",
+                    "estimated_prefill_s": round(est, 1),
+                }
+            )
+            continue
+        flags = bench.open(context, n_seq)
+        try:
+            secs = bench.prefill(context)
+            emit(
+                {
+                    "kind": "prefill",
+                    "context": context,
+                    "tokens": context,
+                    "seconds": secs,
+                    "tok_s": context / secs,
+                    "model_load_s": bench.load_s,
+                    "flags": flags,
+                }
+            )
+            for n in args.seqs:
+                pos = bench.copy_seq0(n)
+                emit(
+                    {
+                        "kind": "decode",
+                        "context": context,
+                        "n_seq": n,
+                        "flags": flags,
+                        **bench.decode(n, pos),
+                    }
+                )
+        finally:
+            bench.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.lib is not None:
+        if not (args.lib / "libllama.so").exists():
+            raise SystemExit(f"{args.lib}: no libllama.so there")
+        # read by the bindings when they load the library, i.e. at import
+        os.environ["LLAMA_CPP_LIB_PATH"] = str(args.lib.resolve())
+    try:
+        return run(args)
+    except BenchError as e:
+        print(f"decode.py: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""What a benchmark record says about its run: commits, library, flags' context, GPU."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cmd(*cmd: str) -> str | None:
+    try:
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_commit() -> dict[str, Any]:
+    """HEAD and whether tracked files differ from it (a dirty tree is not HEAD's code)."""
+    status = _cmd("git", "status", "--porcelain", "--untracked-files=no")
+    return {"commit": _cmd("git", "rev-parse", "HEAD"), "dirty": bool(status)}
+
+
+def upstream_commit() -> str | None:
+    for line in (ROOT / "UPSTREAM").read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "llama_cpp_commit":
+            return value.strip()
+    return None
+
+
+def gpu_name() -> str | None:
+    out = _cmd("nvidia-smi", "--query-gpu=name", "--format=csv,noheader")
+    return out.splitlines()[0].strip() if out else None
+
+
+def library(L: Any, expect: str) -> dict[str, Any]:
+    """The loaded libllama: pyqsa's exports pyqsa_version, an unpatched upstream does not."""
+    lib = L.llama_cpp._lib
+    found = "pyqsa" if hasattr(lib, "pyqsa_version") else "upstream"
+    if found != expect:
+        raise SystemExit(f"--variant {expect}, but {lib._name} is a {found} build")
+    info: dict[str, Any] = {"variant": found, "lib": str(Path(lib._name).resolve())}
+    if found == "pyqsa":
+        lib.pyqsa_version.restype = ctypes.c_char_p
+        info["pyqsa_version"] = lib.pyqsa_version().decode()
+        info["env"] = {"PYQSA_QSA_ATTN": os.environ.get("PYQSA_QSA_ATTN")}
+    return info
+
+
+def run_meta(L: Any, variant: str, lib_dir: Path | None, model: Path) -> dict[str, Any]:
+    return {
+        **git_commit(),
+        "upstream_commit": upstream_commit(),
+        **library(L, variant),
+        "gpu": gpu_name(),
+        "system_info": L.llama_print_system_info().decode(errors="replace").strip(),
+        "model": model.name,
+        "model_bytes": model.stat().st_size,
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }

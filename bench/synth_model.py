@@ -1,0 +1,234 @@
+"""Write a full-shape synthetic Qwen4-Exp GGUF (Flash-Next dimensions, random weights).
+
+    python bench/synth_model.py out.gguf                # Flash-Next shape, f16, ~10 GB
+    python bench/synth_model.py out.gguf --small        # same structure, tiny dims (CPU checks)
+
+Shape: 48 layers (every 4th one QSA: 12), hidden 2560, 24 query / 2 KV heads x 256, indexer
+4 heads x 128, budget 2048, ratio 4, Gated DeltaNet 16 key / 32 value heads x 128 with conv
+kernel 4 (transformers' Qwen4ExpTextConfig defaults), hc_count 4 / hc_lowrank 320 (defaults),
+8 experts top-2 instead of 512 top-10, no PLE, the Qwen vocab (151936 tokens). For speed
+benchmarks only: the weights are noise.
+
+Weights are made on the fly as the writer asks for them, each tensor from its own seeded
+generator (so the file does not depend on thread timing), split in row chunks over a thread
+pool that works a bounded window ahead of the writer: RAM stays at a few GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+STD = 0.02  # HF's initializer_range: keeps every matmul output near unit scale, so f16 is finite
+CHUNK = 1 << 24  # elements per generation task
+# HF initialises these zero-centred RMSNorm gammas to 0 (the graph computes x * (1 + w))
+ZERO_CENTRED = ("norm.weight", "layernorm.weight", "norm_key.weight", "norm_query.weight")
+
+FLASH_NEXT: dict[str, Any] = {
+    "architectures": ["Qwen4ExpForCausalLM"],
+    "model_type": "qwen4_exp_text",
+    "hidden_size": 2560,
+    "num_hidden_layers": 48,
+    "full_attention_interval": 4,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "hidden_act": "silu",
+    "output_gate_type": "sigmoid",  # explicit: upstream hard-codes sigmoid, HF defaults to silu
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 262144,
+    # partial RoPE: rotary dim 64 = 2 * (11 + 11 + 10), within the indexer head (128)
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10_000_000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [11, 11, 10],
+        "mrope_interleaved": True,
+    },
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512,
+    "norm_topk_prob": True,
+    "hc_count": 4,
+    "hc_lowrank": 320,
+    "indexer_n_heads": 4,
+    "indexer_kv_heads": 1,
+    "indexer_head_dim": 128,
+    "indexer_budget": 2048,
+    "indexer_compress_ratio": 4,
+    "tie_word_embeddings": False,
+    "initializer_range": STD,
+}
+
+# Same structure at tiny dims; budget 64 so that selection prunes at a few hundred tokens.
+SMALL: dict[str, Any] = {
+    **FLASH_NEXT,
+    "hidden_size": 128,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 4,
+    "head_dim": 64,
+    "rope_parameters": {**FLASH_NEXT["rope_parameters"], "mrope_section": [3, 3, 2]},
+    "linear_key_head_dim": 32,
+    "linear_value_head_dim": 32,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "num_experts": 4,
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64,
+    "hc_lowrank": 16,
+    "indexer_n_heads": 2,
+    "indexer_head_dim": 32,
+    "indexer_budget": 64,
+}
+
+
+def model_config(small: bool, vocab_size: int, eos_token_id: int | None) -> dict[str, Any]:
+    return {
+        **(SMALL if small else FLASH_NEXT),
+        "vocab_size": vocab_size,
+        "eos_token_id": eos_token_id,
+    }
+
+
+def _fill(name: str, out: np.ndarray, seed: int, part: int) -> None:
+    """HF's initial values (as pyqsa.convert.synthetic.random_tensors makes them)."""
+    leaf = name.rsplit(".", 1)[-1]
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode()), part])
+    if name.endswith("linear_attn.norm.weight") or leaf == "dt_bias":
+        out[...] = 1.0
+    elif leaf == "A_log":
+        out[...] = np.log(rng.uniform(1, 16, out.shape))
+    elif name.endswith(ZERO_CENTRED):
+        out[...] = 0.0
+    else:
+        rng.standard_normal(out=out, dtype=np.float32)
+        out *= np.float32(STD)
+
+
+class RandomSource:
+    """A TensorSource (see pyqsa.convert.checkpoint) whose tensors are generated on demand."""
+
+    def __init__(
+        self,
+        shapes: dict[str, tuple[int, ...]],
+        seed: int,
+        threads: int,
+        window_bytes: int = 4 << 30,
+    ) -> None:
+        self._shapes, self._seed, self._window = shapes, seed, window_bytes
+        self._order = list(shapes)
+        self._pool = ThreadPoolExecutor(threads)
+        self._pending: dict[str, tuple[np.ndarray, list[Future]]] = {}
+        self._pending_bytes = 0
+        self._done: set[str] = set()
+        self._cursor = 0  # next name (in writing order) to consider for prefetching
+
+    def names(self) -> list[str]:
+        return self._order
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._shapes[name]
+
+    def _submit(self, name: str) -> tuple[np.ndarray, list[Future]]:
+        a = np.empty(self._shapes[name], np.float32)
+        rows = max(1, CHUNK // a[0].size)  # every tensor has at least one axis
+        futs = [
+            self._pool.submit(_fill, name, a[r : r + rows], self._seed, i)
+            for i, r in enumerate(range(0, a.shape[0], rows))
+        ]
+        return a, futs
+
+    def _prefetch(self) -> None:
+        while self._cursor < len(self._order) and self._pending_bytes < self._window:
+            name = self._order[self._cursor]
+            self._cursor += 1
+            if name not in self._done and name not in self._pending:
+                self._pending[name] = self._submit(name)
+                self._pending_bytes += self._pending[name][0].nbytes
+
+    def load(self, name: str) -> np.ndarray:
+        # NOTE: the KV-scale estimate reads a few small QSA tensors before the writer starts
+        # at the top; those come synchronously and do not move the prefetch cursor
+        job = self._pending.pop(name, None)
+        if job is None:
+            job = self._submit(name)
+        else:
+            self._pending_bytes -= job[0].nbytes
+        for f in job[1]:
+            f.result()
+        self._done.add(name)
+        self._prefetch()
+        return job[0]
+
+    def close(self) -> None:
+        self._pool.shutdown(cancel_futures=True)
+
+
+def write(
+    out: Path,
+    small: bool,
+    vocab: Path,
+    seed: int = 0,
+    outtype: str = "f16",
+    threads: int | None = None,
+    progress: bool = False,
+) -> Path:
+    from pyqsa.convert import from_vocab_gguf, hf_tensor_shapes, write_model
+
+    tok = from_vocab_gguf(vocab)
+    config = model_config(small, len(tok.tokens), tok.special_ids.get("eos"))
+    src = RandomSource(hf_tensor_shapes(config), seed, threads or os.cpu_count() or 2)
+    try:
+        return write_model(
+            config, src, tok, out, outtype, name="flash-next-synthetic", progress=progress
+        )
+    finally:
+        src.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--small", action="store_true", help="tiny dims, same structure (CPU checks)")
+    ap.add_argument(
+        "--vocab", type=Path, help="vocab-only GGUF (default: the Qwen one upstream ships)"
+    )
+    ap.add_argument("--outtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    if args.vocab is None:
+        from pyqsa.convert import qwen_vocab_gguf
+
+        args.vocab = qwen_vocab_gguf()
+    t0 = time.perf_counter()
+    path = write(
+        args.out,
+        args.small,
+        args.vocab,
+        args.seed,
+        args.outtype,
+        args.threads,
+        progress=sys.stderr.isatty(),
+    )
+    size = path.stat().st_size
+    print(f"wrote {path} ({size / 2**30:.2f} GiB) in {time.perf_counter() - t0:.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
