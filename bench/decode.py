@@ -3,14 +3,16 @@
     python bench/decode.py model.gguf --variant pyqsa --contexts 8192,32768 --seqs 1,8 \
         --out results.jsonl [--lib DIR]
 
-One llama context per context length C, with n_seq_max = max(--seqs) sequences, a KV stream of
-its own per sequence (kv_unified off), flash attention on, f16 K/V, all layers offloaded when
-the build can. Sequence 0 is prefilled with C random tokens in batches of --ubatch (timed: the
-`prefill` record). For each sequence count n (ascending) sequences 1..n-1 become copies of
-sequence 0 (llama_memory_seq_cp), then --warmup + --steps decode steps run, each one token for
-every one of the n sequences in one llama_decode with logits for all of them (timed with a
-llama_synchronize: the `decode` record). A decode step only touches the streams of the
-sequences in its batch, so sharing one context across sequence counts does not change its cost.
+One llama context per context length C: n_seq_max = max(--seqs) sequences, a KV stream of C
+cells per sequence (kv_unified off, n_ctx = C * n_seq_max), flash attention on, f16 K/V, all
+layers offloaded when the build can. Sequence 0 is prefilled with random tokens in batches of
+--ubatch (timed: the `prefill` record) up to C minus the decode steps still to come, so every
+decode step runs between C - (warmup + steps) * len(seqs) and C (`pos_start` says where).
+For each sequence count n (ascending) sequences 1..n-1 become copies of sequence 0
+(llama_memory_seq_cp: one long prefill serves every n), then --warmup + --steps decode steps
+run, each one token for every one of the n sequences in one llama_decode with logits for all of
+them (timed up to llama_synchronize: the `decode` record). A step touches only the KV streams of
+the sequences in its batch, so one context serves all sequence counts at the cost of one.
 
 --lib picks the shared-library folder (LLAMA_CPP_LIB_PATH), so one script drives pyqsa's build
 and an unpatched upstream build; the records say which one ran (pyqsa's library exports
@@ -35,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from meta import run_meta  # noqa: E402
 
 PREFILL_EXPONENT = 2.0  # prefill time grows at most quadratically with context (budget guess)
+RUN_MARGIN_S = 30.0  # what a run needs besides its prefill: model load, context, decode steps
 
 
 class BenchError(RuntimeError):
@@ -77,6 +80,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
         ap.error("--steps and --warmup must be >= 1 (the first warmup step checks the copies)")
+    room = min(args.contexts) - (args.warmup + args.steps) * len(args.seqs)
+    if room < args.ubatch // 4:
+        ap.error(f"context {min(args.contexts)} leaves only {room} tokens to prefill")
     return args
 
 
@@ -152,10 +158,8 @@ class Bench:
 
     def open(self, context: int, n_seq: int) -> dict[str, Any]:
         L, a = self.L, self.args
-        extra = (a.warmup + a.steps) * len(a.seqs)
-        per_seq = -(-(context + extra) // 256) * 256
         p = L.llama_context_default_params()
-        p.n_ctx = per_seq * n_seq
+        p.n_ctx = context * n_seq
         p.n_batch = p.n_ubatch = a.ubatch
         p.n_seq_max = n_seq
         p.kv_unified = False
@@ -165,7 +169,7 @@ class Bench:
         self.ctx = L.llama_init_from_model(self.model, p)
         if not self.ctx:
             raise BenchError(f"llama.cpp could not create a context of {p.n_ctx} cells")
-        if L.llama_n_ctx_seq(self.ctx) < context + extra:
+        if L.llama_n_ctx_seq(self.ctx) < context:
             raise BenchError(f"context per sequence {L.llama_n_ctx_seq(self.ctx)} < {context}")
         self.mem = L.llama_get_memory(self.ctx)
         self.batch = L.llama_batch_init(max(a.ubatch, n_seq), 0, 1)
@@ -279,7 +283,8 @@ def run(args: argparse.Namespace) -> int:
     n_seq = max(args.seqs)
     for context in args.contexts:
         est = emit.estimate_s(args.variant, context)
-        if args.deadline is not None and est is not None and time.time() + est > args.deadline:
+        late = est is not None and time.time() + est + RUN_MARGIN_S > (args.deadline or 1e18)
+        if late:
             emit(
                 {
                     "kind": "skipped",
@@ -291,14 +296,15 @@ def run(args: argparse.Namespace) -> int:
             continue
         flags = bench.open(context, n_seq)
         try:
-            secs = bench.prefill(context)
+            n_fill = context - (args.warmup + args.steps) * len(args.seqs)
+            secs = bench.prefill(n_fill)
             emit(
                 {
                     "kind": "prefill",
                     "context": context,
-                    "tokens": context,
+                    "tokens": n_fill,
                     "seconds": secs,
-                    "tok_s": context / secs,
+                    "tok_s": n_fill / secs,
                     "model_load_s": bench.load_s,
                     "flags": flags,
                 }

@@ -21,9 +21,16 @@ def _cmd(*cmd: str) -> str | None:
 
 
 def git_commit() -> dict[str, Any]:
-    """HEAD and whether tracked files differ from it (a dirty tree is not HEAD's code)."""
+    """HEAD and whether tracked files differ from it (a dirty tree is not HEAD's code).
+
+    Where the tree came without its git folder (the device machine), the commit is the one
+    the launcher named in PYQSA_BENCH_COMMIT, and whether the tree matches it is unknown.
+    """
+    head = _cmd("git", "rev-parse", "HEAD")
+    if head is None:
+        return {"commit": os.environ.get("PYQSA_BENCH_COMMIT"), "dirty": None}
     status = _cmd("git", "status", "--porcelain", "--untracked-files=no")
-    return {"commit": _cmd("git", "rev-parse", "HEAD"), "dirty": bool(status)}
+    return {"commit": head, "dirty": bool(status)}
 
 
 def upstream_commit() -> str | None:

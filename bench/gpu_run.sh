@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# GPU machine: decode benchmark, pyqsa (sparse QSA) against unpatched upstream (masked dense QSA),
+# same GPU, same synthetic Flash-Next-shaped model, same flags, one call.
+#   here first:   bench/pack.sh
+#   device run:   carry [".gpu-carry"], command: bench/gpu_run.sh --commit <sha> [options]
+#   options:      --commit SHA (recorded as the commit when the tree there has no .git)
+#                 --budget S (default 540: seconds from start until no new run may begin)
+#                 --contexts 8192,32768,131072,262144  --seqs 1,8  --steps 32  --warmup 4
+# Steps: unpack the carried upstream extract; build pyqsa's CUDA variant (setup path) and an
+# unpatched upstream CUDA `llama` in .build/bench/upstream-cuda, while the model is written to
+# .build/bench/ (all three in parallel); then decode.py per context, cheapest first, pyqsa then
+# upstream, each skipping a context whose estimated prefill would overrun the budget. A warm
+# machine keeps .build/: a second call rebuilds nothing and reuses the model, so the long
+# contexts can get a call of their own (e.g. --contexts 131072,262144).
+# Results ($OUT takes 8 files at most): decode.jsonl (JSON lines, see bench/decode.py),
+# commands.txt, report.txt, gpu_run.log (with the tail of any failing step's log; the full
+# logs stay in .build/bench/logs/ on the machine).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+t_start=$(date +%s)
+budget=540 contexts=8192,32768,131072,262144 seqs=1,8 steps=32 warmup=4
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --commit) export PYQSA_BENCH_COMMIT=$2 ;;
+        --budget) budget=$2 ;;
+        --contexts) contexts=$2 ;;
+        --seqs) seqs=$2 ;;
+        --steps) steps=$2 ;;
+        --warmup) warmup=$2 ;;
+        *) echo "gpu_run.sh: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift 2
+done
+deadline=$((t_start + budget))
+out=${OUT:-/tmp/pyqsa-bench-out}
+work=.build/bench
+logs=$work/logs
+mkdir -p "$out" "$logs"
+exec > >(tee -a "$out/gpu_run.log") 2>&1
+export PYTHONUNBUFFERED=1
+elapsed() { echo "$(( $(date +%s) - t_start )) s"; }
+
+# (a) the carried extract, unpacked again only when the carry changed (a warm machine keeps it)
+stamp=$(sha256sum .gpu-carry/upstream-extract.tar.gz | cut -c1-16)
+if [ "$(cat .build/upstream/.carry-stamp 2>/dev/null)" != "$stamp" ]; then
+    rm -rf .build/upstream .build/llama.cpp "$work/upstream-cuda"
+    mkdir -p .build/upstream
+    tar -C .build/upstream -xzf .gpu-carry/upstream-extract.tar.gz
+    echo "$stamp" > .build/upstream/.carry-stamp
+fi
+python3 -m pip install -q --upgrade --no-index --no-deps --target /tmp/pyqsa-site .gpu-carry/*.whl
+export PYTHONPATH=/tmp/pyqsa-site
+src=$(echo .build/upstream/llama_cpp_python-*/vendor/llama.cpp)
+commit=$(sed -n 's/^llama_cpp_commit *= *//p' UPSTREAM)
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+echo "repo ${PYQSA_BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}, upstream $commit"
+
+# (b) both CUDA builds and (c) the model, in parallel
+(
+    export PYQSA_CUDA=1 PYQSA_BUILD_JOBS=$(nproc)
+    python3 -m pip install -q --no-build-isolation --no-deps --no-index -e .
+) > "$logs/build-pyqsa.log" 2>&1 &
+pid_pyqsa=$!
+(
+    cmake -S "$src" -B "$work/upstream-cuda" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DBUILD_SHARED_LIBS=ON -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN' \
+        -DLLAMA_BUILD_COMMIT="$commit"
+    cmake --build "$work/upstream-cuda" -j "$(nproc)" --target llama
+) > "$logs/build-upstream.log" 2>&1 &
+pid_upstream=$!
+# the model's name follows the generator and vocab, so a changed generator writes a new one
+model="$work/flash-next-synth-$(cat bench/synth_model.py .gpu-carry/ggml-vocab-qwen35.gguf | sha256sum | cut -c1-12).gguf"
+if [ ! -f "$model" ]; then
+    rm -f "$work"/flash-next-synth-*.gguf
+    python3 bench/synth_model.py "$model" --vocab .gpu-carry/ggml-vocab-qwen35.gguf \
+        > "$logs/synth.log" 2>&1 &
+    pid_model=$!
+else
+    echo "model $model already written" > "$logs/synth.log"
+    pid_model=
+fi
+status=0
+for job in build-pyqsa:$pid_pyqsa build-upstream:$pid_upstream ${pid_model:+synth:$pid_model}; do
+    if wait "${job#*:}"; then echo "${job%%:*}: done ($(elapsed))"; else
+        echo "${job%%:*}: FAILED ($(elapsed)), log tail:"
+        tail -n 30 "$logs/${job%%:*}.log"
+        status=1
+    fi
+done
+tail -n 1 "$logs/synth.log"
+[ $status -eq 0 ] || exit 1
+
+# (d) decode runs, cheapest first, pyqsa then upstream per context
+declare -A libs=([pyqsa]=.build/py/llama_cpp/lib [upstream]=$work/upstream-cuda/bin)
+for c in ${contexts//,/ }; do
+    for v in pyqsa upstream; do
+        if [ "$(date +%s)" -ge "$deadline" ]; then
+            echo "budget spent: context $c ($v) not run"
+            continue
+        fi
+        cmd=(python3 bench/decode.py "$model" --variant "$v" --lib "${libs[$v]}"
+             --contexts "$c" --seqs "$seqs" --steps "$steps" --warmup "$warmup"
+             --out "$out/decode.jsonl" --out "$work/history.jsonl" --deadline "$deadline")
+        echo "${cmd[*]}" >> "$out/commands.txt"
+        echo "run: $v at $c ($(elapsed))"
+        "${cmd[@]}" > /dev/null 2> "$logs/decode-$v-$c.log" || {
+            echo "$v at $c: FAILED, log tail:"; tail -n 20 "$logs/decode-$v-$c.log"; status=1
+        }
+    done
+done
+[ -f "$out/decode.jsonl" ] && python3 bench/report.py "$out/decode.jsonl" --no-save | tee "$out/report.txt" || true
+echo "done ($(elapsed))"
+exit $status

@@ -1,0 +1,195 @@
+"""Tables from decode.py's JSON lines, and the results file under bench/results/.
+
+    python bench/report.py decode.jsonl [more.jsonl ...] [--commands commands.txt] [--no-save]
+
+Decode speed and prefill are separate sections and never combined into one figure. Each cell
+is one run's median over its timed steps; when a (variant, context, sequences) was measured
+more than once, the latest run is shown and the count given. Writes
+bench/results/<date of the newest record>-decode.json with every record, the tables' rows and
+the commands, unless --no-save.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+VARIANTS = ("pyqsa", "upstream")
+Rec = dict[str, Any]
+
+
+def load(paths: list[Path]) -> list[Rec]:
+    recs = []
+    for p in paths:
+        recs += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    return sorted(recs, key=lambda r: r.get("utc", ""))
+
+
+def latest(recs: list[Rec], kind: str) -> tuple[dict[tuple, Rec], dict[tuple, int]]:
+    """(variant, context[, n_seq]) -> newest record of the kind, and how many there were."""
+    out: dict[tuple, Rec] = {}
+    count: dict[tuple, int] = {}
+    for r in recs:
+        if r.get("kind") != kind:
+            continue
+        key = (r["variant"], r["context"]) + ((r["n_seq"],) if kind == "decode" else ())
+        out[key] = r
+        count[key] = count.get(key, 0) + 1
+    return out, count
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _fmt(x: float | None, spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def decode_rows(recs: list[Rec]) -> list[Rec]:
+    by, count = latest(recs, "decode")
+    rows = []
+    for ctx, n in sorted({(k[1], k[2]) for k in by}):
+        row: Rec = {"context": ctx, "n_seq": n}
+        for v in VARIANTS:
+            r = by.get((v, ctx, n))
+            row[v] = (
+                None
+                if r is None
+                else {
+                    "tok_s": r["tok_s"],
+                    "step_ms_median": r["step_ms_median"],
+                    "pos_start": r["pos_start"],
+                    "runs": count[(v, ctx, n)],
+                }
+            )
+            # decode time per step against this variant's smallest measured context
+            base = min((k[1] for k in by if k[0] == v and k[2] == n), default=None)
+            if r is not None and base is not None:
+                row[v]["step_vs_smallest"] = (
+                    r["step_ms_median"] / by[(v, base, n)]["step_ms_median"]
+                )
+                row[v]["smallest_context"] = base
+        tok = [row[v]["tok_s"] if row[v] else None for v in VARIANTS]
+        row["pyqsa_over_upstream"] = _ratio(tok[0], tok[1])
+        rows.append(row)
+    return rows
+
+
+def prefill_rows(recs: list[Rec]) -> list[Rec]:
+    by, count = latest(recs, "prefill")
+    rows = []
+    for ctx in sorted({k[1] for k in by}):
+        row: Rec = {"context": ctx}
+        for v in VARIANTS:
+            r = by.get((v, ctx))
+            row[v] = (
+                None
+                if r is None
+                else {
+                    "tok_s": r["tok_s"],
+                    "seconds": r["seconds"],
+                    "tokens": r["tokens"],
+                    "runs": count[(v, ctx)],
+                }
+            )
+        row["pyqsa_over_upstream"] = _ratio(
+            *(row[v]["tok_s"] if row[v] else None for v in VARIANTS)
+        )
+        rows.append(row)
+    return rows
+
+
+def print_tables(recs: list[Rec], dec: list[Rec], pre: list[Rec]) -> None:
+    w = sys.stdout.write
+    w("## Decode (one token per sequence per step; median step of each run)\n")
+    w(
+        f"{'context':>8} {'seqs':>4} | {'pyqsa tok/s':>11} {'ms/step':>8} {'x@min':>5} | "
+        f"{'upstr tok/s':>11} {'ms/step':>8} {'x@min':>5} | {'pyqsa/upstr':>11}\n"
+    )
+    for r in dec:
+        cells = []
+        for v in VARIANTS:
+            c = r[v] or {}
+            cells.append(
+                f"{_fmt(c.get('tok_s')):>11} {_fmt(c.get('step_ms_median'), '.2f'):>8} "
+                f"{_fmt(c.get('step_vs_smallest'), '.2f'):>5}"
+            )
+        w(
+            f"{r['context']:>8} {r['n_seq']:>4} | {cells[0]} | {cells[1]} | "
+            f"{_fmt(r['pyqsa_over_upstream'], '.2f'):>11}\n"
+        )
+    w("  x@min: this step time over the same variant's at its smallest measured context\n\n")
+    w("## Prefill (sequence 0, random tokens)\n")
+    w(
+        f"{'context':>8} | {'pyqsa tok/s':>11} {'s':>7} | {'upstr tok/s':>11} {'s':>7} | "
+        f"{'pyqsa/upstr':>11}\n"
+    )
+    for r in pre:
+        cells = [
+            f"{_fmt((r[v] or {}).get('tok_s')):>11} {_fmt((r[v] or {}).get('seconds')):>7}"
+            for v in VARIANTS
+        ]
+        ratio = _fmt(r["pyqsa_over_upstream"], ".2f")
+        w(f"{r['context']:>8} | {cells[0]} | {cells[1]} | {ratio:>11}\n")
+    ran = {(r["variant"], r["context"]) for r in recs if r.get("kind") == "prefill"}
+    skipped = [
+        r for r in recs if r.get("kind") == "skipped" and (r["variant"], r["context"]) not in ran
+    ]
+    if skipped:
+        w("\n## Not run\n")
+        for r in skipped:
+            w(
+                f"{r['variant']} at {r['context']}: {r['reason']} (prefill estimate "
+                f"{r.get('estimated_prefill_s')} s)\n"
+            )
+    w("\n## Runs\n")
+    for key in ("commit", "dirty", "upstream_commit", "gpu", "pyqsa_version", "model"):
+        w(f"{key}: {sorted({str(r.get(key)) for r in recs if key in r})}\n")
+    dec_recs = [r for r in recs if r.get("kind") == "decode"]
+    w(f"env: {sorted({json.dumps(r['env']) for r in recs if 'env' in r})}\n")
+    # n_ctx is context * n_seq_max in every run; the other flags must agree across runs
+    flags = {json.dumps({**r["flags"], "n_ctx": None}, sort_keys=True) for r in dec_recs}
+    w(f"flags (n_ctx = context * n_seq_max): {sorted(flags)}\n")
+    finite = all(r.get("logits_finite") for r in dec_recs)
+    diff = max((r.get("copy_max_abs_diff", 0.0) for r in dec_recs), default=None)
+    w(
+        f"checks: logits finite in every run: {finite}; copied sequences vs sequence 0, "
+        f"max |logit diff|: {diff}\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("files", type=Path, nargs="+")
+    ap.add_argument("--commands", type=Path, help="the commands that produced the records")
+    ap.add_argument("--no-save", action="store_true", help="print only")
+    args = ap.parse_args(argv)
+    recs = load(args.files)
+    if not recs:
+        print("no records", file=sys.stderr)
+        return 1
+    dec, pre = decode_rows(recs), prefill_rows(recs)
+    print_tables(recs, dec, pre)
+    if args.no_save:
+        return 0
+    date = recs[-1].get("utc", "")[:10] or "undated"
+    out = RESULTS / f"{date}-decode.json"
+    RESULTS.mkdir(exist_ok=True)
+    doc = {
+        "decode": dec,
+        "prefill": pre,
+        "commands": args.commands.read_text().splitlines() if args.commands else None,
+        "records": recs,
+    }
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
