@@ -1,0 +1,78 @@
+"""The benchmark scripts end to end on CPU: the --small synthetic model, decode.py at a tiny
+context (1 and 8 sequences, through LLAMA_CPP_LIB_PATH), report.py over its records."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+LIB = ROOT / ".build" / "py" / "llama_cpp" / "lib"
+
+
+def _run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def small_gguf(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "small.gguf"
+    _run(str(BENCH / "synth_model.py"), str(out), "--small", "--threads", "2")
+    return out
+
+
+def test_small_model_shape(small_gguf):
+    from pyqsa.convert.gguf_file import GGUFFile
+
+    g = GGUFFile(small_gguf)
+    assert g.get("general.architecture") == "qwen4exp"
+    assert g.get("qwen4exp.block_count") == 8
+    assert len(g.get("tokenizer.ggml.tokens")) == 151936
+    types = {t.name: t.qtype.name for t in g.tensors}
+    assert types["blk.0.attn_qkv.weight"] == "F16"  # f16 matrices, f32 norms
+    assert types["blk.3.attn_k_norm.weight"] == "F32"
+
+
+def test_decode_records(small_gguf, tmp_path):
+    out = tmp_path / "decode.jsonl"
+    # NOTE: one thread (this machine's cores are shared: OpenMP spin-waits when oversubscribed)
+    # and no CPU weight repacking (the pinned AMX f16 kernel crashes with 8 streams)
+    args = ["--contexts", "256", "--seqs", "1,8", "--steps", "2", "--warmup", "1"]
+    args += ["--threads", "1", "--no-extra-bufts", "--lib", str(LIB), "--out", str(out)]
+    _run(str(BENCH / "decode.py"), str(small_gguf), "--variant", "pyqsa", *args)
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["kind"], r.get("n_seq")) for r in recs] == [
+        ("prefill", None),
+        ("decode", 1),
+        ("decode", 8),
+    ]
+    pre, one, eight = recs
+    assert pre["context"] == 256 and pre["tokens"] == 256 - 3 * 2 and pre["tok_s"] > 0
+    for r in recs:
+        assert r["variant"] == "pyqsa" and r["pyqsa_version"].startswith("pyqsa")
+        assert r["upstream_commit"] and r["lib"] == str((LIB / "libllama.so").resolve())
+        assert "PYQSA_QSA_ATTN" in r["env"] and "commit" in r and "gpu" in r
+    for r in (one, eight):
+        assert r["flags"]["flash_attn"] == "enabled" and r["flags"]["kv_unified"] is False
+        assert r["flags"]["n_seq_max"] == 8 and r["flags"]["n_ctx"] == 256 * 8
+        assert len(r["step_ms"]) == 2 and r["step_ms_median"] > 0
+        assert r["tok_s"] == pytest.approx(r["n_seq"] * 1e3 / r["step_ms_median"])
+        assert r["logits_finite"] and r["copy_max_abs_diff"] == 0.0
+    assert one["pos_start"] == 250 and eight["pos_start"] == 253
+
+    # the library folder decides the variant: pyqsa's build is refused as "upstream"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "decode.py"), str(small_gguf), "--variant", "upstream", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0 and "is a pyqsa build" in proc.stderr
+
+    rep = _run(str(BENCH / "report.py"), str(out), "--no-save")
+    assert "## Decode" in rep.stdout and "## Prefill" in rep.stdout
