@@ -1,3 +1,3 @@
-# Included by the patched ggml/src/CMakeLists.txt (ggml_patches/0006): op constructors.
+# Included by the patched ggml/src/CMakeLists.txt (ggml_patches/0005): op constructors.
 target_sources(ggml-base PRIVATE ${CMAKE_CURRENT_LIST_DIR}/pyqsa-ops.cpp)
 target_include_directories(ggml-base PUBLIC ${CMAKE_CURRENT_LIST_DIR}/../include)

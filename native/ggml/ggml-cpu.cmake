@@ -1,6 +1,7 @@
-# Included by the patched ggml/src/ggml-cpu/CMakeLists.txt (ggml_patches/0006): CPU kernels.
+# Included by the patched ggml/src/ggml-cpu/CMakeLists.txt (ggml_patches/0005): CPU kernels.
 target_sources(${GGML_CPU_NAME} PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cpu/pyqsa-cpu.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-attn.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-mask-cells.cpp)
+    ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-mask-cells.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-topk.cpp)
 target_include_directories(${GGML_CPU_NAME} PRIVATE ${CMAKE_CURRENT_LIST_DIR}/cpu)

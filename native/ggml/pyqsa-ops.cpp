@@ -41,3 +41,15 @@ struct ggml_tensor * pyqsa_ggml_qsa_mask_cells(struct ggml_context * ctx, struct
     result->src[0] = mask;
     return result;
 }
+
+struct ggml_tensor * pyqsa_ggml_qsa_topk(struct ggml_context * ctx, struct ggml_tensor * score,
+                                         int64_t k) {
+    GGML_ASSERT(score->type == GGML_TYPE_F32 && ggml_is_contiguous(score));
+    GGML_ASSERT(k > 0 && k <= score->ne[0]);
+
+    struct ggml_tensor * result = ggml_new_tensor_4d(ctx, GGML_TYPE_I32, k, score->ne[1], score->ne[2], score->ne[3]);
+    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_TOPK);
+    result->op     = GGML_OP_PYQSA;
+    result->src[0] = score;
+    return result;
+}

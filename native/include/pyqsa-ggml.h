@@ -1,6 +1,6 @@
 // pyqsa ggml ops: graph constructors for the ops in native/ggml (exported from ggml-base).
 //
-// All share one ggml op, GGML_OP_PYQSA (ggml_patches/0006), with the sub-op in op_params[0];
+// All share one ggml op, GGML_OP_PYQSA (ggml_patches/0005), with the sub-op in op_params[0];
 // each backend dispatches on it (native/ggml/cpu/pyqsa-cpu.cpp, native/ggml/cuda/pyqsa-cuda.cu).
 #pragma once
 
@@ -13,6 +13,7 @@ extern "C" {
 enum pyqsa_ggml_op {
     PYQSA_GGML_OP_QSA_ATTN       = 1,
     PYQSA_GGML_OP_QSA_MASK_CELLS = 2,
+    PYQSA_GGML_OP_QSA_TOPK       = 3,
 };
 
 // Sparse attention: every query attends only to the KV cells listed for it (QSA: the selected
@@ -38,6 +39,15 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_attn(struct ggml_context * ctx,
 GGML_API struct ggml_tensor * pyqsa_ggml_qsa_mask_cells(struct ggml_context * ctx,
                                                         struct ggml_tensor * mask,
                                                         int64_t n_sel);
+
+// Top-k block selection with a deterministic order: the k largest scores of each row, exact
+// ties going to the lower index (HF's reference leaves tie order to torch.topk; pyqsa fixes it
+// so CPU and CUDA agree bit for bit). -inf scores take part like any other value.
+//   score: F32 [n, n_rows...] contiguous rows
+// returns I32 [k, n_rows...]: the selected indices of each row in increasing index order
+GGML_API struct ggml_tensor * pyqsa_ggml_qsa_topk(struct ggml_context * ctx,
+                                                  struct ggml_tensor * score,
+                                                  int64_t k);
 
 #ifdef __cplusplus
 }

@@ -10,6 +10,7 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -210,6 +211,7 @@ std::vector<attn_case> test_cases() {
 }
 
 void test_mask_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
+void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
 
 int cmd_test(const char * only_backend) {
     std::mt19937 rng(1234);
@@ -245,6 +247,7 @@ int cmd_test(const char * only_backend) {
         }
     }
     test_mask_cells(cpu, only_backend, rng, n_ok, n_fail);
+    test_topk(cpu, only_backend, rng, n_ok, n_fail);
     ggml_backend_free(cpu);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
     return n_fail == 0 ? 0 : 1;
@@ -321,6 +324,87 @@ void test_mask_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937
             if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
             ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
             const std::vector<int32_t> out = run_mask(be, c, mask, &supported);
+            const bool ok_be = supported && out == out_cpu;
+            std::printf("  %s %s vs CPU: %s\n", c.name().c_str(), ggml_backend_dev_name(dev), ok_be ? "OK" : "FAIL");
+            ok_be ? ++n_ok : ++n_fail;
+            ggml_backend_free(be);
+        }
+    }
+}
+
+struct topk_case {
+    int64_t n, rows, k;
+    int     levels;  // scores drawn from this many values (few levels = many exact ties); 0 = continuous
+    double  neg_inf; // share of -inf scores
+
+    std::string name() const {
+        char buf[128];
+        std::snprintf(buf, sizeof(buf), "QSA_TOPK(n=%lld,rows=%lld,k=%lld,levels=%d,neg_inf=%.2f)",
+                      (long long) n, (long long) rows, (long long) k, levels, neg_inf);
+        return buf;
+    }
+};
+
+std::vector<int32_t> run_topk(ggml_backend_t backend, const topk_case & c, const std::vector<float> & x, bool * supported) {
+    ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(ip);
+    ggml_tensor * s   = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n, c.rows);
+    ggml_tensor * out = pyqsa_ggml_qsa_topk(ctx, s, c.k);
+    std::vector<int32_t> res;
+    *supported = ggml_backend_supports_op(backend, out);
+    if (*supported) {
+        ggml_cgraph * gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, out);
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+        ggml_backend_tensor_set(s, x.data(), 0, ggml_nbytes(s));
+        ggml_backend_graph_compute(backend, gf);
+        res.resize(ggml_nelements(out));
+        ggml_backend_tensor_get(out, res.data(), 0, ggml_nbytes(out));
+        ggml_backend_buffer_free(buf);
+    }
+    ggml_free(ctx);
+    return res;
+}
+
+void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail) {
+    const topk_case cases[] = {
+        { 7, 3, 4, 3, 0.0 },          // the tiny models' shape: few blocks, exact zero ties
+        { 75, 5, 4, 4, 0.3 },
+        { 512, 4, 512, 0, 0.0 },      // k == n
+        { 65536, 2, 512, 0, 0.0 },    // 256K context, budget 2048, ratio 4
+        { 65536, 2, 512, 5, 0.5 },
+        { 33000, 3, 517, 2, 0.9 },    // fewer finite scores than k
+        { 1, 1, 1, 0, 1.0 },
+    };
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::uniform_real_distribution<double> ud(0.0, 1.0);
+    for (const topk_case & c : cases) {
+        std::vector<float> x(c.n * c.rows);
+        for (auto & v : x) {
+            v = ud(rng) < c.neg_inf ? -INFINITY : (c.levels ? (float) (rng() % c.levels) : nd(rng));
+        }
+        // reference: sort indices by (score desc, index asc), keep k, list them by index
+        std::vector<int32_t> ref;
+        for (int64_t r = 0; r < c.rows; ++r) {
+            const float * row = x.data() + r * c.n;
+            std::vector<int32_t> idx(c.n);
+            for (int64_t i = 0; i < c.n; ++i) idx[i] = (int32_t) i;
+            std::stable_sort(idx.begin(), idx.end(), [row](int32_t a, int32_t b) { return row[a] > row[b]; });
+            idx.resize(c.k);
+            std::sort(idx.begin(), idx.end());
+            ref.insert(ref.end(), idx.begin(), idx.end());
+        }
+        bool supported = false;
+        const std::vector<int32_t> out_cpu = run_topk(cpu, c, x, &supported);
+        const bool ok = supported && out_cpu == ref;
+        std::printf("  %s CPU vs reference: %s\n", c.name().c_str(), ok ? "OK" : "FAIL");
+        ok ? ++n_ok : ++n_fail;
+        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+            if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;
+            if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
+            ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
+            const std::vector<int32_t> out = run_topk(be, c, x, &supported);
             const bool ok_be = supported && out == out_cpu;
             std::printf("  %s %s vs CPU: %s\n", c.name().c_str(), ggml_backend_dev_name(dev), ok_be ? "OK" : "FAIL");
             ok_be ? ++n_ok : ++n_fail;

@@ -14,7 +14,7 @@ tar -C "$(dirname "$root")" -czf .gpu-carry/upstream-extract.tar.gz \
     --exclude='ggml-opencl' --exclude='ggml-vulkan' \
     --exclude='docs' --exclude='examples' \
     "$(basename "$root")"
-for w in cffi==2.1.1 pycparser==2.23 gguf==0.19.0 diskcache==5.6.3; do
+for w in cffi==2.1.1 pycparser==2.23 gguf==0.19.0 diskcache==5.6.3 transformers==5.23.0; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 --platform any -d .gpu-carry "$w"

@@ -4,6 +4,7 @@ selection each indexed layer made, read from the graph's "qsa_mask-<layer>" tens
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -45,6 +46,8 @@ class LlamaRuntime:
     ):
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
+        # the GPU machine runs the same tests with every layer offloaded (tests/gpu/parity.sh)
+        mparams.n_gpu_layers = int(os.environ.get("PYQSA_TEST_N_GPU_LAYERS", "0"))
         self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
         assert self.model, f"failed to load {path}"
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)

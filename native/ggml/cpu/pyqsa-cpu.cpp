@@ -5,6 +5,7 @@
 #include "pyqsa-ggml.h"
 #include "qsa-attn.h"
 #include "qsa-mask-cells.h"
+#include "qsa-topk.h"
 
 void pyqsa_cpu_forward(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
     switch (ggml_get_op_params_i32(dst, 0)) {
@@ -13,6 +14,9 @@ void pyqsa_cpu_forward(const struct ggml_compute_params * params, struct ggml_te
             break;
         case PYQSA_GGML_OP_QSA_MASK_CELLS:
             pyqsa_cpu_qsa_mask_cells(params, dst);
+            break;
+        case PYQSA_GGML_OP_QSA_TOPK:
+            pyqsa_cpu_qsa_topk(params, dst);
             break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));

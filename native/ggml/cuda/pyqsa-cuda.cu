@@ -4,6 +4,7 @@
 #include "pyqsa-ggml.h"
 #include "qsa-attn.cuh"
 #include "qsa-mask-cells.cuh"
+#include "qsa-topk.cuh"
 
 void pyqsa_cuda_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     switch (ggml_get_op_params_i32(dst, 0)) {
@@ -12,6 +13,9 @@ void pyqsa_cuda_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
             break;
         case PYQSA_GGML_OP_QSA_MASK_CELLS:
             pyqsa_cuda_qsa_mask_cells(ctx, dst);
+            break;
+        case PYQSA_GGML_OP_QSA_TOPK:
+            pyqsa_cuda_qsa_topk(ctx, dst);
             break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));
@@ -24,6 +28,8 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
             return pyqsa_cuda_qsa_attn_supported(op);
         case PYQSA_GGML_OP_QSA_MASK_CELLS:
             return op->src[0]->ne[1] * op->src[0]->ne[3] <= 65535;
+        case PYQSA_GGML_OP_QSA_TOPK:
+            return ggml_nrows(op->src[0]) <= 65535;
         default:
             return false;
     }

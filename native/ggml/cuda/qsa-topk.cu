@@ -1,0 +1,120 @@
+// CUDA kernel of PYQSA_GGML_OP_QSA_TOPK, one CTA per row:
+//  1. radix select (4 passes of 8 bits over order-preserving keys) finds the k-th largest key T
+//     and how many keys are above it;
+//  2. one ordered pass keeps every key > T and the first (k - above) keys == T by index, written
+//     in increasing index order with warp ballots (as qsa-mask-cells.cu), matching the CPU kernel.
+#include "qsa-topk.cuh"
+
+namespace {
+
+constexpr int THREADS = 1024;
+constexpr int WARPS   = THREADS / 32;
+constexpr int BINS    = 256;
+
+// larger float -> larger unsigned key; -inf is the smallest finite-order key
+__device__ __forceinline__ uint32_t ordered_key(float x) {
+    const uint32_t bits = __float_as_uint(x);
+    return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+__global__ void qsa_topk(const float * score, int32_t * dst, int n, int k) {
+    const float * x   = score + (size_t) blockIdx.x * n;
+    int32_t *     out = dst + (size_t) blockIdx.x * k;
+
+    __shared__ int      hist[BINS];
+    __shared__ uint32_t prefix;      // high bits of T fixed so far
+    __shared__ int      remaining;   // rank of T among keys that match the prefix
+    __shared__ int      above;       // keys strictly greater than T
+    __shared__ int      eq_count[WARPS];
+    __shared__ int      keep_count[WARPS];
+    __shared__ int      base_gt, base_eq;
+
+    if (threadIdx.x == 0) {
+        prefix    = 0;
+        remaining = k;
+        above     = 0;
+    }
+    __syncthreads();
+
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < BINS; b += THREADS) {
+            hist[b] = 0;
+        }
+        __syncthreads();
+        const uint32_t high_mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
+        for (int i = threadIdx.x; i < n; i += THREADS) {
+            const uint32_t key = ordered_key(x[i]);
+            if ((key & high_mask) == prefix) {
+                atomicAdd(&hist[(key >> shift) & 0xff], 1);
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            // walk the bins from the top until the remaining rank falls inside one
+            int b = BINS - 1;
+            for (; b > 0 && hist[b] < remaining; --b) {
+                remaining -= hist[b];
+                above += hist[b];
+            }
+            prefix |= (uint32_t) b << shift;
+        }
+        __syncthreads();
+    }
+
+    const uint32_t T       = prefix;
+    const int      take_eq = k - above;  // ties at T to keep, lowest indices first
+    const int      warp    = threadIdx.x / 32;
+    const int      lane    = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        base_gt = 0;  // kept so far (output position)
+        base_eq = 0;  // keys == T seen so far
+    }
+    __syncthreads();
+
+    for (int i0 = 0; i0 < n; i0 += THREADS) {
+        const int      i   = i0 + threadIdx.x;
+        const uint32_t key = i < n ? ordered_key(x[i]) : 0u;
+        const bool     eq  = i < n && key == T;
+        const unsigned eq_ballot = __ballot_sync(0xffffffff, eq);
+        if (lane == 0) {
+            eq_count[warp] = __popc(eq_ballot);
+        }
+        __syncthreads();
+        int eq_rank = base_eq + __popc(eq_ballot & ((1u << lane) - 1));
+        for (int w = 0; w < warp; ++w) {
+            eq_rank += eq_count[w];
+        }
+        const bool     keep        = i < n && (key > T || (eq && eq_rank < take_eq));
+        const unsigned keep_ballot = __ballot_sync(0xffffffff, keep);
+        if (lane == 0) {
+            keep_count[warp] = __popc(keep_ballot);
+        }
+        __syncthreads();
+        int pos = base_gt + __popc(keep_ballot & ((1u << lane) - 1));
+        for (int w = 0; w < warp; ++w) {
+            pos += keep_count[w];
+        }
+        if (keep) {
+            out[pos] = i;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 0; w < WARPS; ++w) {
+                base_eq += eq_count[w];
+                base_gt += keep_count[w];
+            }
+        }
+        __syncthreads();
+    }
+}
+
+}  // namespace
+
+void pyqsa_cuda_qsa_topk(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * score = dst->src[0];
+    const int n    = (int) score->ne[0];
+    const int k    = (int) dst->ne[0];
+    const int rows = (int) ggml_nrows(score);
+    qsa_topk<<<rows, THREADS, 0, ctx.stream()>>>((const float *) score->data, (int32_t *) dst->data, n, k);
+    CUDA_CHECK(cudaGetLastError());
+}
