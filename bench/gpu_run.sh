@@ -6,6 +6,8 @@
 #   options:      --commit SHA (recorded as the commit when the tree there has no .git)
 #                 --budget S (default 540: seconds from start until no new run may begin)
 #                 --contexts 8192,32768,131072,262144  --seqs 1,8  --steps 32  --warmup 4
+#                 --small (the tiny model of synth_model.py --small: a smoke test of the script)
+#                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024")
 # Steps: unpack the carried upstream extract; build pyqsa's CUDA variant (setup path) and an
 # unpatched upstream CUDA `llama` in .build/bench/upstream-cuda, while the model is written to
 # .build/bench/ (all three in parallel); then decode.py per context, cheapest first, pyqsa then
@@ -18,15 +20,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
-budget=540 contexts=8192,32768,131072,262144 seqs=1,8 steps=32 warmup=4
+budget=540 contexts=8192,32768,131072,262144 seqs=1,8 steps=32 warmup=4 small= decode_args=
 while [ $# -gt 0 ]; do
     case "$1" in
+        --small) small=--small; shift; continue ;;
         --commit) export PYQSA_BENCH_COMMIT=$2 ;;
         --budget) budget=$2 ;;
         --contexts) contexts=$2 ;;
         --seqs) seqs=$2 ;;
         --steps) steps=$2 ;;
         --warmup) warmup=$2 ;;
+        --decode-args) decode_args=$2 ;;
         *) echo "gpu_run.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift 2
@@ -39,6 +43,10 @@ mkdir -p "$out" "$logs"
 exec > >(tee -a "$out/gpu_run.log") 2>&1
 export PYTHONUNBUFFERED=1
 elapsed() { echo "$(( $(date +%s) - t_start )) s"; }
+
+for f in upstream-extract.tar.gz ggml-vocab-qwen35.gguf; do
+    [ -f ".gpu-carry/$f" ] || { echo "no .gpu-carry/$f: run bench/pack.sh, carry .gpu-carry"; exit 2; }
+done
 
 # (a) the carried extract, unpacked again only when the carry changed (a warm machine keeps it)
 stamp=$(sha256sum .gpu-carry/upstream-extract.tar.gz | cut -c1-16)
@@ -72,10 +80,11 @@ pid_pyqsa=$!
 ) > "$logs/build-upstream.log" 2>&1 &
 pid_upstream=$!
 # the model's name follows the generator and vocab, so a changed generator writes a new one
-model="$work/flash-next-synth-$(cat bench/synth_model.py .gpu-carry/ggml-vocab-qwen35.gguf | sha256sum | cut -c1-12).gguf"
+hash=$(cat bench/synth_model.py .gpu-carry/ggml-vocab-qwen35.gguf | sha256sum | cut -c1-12)
+model="$work/flash-next-synth${small:+-small}-$hash.gguf"
 if [ ! -f "$model" ]; then
-    rm -f "$work"/flash-next-synth-*.gguf
-    python3 bench/synth_model.py "$model" --vocab .gpu-carry/ggml-vocab-qwen35.gguf \
+    rm -f "$work"/flash-next-synth${small:+-small}-*.gguf
+    python3 bench/synth_model.py "$model" $small --vocab .gpu-carry/ggml-vocab-qwen35.gguf \
         > "$logs/synth.log" 2>&1 &
     pid_model=$!
 else
@@ -103,7 +112,8 @@ for c in ${contexts//,/ }; do
         fi
         cmd=(python3 bench/decode.py "$model" --variant "$v" --lib "${libs[$v]}"
              --contexts "$c" --seqs "$seqs" --steps "$steps" --warmup "$warmup"
-             --out "$out/decode.jsonl" --out "$work/history.jsonl" --deadline "$deadline")
+             --out "$out/decode.jsonl" --out "$work/history.jsonl" --deadline "$deadline"
+             $decode_args)
         echo "${cmd[*]}" >> "$out/commands.txt"
         echo "run: $v at $c ($(elapsed))"
         "${cmd[@]}" > /dev/null 2> "$logs/decode-$v-$c.log" || {
