@@ -7,6 +7,7 @@
 #                 --budget S (default 540: seconds from start until no new run may begin)
 #                 --contexts 8192,32768,131072,262144  --seqs 1,8  --steps 32  --warmup 4
 #                 --small (the tiny model of synth_model.py --small: a smoke test of the script)
+#                 --variants pyqsa,upstream (which libraries run, in this order, per context)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024")
 # Steps: unpack the carried upstream extract; build pyqsa's CUDA variant (setup path) and an
 # unpatched upstream CUDA `llama` in .build/bench/upstream-cuda, while the model is written to
@@ -20,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
-budget=540 contexts=8192,32768,131072,262144 seqs=1,8 steps=32 warmup=4 small= decode_args=
+budget=540 contexts=8192,32768,131072,262144 seqs=1,8 steps=32 warmup=4 small= decode_args= variants=pyqsa,upstream
 while [ $# -gt 0 ]; do
     case "$1" in
         --small) small=--small; shift; continue ;;
@@ -31,6 +32,7 @@ while [ $# -gt 0 ]; do
         --steps) steps=$2 ;;
         --warmup) warmup=$2 ;;
         --decode-args) decode_args=$2 ;;
+        --variants) variants=$2 ;;
         *) echo "gpu_run.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift 2
@@ -102,10 +104,12 @@ done
 tail -n 1 "$logs/synth.log"
 [ $status -eq 0 ] || exit 1
 
-# (d) decode runs, cheapest first, pyqsa then upstream per context
+# (d) decode runs, cheapest first, pyqsa then upstream per context, on one GPU (a machine with
+# more would have llama.cpp split the layers over all of them)
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 declare -A libs=([pyqsa]=.build/py/llama_cpp/lib [upstream]=$work/upstream-cuda/bin)
 for c in ${contexts//,/ }; do
-    for v in pyqsa upstream; do
+    for v in ${variants//,/ }; do
         if [ "$(date +%s)" -ge "$deadline" ]; then
             echo "budget spent: context $c ($v) not run"
             continue
