@@ -1,6 +1,6 @@
 """Tables from decode.py's JSON lines, and the results file under bench/results/.
 
-    python bench/report.py decode.jsonl [more.jsonl ...] [--commands commands.txt] [--no-save]
+    python bench/report.py decode.jsonl [more.jsonl ...] [--commands commands.txt ...] [--no-save]
 
 Decode speed and prefill are separate sections and never combined into one figure. Each cell
 is one run's median over its timed steps; when a (variant, context, sequences) was measured
@@ -166,7 +166,13 @@ def print_tables(recs: list[Rec], dec: list[Rec], pre: list[Rec]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", type=Path, nargs="+")
-    ap.add_argument("--commands", type=Path, help="the commands that produced the records")
+    ap.add_argument(
+        "--commands",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="the commands.txt files of the runs (kept in the results file)",
+    )
     ap.add_argument("--no-save", action="store_true", help="print only")
     args = ap.parse_args(argv)
     recs = load(args.files)
@@ -183,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "decode": dec,
         "prefill": pre,
-        "commands": args.commands.read_text().splitlines() if args.commands else None,
+        "commands": [line for p in args.commands for line in p.read_text().splitlines()],
         "records": recs,
     }
     out.write_text(json.dumps(doc, indent=1) + "\n")

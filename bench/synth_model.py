@@ -23,10 +23,12 @@ import time
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+ROOT = Path(__file__).resolve().parents[1]
 STD = 0.02  # HF's initializer_range: keeps every matmul output near unit scale, so f16 is finite
 CHUNK = 1 << 24  # elements per generation task
 # HF initialises these zero-centred RMSNorm gammas to 0 (the graph computes x * (1 + w))
@@ -178,6 +180,17 @@ class RandomSource:
         self._pool.shutdown(cancel_futures=True)
 
 
+def converter() -> ModuleType:
+    """pyqsa.convert; its source folder while the package is not installed yet (gpu_run.sh
+    writes the model while `pip install -e .` is still building; the converter is pure Python)."""
+    try:
+        import pyqsa.convert as conv
+    except ImportError:
+        sys.path.insert(0, str(ROOT))
+        import convert as conv
+    return conv
+
+
 def write(
     out: Path,
     small: bool,
@@ -187,13 +200,12 @@ def write(
     threads: int | None = None,
     progress: bool = False,
 ) -> Path:
-    from pyqsa.convert import from_vocab_gguf, hf_tensor_shapes, write_model
-
-    tok = from_vocab_gguf(vocab)
+    conv = converter()
+    tok = conv.from_vocab_gguf(vocab)
     config = model_config(small, len(tok.tokens), tok.special_ids.get("eos"))
-    src = RandomSource(hf_tensor_shapes(config), seed, threads or os.cpu_count() or 2)
+    src = RandomSource(conv.hf_tensor_shapes(config), seed, threads or os.cpu_count() or 2)
     try:
-        return write_model(
+        return conv.write_model(
             config, src, tok, out, outtype, name="flash-next-synthetic", progress=progress
         )
     finally:
@@ -212,9 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
     if args.vocab is None:
-        from pyqsa.convert import qwen_vocab_gguf
-
-        args.vocab = qwen_vocab_gguf()
+        args.vocab = converter().qwen_vocab_gguf()
     t0 = time.perf_counter()
     path = write(
         args.out,
