@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import subprocess
 import time
@@ -31,6 +32,17 @@ def git_commit() -> dict[str, Any]:
         return {"commit": os.environ.get("PYQSA_BENCH_COMMIT"), "dirty": None}
     status = _cmd("git", "status", "--porcelain", "--untracked-files=no")
     return {"commit": head, "dirty": bool(status)}
+
+
+def source_digest() -> str:
+    """sha256 over what decides the measured code (patches, native code, build, bench scripts):
+    ties a record to a tree whose git state is unknown or dirty."""
+    h = hashlib.sha256()
+    for d in ("ggml_patches", "native", "pyqsa/_build", "bench"):
+        for f in sorted((ROOT / d).rglob("*")):
+            if f.is_file() and not {"__pycache__", "results"} & set(f.parts):
+                h.update(f.relative_to(ROOT).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def upstream_commit() -> str | None:
@@ -63,6 +75,7 @@ def library(L: Any, expect: str) -> dict[str, Any]:
 def run_meta(L: Any, variant: str, lib_dir: Path | None, model: Path) -> dict[str, Any]:
     return {
         **git_commit(),
+        "source_digest": source_digest(),
         "upstream_commit": upstream_commit(),
         **library(L, variant),
         "gpu": gpu_name(),

@@ -148,7 +148,8 @@ def print_tables(recs: list[Rec], dec: list[Rec], pre: list[Rec]) -> None:
                 f"{r.get('estimated_prefill_s')} s)\n"
             )
     w("\n## Runs\n")
-    for key in ("commit", "dirty", "upstream_commit", "gpu", "pyqsa_version", "model"):
+    keys = ("commit", "dirty", "source_digest", "upstream_commit", "gpu", "pyqsa_version", "model")
+    for key in keys:
         w(f"{key}: {sorted({str(r.get(key)) for r in recs if key in r})}\n")
     dec_recs = [r for r in recs if r.get("kind") == "decode"]
     w(f"env: {sorted({json.dumps(r['env']) for r in recs if 'env' in r})}\n")
