@@ -16,8 +16,8 @@ def _load(
     model: str | None, slots: int, ctx: int, batch_tokens: int, max_waiting: int, threads: int
 ):
     """Start an engine on MODEL (the embedded demo model when None)."""
+    from pyqsa.demo_model import demo_model_path
     from pyqsa.engine import EngineConfig, load_engine
-    from pyqsa.engine.demo_model import demo_model_path
 
     if model is None:
         click.echo(

@@ -38,6 +38,13 @@ class _EngineCollector(Collector):
         for reason, n in s.finished.items():
             finished.add_metric([reason], n)
         yield finished
+        if s.ledger:
+            ledger = GaugeMetricFamily(
+                "pyqsa_ledger_bytes", "Memory held by category (paging ledger)", labels=["category"]
+            )
+            for category, n in s.ledger.items():
+                ledger.add_metric([category], n)
+            yield ledger
 
 
 class Metrics:

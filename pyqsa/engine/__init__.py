@@ -3,8 +3,8 @@
 Module map: config (EngineConfig) | request (Request, SamplingParams, events) | slots
 (SlotTable, SlotLease) | scheduler (token budget: decode first, then prompt chunks) | runner
 (llama.cpp: model, tokenizer, batched forward) | sampler (numpy sampling, penalties) |
-detokenizer (UTF-8-safe deltas, stop strings) | engine (the thread and its step loop) |
-demo_model (the embedded default model).
+detokenizer (UTF-8-safe deltas, stop strings) | engine (the thread and its step loop).
+The embedded default model is built by pyqsa.demo_model.
 """
 
 from .config import EngineConfig

@@ -70,6 +70,7 @@ class EngineStats:
     generated_tokens: int
     finished: dict[str, int]  # by finish reason
     tokens_per_second: float  # generated, over the last few seconds
+    ledger: dict[str, int]  # the runner's bytes by category, as of the last step
 
 
 @dataclass(eq=False)
@@ -100,12 +101,14 @@ class Engine:
         self._recent: deque[tuple[float, int]] = deque()
         self._busy = 0
         self._waiting = 0
+        self._ledger: dict[str, int] = {}
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="pyqsa-engine", daemon=True)
 
     # -- API for other threads -------------------------------------------------------------
 
     def start(self) -> Engine:
+        self._publish()  # initial figures, before the thread owns the runner
         self._thread.start()
         return self
 
@@ -168,6 +171,7 @@ class Engine:
                 generated_tokens=self._generated,
                 finished=dict(self._finished),
                 tokens_per_second=recent / _TPS_WINDOW_S,
+                ledger=dict(self._ledger),
             )
 
     # -- engine thread ---------------------------------------------------------------------
@@ -286,9 +290,11 @@ class Engine:
         self._finish(req, FinishReason.CANCELLED)
 
     def _publish(self) -> None:
+        ledger = self.runner.ledger()
         with self._lock:
             self._busy = self.slots.busy
             self._waiting = len(self.scheduler.waiting)
+            self._ledger = ledger
 
 
 def load_engine(config: EngineConfig) -> tuple[Engine, LlamaModel]:

@@ -38,6 +38,11 @@ class Runner(Protocol):
         """Forget everything the slot's sequence holds (KV cells and recurrent state)."""
         ...
 
+    def ledger(self) -> dict[str, int]:
+        """Bytes held by category (weights, KV, recurrent state, paging regions...); called
+        on the engine thread between steps. Empty when the backend keeps no ledger."""
+        ...
+
 
 def _llama():
     import llama_cpp
@@ -183,6 +188,11 @@ class LlamaRunner:
 
     def release(self, slot: int) -> None:
         _llama().llama_memory_seq_rm(self.mem, slot, -1, -1)
+
+    def ledger(self) -> dict[str, int]:
+        # NOTE: upstream's masked QSA path keeps no ledger; the paging backend will report
+        # its regions here (see DESIGN.md 3.3).
+        return {}
 
     def close(self) -> None:
         L = _llama()

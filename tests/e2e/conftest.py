@@ -64,7 +64,7 @@ def cache_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def demo_gguf(cache_dir) -> Path:
     os.environ["PYQSA_CACHE_DIR"] = str(cache_dir)
-    from pyqsa.engine.demo_model import demo_model_path
+    from pyqsa.demo_model import demo_model_path
 
     return demo_model_path()
 

@@ -83,6 +83,9 @@ def test_cancellation_storm_leaves_no_trace(server):
         "pyqsa_http_open_requests",
     ):
         assert end[gauge] == start[gauge] == 0, gauge
+    for name in start.keys() | end.keys():  # the memory ledger, where the backend keeps one
+        if name.startswith("pyqsa_ledger_bytes"):
+            assert end.get(name) == start.get(name), name
     cancelled = 'pyqsa_requests_finished_total{reason="cancelled"}'
     assert end[cancelled] - start[cancelled] > 20  # disconnects really cancelled work
     errors = 'pyqsa_requests_finished_total{reason="error"}'

@@ -15,17 +15,24 @@ N_VOCAB = 64
 EOS = 63
 
 
+BYTES_PER_TOKEN = 100
+
+
 class FakeRunner:
-    """Greedy next token = last token + 1 (mod N_VOCAB); records batches and releases."""
+    """Greedy next token = last token + 1 (mod N_VOCAB); records batches and releases; its
+    ledger counts BYTES_PER_TOKEN per cached token, as a paging backend would count KV."""
 
     def __init__(self, hook: Callable[[Sequence[Chunk]], None] | None = None) -> None:
         self.n_vocab = N_VOCAB
         self.batches: list[list[tuple[int, int, tuple[int, ...]]]] = []
         self.released: list[int] = []
         self.hook = hook
+        self.cached: dict[int, int] = {}  # slot -> tokens in its cache
 
     def run(self, chunks: Sequence[Chunk]) -> np.ndarray:
         self.batches.append([(c.lease.slot, c.start, c.tokens) for c in chunks])
+        for c in chunks:
+            self.cached[c.lease.slot] = c.start + len(c.tokens)
         if self.hook:
             self.hook(chunks)
         rows = []
@@ -38,6 +45,10 @@ class FakeRunner:
 
     def release(self, slot: int) -> None:
         self.released.append(slot)
+        self.cached.pop(slot, None)
+
+    def ledger(self) -> dict[str, int]:
+        return {"weights": 5000, "kv": BYTES_PER_TOKEN * sum(self.cached.values())}
 
 
 class FakeVocab:

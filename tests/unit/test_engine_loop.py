@@ -1,9 +1,10 @@
 """The engine thread with a fake runner: events, finish reasons, admission, cancellation."""
 
 import threading
+import time
 
 import pytest
-from engine_fakes import EOS, Collector, FakeRunner, FakeVocab
+from engine_fakes import BYTES_PER_TOKEN, EOS, Collector, FakeRunner, FakeVocab
 
 from pyqsa.engine import (
     Delta,
@@ -188,3 +189,33 @@ def test_stop_cancels_everything():
         e.submit([1], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True), s)
     e.stop()
     assert {s.wait().reason for s in sinks} == {FinishReason.CANCELLED}
+
+
+def test_ledger_returns_to_its_start_and_is_exported(stop_after):
+    from prometheus_client import generate_latest
+    from pyqsa.server.metrics import Metrics
+
+    steps = threading.Semaphore(0)  # the test lets the engine run one step per permit
+    runner = FakeRunner(hook=lambda chunks: steps.acquire())
+    e = engine(runner)
+    stop_after(e)
+    start = e.stats().ledger
+    assert start == {"weights": 5000, "kv": 0}
+    sink = Collector()
+    rid = e.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=None), sink)
+    steps.release(2)  # prefill, one decode; the third step then waits in the runner
+    until(lambda: len(runner.batches) == 3)
+    assert e.stats().ledger == {"weights": 5000, "kv": 4 * BYTES_PER_TOKEN}
+    text = generate_latest(Metrics(e).registry).decode()
+    assert 'pyqsa_ledger_bytes{category="kv"} 400.0' in text
+    e.cancel(rid)
+    steps.release(1)
+    assert sink.wait().reason is FinishReason.CANCELLED
+    until(lambda: e.stats().ledger == start)
+
+
+def until(cond, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
