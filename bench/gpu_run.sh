@@ -21,6 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
+invocation="bench/gpu_run.sh $*"
 budget=540 contexts=8192,32768,131072,262144 seqs=1,8 steps=32 warmup=4 small= decode_args= variants=pyqsa,upstream
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -82,8 +83,8 @@ pid_pyqsa=$!
 ) > "$logs/build-upstream.log" 2>&1 &
 pid_upstream=$!
 # the model's name follows the generator and vocab, so a changed generator writes a new one
-hash=$(cat bench/synth_model.py .gpu-carry/ggml-vocab-qwen35.gguf | sha256sum | cut -c1-12)
-model="$work/flash-next-synth${small:+-small}-$hash.gguf"
+mhash=$(cat bench/synth_model.py .gpu-carry/ggml-vocab-qwen35.gguf | sha256sum | cut -c1-12)
+model="$work/flash-next-synth${small:+-small}-$mhash.gguf"
 if [ ! -f "$model" ]; then
     rm -f "$work"/flash-next-synth${small:+-small}-*.gguf
     python3 bench/synth_model.py "$model" $small --vocab .gpu-carry/ggml-vocab-qwen35.gguf \
@@ -107,6 +108,8 @@ tail -n 1 "$logs/synth.log"
 # (d) decode runs, cheapest first, pyqsa then upstream per context, on one GPU (a machine with
 # more would have llama.cpp split the layers over all of them)
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+echo "# $invocation; env: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES PYTHONPATH=$PYTHONPATH" \
+    "PYQSA_QSA_ATTN=${PYQSA_QSA_ATTN:-}" >> "$out/commands.txt"
 declare -A libs=([pyqsa]=.build/py/llama_cpp/lib [upstream]=$work/upstream-cuda/bin)
 for c in ${contexts//,/ }; do
     for v in ${variants//,/ }; do
