@@ -75,6 +75,8 @@ class _EngineStream:
             raise APIError(429, str(e), code="queue_full") from e
         except EngineStopped as e:
             raise APIError(503, str(e)) from e
+        except ValueError as e:  # e.g. an empty prompt
+            raise APIError(400, str(e), param="prompt") from e
 
     def _sink(self, ev: Event) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)

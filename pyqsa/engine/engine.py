@@ -177,10 +177,33 @@ class Engine:
     # -- engine thread ---------------------------------------------------------------------
 
     def _loop(self) -> None:
+        reason, error = FinishReason.CANCELLED, None
+        try:
+            self._steps()
+        except Exception as e:
+            # NOTE: a bug must not leave clients waiting forever on a dead thread: fail what
+            # is in flight and refuse what comes next.
+            log.exception("engine thread failed")
+            reason, error = FinishReason.ERROR, f"engine failure: {e}"
+        with self._lock:
+            self._stopped = True
+        while True:  # submissions that raced with the stop
+            try:
+                cmd, arg = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if cmd == "submit":
+                assert isinstance(arg, Request)
+                self._admit(arg)
+        for live in list(self._live.values()):
+            self._finish(live.req, reason, error=error)
+        self._publish()
+
+    def _steps(self) -> None:
         while True:
             idle = not self.scheduler.running and not self.scheduler.waiting
             if not self._drain(block=idle):
-                break
+                return
             chunks = self.scheduler.schedule()
             self._publish()
             if not chunks:
@@ -195,12 +218,9 @@ class Engine:
             # NOTE: cancels that arrived during the forward pass free their slots now; the
             # rows of those requests then carry stale leases and are dropped below.
             if not self._drain(block=False):
-                break
+                return
             self._postprocess(chunks, logits)
             self._publish()
-        for live in list(self._live.values()):
-            self._finish(live.req, FinishReason.CANCELLED)
-        self._publish()
 
     def _drain(self, block: bool) -> bool:
         """Apply queued commands; False when asked to stop."""
@@ -214,14 +234,17 @@ class Engine:
                 return False
             if cmd == "submit":
                 assert isinstance(arg, Request)
-                seed = hash((self.config.seed, arg.arrival)) & 0xFFFFFFFF
-                detok = Detokenizer(self.vocab.token_bytes, arg.params.stop)
-                self._live[arg.request_id] = _Live(arg, Sampler(arg.params, seed), detok)
-                self.scheduler.add(arg)
+                self._admit(arg)
             elif cmd == "cancel":
                 live = self._live.get(str(arg))
                 if live is not None:
                     self._finish(live.req, FinishReason.CANCELLED)
+
+    def _admit(self, req: Request) -> None:
+        seed = hash((self.config.seed, req.arrival)) & 0xFFFFFFFF
+        detok = Detokenizer(self.vocab.token_bytes, req.params.stop)
+        self._live[req.request_id] = _Live(req, Sampler(req.params, seed), detok)
+        self.scheduler.add(req)
 
     def _postprocess(self, chunks: list[Chunk], logits: np.ndarray) -> None:
         rows = iter(logits)
@@ -238,7 +261,11 @@ class Engine:
             if row is None:
                 continue
             generated += 1
-            self._advance(self._live[req.request_id], row)
+            try:
+                self._advance(self._live[req.request_id], row)
+            except Exception as e:  # e.g. a logit_bias id outside the vocabulary
+                log.exception("sampling for %s failed", req.request_id)
+                self._finish(req, FinishReason.ERROR, error=f"sampling failed: {e}")
         with self._lock:
             self._prompt_tokens += prompt
             self._generated += generated

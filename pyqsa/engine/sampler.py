@@ -84,7 +84,8 @@ class Sampler:
 
     def __init__(self, params: SamplingParams, seed: int) -> None:
         self.params = params
-        self.rng = np.random.default_rng(params.seed if params.seed is not None else seed)
+        # any integer is a valid seed (OpenAI takes negative ones); numpy wants 0 <= seed
+        self.rng = np.random.default_rng((params.seed if params.seed is not None else seed) % 2**64)
 
     def __call__(
         self, logits: np.ndarray, tokens: list[int], n_prompt: int

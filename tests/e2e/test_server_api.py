@@ -131,6 +131,7 @@ def test_seeded_sampling_repeats_and_stop_strings_cut(server):
         )
 
     assert sample(7) == sample(7)
+    assert sample(-7) == sample(-7)  # any integer seeds
     greedy = (
         client.completions.create(model=server.model, prompt="abc", max_tokens=12, temperature=0)
         .choices[0]

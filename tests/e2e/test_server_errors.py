@@ -72,6 +72,11 @@ def test_missing_fields(server):
     )
 
 
+def test_empty_prompt(server):
+    body = {"model": "pyqsa-demo", "prompt": "", "max_tokens": 1}
+    check(post(server, body, path="/completions"), 400, "invalid_request_error", "prompt")
+
+
 def test_unknown_model_and_route(server):
     err = check(post(server, {**CHAT, "model": "gpt-9"}), 404, "not_found_error", "model")
     assert err["code"] == "model_not_found"

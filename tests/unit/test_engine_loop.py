@@ -10,6 +10,7 @@ from pyqsa.engine import (
     Delta,
     Engine,
     EngineConfig,
+    EngineStopped,
     FinishReason,
     PromptTooLong,
     QueueFull,
@@ -219,3 +220,30 @@ def until(cond, timeout: float = 5.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.005)
+
+
+def test_a_bad_request_fails_alone(stop_after):
+    e = engine()
+    stop_after(e)
+    bad, good = Collector(), Collector()
+    e.submit([1], SamplingParams(temperature=0, logit_bias={10_000: 1.0}), bad)
+    e.submit([2], SamplingParams(temperature=0, max_tokens=3, seed=-5), good)
+    fin = bad.wait()
+    assert fin.reason is FinishReason.ERROR and "sampling failed" in fin.error
+    assert good.wait().reason is FinishReason.LENGTH and good.tokens == [3, 4, 5]
+    assert e.stats().busy_slots == 0
+
+
+def test_an_engine_bug_fails_requests_instead_of_hanging_them():
+    def explode(chunks):
+        raise ZeroDivisionError("bug")
+
+    e = engine(FakeRunner(hook=explode))
+    sink = Collector()
+    e.submit([1], GREEDY, sink)
+    fin = sink.wait()
+    assert fin.reason is FinishReason.ERROR and "bug" in fin.error
+    with pytest.raises(EngineStopped):
+        e.submit([1], GREEDY, Collector())
+    assert e.stats().in_flight == 0
+    e.stop()
