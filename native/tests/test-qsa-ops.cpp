@@ -210,6 +210,32 @@ std::vector<attn_case> test_cases() {
     return cases;
 }
 
+std::string sci(double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.3e", x);
+    return buf;
+}
+
+// counts one check: prints "<case> <backend>: <detail> OK|FAIL"
+void report(const std::string & name, const char * backend, const std::string & detail, bool ok, int & n_ok, int & n_fail) {
+    std::printf("  %s %s: %s%s\n", name.c_str(), backend, detail.c_str(), ok ? "OK" : "FAIL");
+    ok ? ++n_ok : ++n_fail;
+}
+
+// runs check(backend) -> {ok, detail} on every non-CPU backend (or only the one named)
+template <typename F>
+void on_other_backends(const char * only_backend, const std::string & name, int & n_ok, int & n_fail, F && check) {
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;
+        if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
+        ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
+        const std::pair<bool, std::string> r = check(be);
+        report(name, ggml_backend_dev_name(dev), r.second, r.first, n_ok, n_fail);
+        ggml_backend_free(be);
+    }
+}
+
 void test_mask_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
 void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
 
@@ -225,26 +251,13 @@ int cmd_test(const char * only_backend) {
         bool supported = false;
         const std::vector<float> out_cpu = run(cpu, c, d, scale, &supported);
         const double e_cpu = nmse(out_cpu, ref);
-        bool ok = supported && e_cpu < 1e-9;
-        std::printf("  %s CPU vs reference: nmse %.3e %s\n", c.name().c_str(), e_cpu, ok ? "OK" : "FAIL");
-        ok ? ++n_ok : ++n_fail;
-        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
-            if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;
-            if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
-            ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
-            const std::vector<float> out = run(be, c, d, scale, &supported);
-            if (!supported) {
-                std::printf("  %s %s: not supported, FAIL\n", c.name().c_str(), ggml_backend_dev_name(dev));
-                ++n_fail;
-            } else {
-                const double e = nmse(out, out_cpu);
-                const bool ok_be = e < 1e-9;
-                std::printf("  %s %s vs CPU: nmse %.3e %s\n", c.name().c_str(), ggml_backend_dev_name(dev), e, ok_be ? "OK" : "FAIL");
-                ok_be ? ++n_ok : ++n_fail;
-            }
-            ggml_backend_free(be);
-        }
+        report(c.name(), "CPU", "vs reference: nmse " + sci(e_cpu) + " ", supported && e_cpu < 1e-9, n_ok, n_fail);
+        on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
+            bool ok = false;
+            const std::vector<float> out = run(be, c, d, scale, &ok);
+            const double e = ok ? nmse(out, out_cpu) : INFINITY;
+            return std::make_pair(ok && e < 1e-9, std::string(ok ? "vs CPU: nmse " + sci(e) + " " : "not supported "));
+        });
     }
     test_mask_cells(cpu, only_backend, rng, n_ok, n_fail);
     test_topk(cpu, only_backend, rng, n_ok, n_fail);
@@ -266,17 +279,34 @@ struct mask_case {
     }
 };
 
-std::vector<int32_t> run_mask(ggml_backend_t backend, const mask_case & c, const std::vector<float> & mask, bool * supported) {
+// one-input op with an I32 result on backend: make(ctx) -> {input, output}; upload(input)
+template <typename Make, typename Upload>
+std::vector<int32_t> run_i32(ggml_backend_t backend, Make && make, Upload && upload, bool * supported) {
     ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(ip);
-    ggml_tensor * m   = ggml_new_tensor_4d(ctx, c.type, c.n_kv, c.n_tps, 1, c.ns);
-    ggml_tensor * out = pyqsa_ggml_qsa_mask_cells(ctx, m, c.n_sel);
+    const std::pair<ggml_tensor *, ggml_tensor *> io = make(ctx);
     std::vector<int32_t> res;
-    *supported = ggml_backend_supports_op(backend, out);
+    *supported = ggml_backend_supports_op(backend, io.second);
     if (*supported) {
         ggml_cgraph * gf = ggml_new_graph(ctx);
-        ggml_build_forward_expand(gf, out);
+        ggml_build_forward_expand(gf, io.second);
         ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+        upload(io.first);
+        ggml_backend_graph_compute(backend, gf);
+        res.resize(ggml_nelements(io.second));
+        ggml_backend_tensor_get(io.second, res.data(), 0, ggml_nbytes(io.second));
+        ggml_backend_buffer_free(buf);
+    }
+    ggml_free(ctx);
+    return res;
+}
+
+std::vector<int32_t> run_mask(ggml_backend_t backend, const mask_case & c, const std::vector<float> & mask, bool * supported) {
+    const auto make = [&](ggml_context * ctx) {
+        ggml_tensor * m = ggml_new_tensor_4d(ctx, c.type, c.n_kv, c.n_tps, 1, c.ns);
+        return std::make_pair(m, pyqsa_ggml_qsa_mask_cells(ctx, m, c.n_sel));
+    };
+    const auto upload = [&](ggml_tensor * m) {
         if (c.type == GGML_TYPE_F32) {
             ggml_backend_tensor_set(m, mask.data(), 0, ggml_nbytes(m));
         } else {
@@ -284,13 +314,8 @@ std::vector<int32_t> run_mask(ggml_backend_t backend, const mask_case & c, const
             ggml_fp32_to_fp16_row(mask.data(), h.data(), (int64_t) mask.size());
             ggml_backend_tensor_set(m, h.data(), 0, ggml_nbytes(m));
         }
-        ggml_backend_graph_compute(backend, gf);
-        res.resize(ggml_nelements(out));
-        ggml_backend_tensor_get(out, res.data(), 0, ggml_nbytes(out));
-        ggml_backend_buffer_free(buf);
-    }
-    ggml_free(ctx);
-    return res;
+    };
+    return run_i32(backend, make, upload, supported);
 }
 
 void test_mask_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail) {
@@ -315,20 +340,12 @@ void test_mask_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937
         }
         bool supported = false;
         const std::vector<int32_t> out_cpu = run_mask(cpu, c, mask, &supported);
-        const bool ok = supported && out_cpu == ref;
-        std::printf("  %s CPU vs reference: %s\n", c.name().c_str(), ok ? "OK" : "FAIL");
-        ok ? ++n_ok : ++n_fail;
-        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
-            if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;
-            if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
-            ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
-            const std::vector<int32_t> out = run_mask(be, c, mask, &supported);
-            const bool ok_be = supported && out == out_cpu;
-            std::printf("  %s %s vs CPU: %s\n", c.name().c_str(), ggml_backend_dev_name(dev), ok_be ? "OK" : "FAIL");
-            ok_be ? ++n_ok : ++n_fail;
-            ggml_backend_free(be);
-        }
+        report(c.name(), "CPU", "vs reference: ", supported && out_cpu == ref, n_ok, n_fail);
+        on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
+            bool ok = false;
+            const std::vector<int32_t> out = run_mask(be, c, mask, &ok);
+            return std::make_pair(ok && out == out_cpu, std::string("vs CPU: "));
+        });
     }
 }
 
@@ -346,24 +363,12 @@ struct topk_case {
 };
 
 std::vector<int32_t> run_topk(ggml_backend_t backend, const topk_case & c, const std::vector<float> & x, bool * supported) {
-    ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
-    ggml_context * ctx = ggml_init(ip);
-    ggml_tensor * s   = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n, c.rows);
-    ggml_tensor * out = pyqsa_ggml_qsa_topk(ctx, s, c.k);
-    std::vector<int32_t> res;
-    *supported = ggml_backend_supports_op(backend, out);
-    if (*supported) {
-        ggml_cgraph * gf = ggml_new_graph(ctx);
-        ggml_build_forward_expand(gf, out);
-        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
-        ggml_backend_tensor_set(s, x.data(), 0, ggml_nbytes(s));
-        ggml_backend_graph_compute(backend, gf);
-        res.resize(ggml_nelements(out));
-        ggml_backend_tensor_get(out, res.data(), 0, ggml_nbytes(out));
-        ggml_backend_buffer_free(buf);
-    }
-    ggml_free(ctx);
-    return res;
+    const auto make = [&](ggml_context * ctx) {
+        ggml_tensor * t = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n, c.rows);
+        return std::make_pair(t, pyqsa_ggml_qsa_topk(ctx, t, c.k));
+    };
+    const auto upload = [&](ggml_tensor * t) { ggml_backend_tensor_set(t, x.data(), 0, ggml_nbytes(t)); };
+    return run_i32(backend, make, upload, supported);
 }
 
 void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail) {
@@ -396,20 +401,12 @@ void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng
         }
         bool supported = false;
         const std::vector<int32_t> out_cpu = run_topk(cpu, c, x, &supported);
-        const bool ok = supported && out_cpu == ref;
-        std::printf("  %s CPU vs reference: %s\n", c.name().c_str(), ok ? "OK" : "FAIL");
-        ok ? ++n_ok : ++n_fail;
-        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
-            if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;
-            if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
-            ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
-            const std::vector<int32_t> out = run_topk(be, c, x, &supported);
-            const bool ok_be = supported && out == out_cpu;
-            std::printf("  %s %s vs CPU: %s\n", c.name().c_str(), ggml_backend_dev_name(dev), ok_be ? "OK" : "FAIL");
-            ok_be ? ++n_ok : ++n_fail;
-            ggml_backend_free(be);
-        }
+        report(c.name(), "CPU", "vs reference: ", supported && out_cpu == ref, n_ok, n_fail);
+        on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
+            bool ok = false;
+            const std::vector<int32_t> out = run_topk(be, c, x, &ok);
+            return std::make_pair(ok && out == out_cpu, std::string("vs CPU: "));
+        });
     }
 }
 
