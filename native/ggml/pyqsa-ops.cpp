@@ -43,13 +43,33 @@ struct ggml_tensor * pyqsa_ggml_qsa_mask_cells(struct ggml_context * ctx, struct
 }
 
 struct ggml_tensor * pyqsa_ggml_qsa_topk(struct ggml_context * ctx, struct ggml_tensor * score,
-                                         int64_t k) {
+                                         struct ggml_tensor * n_vis, int64_t k) {
     GGML_ASSERT(score->type == GGML_TYPE_F32 && ggml_is_contiguous(score));
     GGML_ASSERT(k > 0 && k <= score->ne[0]);
+    GGML_ASSERT(n_vis == nullptr || (n_vis->type == GGML_TYPE_I32 && ggml_nelements(n_vis) == ggml_nrows(score)));
 
     struct ggml_tensor * result = ggml_new_tensor_4d(ctx, GGML_TYPE_I32, k, score->ne[1], score->ne[2], score->ne[3]);
     ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_TOPK);
     result->op     = GGML_OP_PYQSA;
     result->src[0] = score;
+    result->src[1] = n_vis;
+    return result;
+}
+
+struct ggml_tensor * pyqsa_ggml_qsa_block_cells(struct ggml_context * ctx, struct ggml_tensor * blocks,
+                                                struct ggml_tensor * n_vis, struct ggml_tensor * pos,
+                                                int32_t r) {
+    GGML_ASSERT(blocks->type == GGML_TYPE_I32 && ggml_is_contiguous(blocks));
+    GGML_ASSERT(n_vis->type == GGML_TYPE_I32 && pos->type == GGML_TYPE_I32);
+    GGML_ASSERT(ggml_nelements(n_vis) == ggml_nrows(blocks) && ggml_nelements(pos) == ggml_nrows(blocks));
+    GGML_ASSERT(r > 0);
+
+    struct ggml_tensor * result = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, blocks->ne[0] * r + r - 1, blocks->ne[1], blocks->ne[2]);
+    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_BLOCK_CELLS);
+    ggml_set_op_params_i32(result, 1, r);
+    result->op     = GGML_OP_PYQSA;
+    result->src[0] = blocks;
+    result->src[1] = n_vis;
+    result->src[2] = pos;
     return result;
 }

@@ -14,6 +14,7 @@ enum pyqsa_ggml_op {
     PYQSA_GGML_OP_QSA_ATTN       = 1,
     PYQSA_GGML_OP_QSA_MASK_CELLS = 2,
     PYQSA_GGML_OP_QSA_TOPK       = 3,
+    PYQSA_GGML_OP_QSA_BLOCK_CELLS = 4,
 };
 
 // Sparse attention: every query attends only to the KV cells listed for it (QSA: the selected
@@ -44,10 +45,26 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_mask_cells(struct ggml_context * ct
 // ties going to the lower index (HF's reference leaves tie order to torch.topk; pyqsa fixes it
 // so CPU and CUDA agree bit for bit). -inf scores take part like any other value.
 //   score: F32 [n, n_rows...] contiguous rows
+//   n_vis: optional I32 [n_rows]: only the first n_vis[row] entries of a row are candidates
+//          (the others count as -inf)
 // returns I32 [k, n_rows...]: the selected indices of each row in increasing index order
 GGML_API struct ggml_tensor * pyqsa_ggml_qsa_topk(struct ggml_context * ctx,
                                                   struct ggml_tensor * score,
+                                                  struct ggml_tensor * n_vis,
                                                   int64_t k);
+
+// Cell lists of a block selection when cell index == position (one sequence per KV stream):
+// the r cells of every selected block below n_vis, then the query's tail cells
+// n_vis*r .. pos, padded with -1.
+//   blocks: I32 [kb, n_q, n_stream] from pyqsa_ggml_qsa_topk
+//   n_vis:  I32 [n_q * n_stream] complete blocks visible to each query, (pos + 1) / r
+//   pos:    I32 [n_q * n_stream] position of each query
+// returns I32 [kb * r + r - 1, n_q, n_stream]
+GGML_API struct ggml_tensor * pyqsa_ggml_qsa_block_cells(struct ggml_context * ctx,
+                                                         struct ggml_tensor * blocks,
+                                                         struct ggml_tensor * n_vis,
+                                                         struct ggml_tensor * pos,
+                                                         int32_t r);
 
 #ifdef __cplusplus
 }

@@ -23,7 +23,7 @@ pyqsa_qsa_selection pyqsa_qsa_select_blocks(ggml_context * ctx, ggml_tensor * sc
     // blocks are candidates, the extra picks score -inf and are tail, future, foreign or padding
     // blocks: forced anyway or dropped by kq_mask.
     ggml_tensor * cand   = ggml_add(ctx, score, comp);
-    ggml_tensor * blocks = pyqsa_ggml_qsa_topk(ctx, cand, kb);  // I32 [kb, n_tps, n_stream]
+    ggml_tensor * blocks = pyqsa_ggml_qsa_topk(ctx, cand, nullptr, kb);  // I32 [kb, n_tps, n_stream]
 
     // allow[b] = 0 for forced or selected blocks, else -inf. set_rows on rows of one element:
     // [1, n_blocks, n_tps, n_stream] <- zeros [1, kb, n_tps, n_stream] at blocks [kb, n_tps, n_stream, 1]

@@ -238,6 +238,7 @@ void on_other_backends(const char * only_backend, const std::string & name, int 
 
 void test_mask_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
 void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
+void test_block_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
 
 int cmd_test(const char * only_backend) {
     std::mt19937 rng(1234);
@@ -261,6 +262,7 @@ int cmd_test(const char * only_backend) {
     }
     test_mask_cells(cpu, only_backend, rng, n_ok, n_fail);
     test_topk(cpu, only_backend, rng, n_ok, n_fail);
+    test_block_cells(cpu, only_backend, rng, n_ok, n_fail);
     ggml_backend_free(cpu);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
     return n_fail == 0 ? 0 : 1;
@@ -353,33 +355,42 @@ struct topk_case {
     int64_t n, rows, k;
     int     levels;  // scores drawn from this many values (few levels = many exact ties); 0 = continuous
     double  neg_inf; // share of -inf scores
+    bool    vis;     // per-row candidate counts (n_vis)
 
     std::string name() const {
         char buf[128];
-        std::snprintf(buf, sizeof(buf), "QSA_TOPK(n=%lld,rows=%lld,k=%lld,levels=%d,neg_inf=%.2f)",
-                      (long long) n, (long long) rows, (long long) k, levels, neg_inf);
+        std::snprintf(buf, sizeof(buf), "QSA_TOPK(n=%lld,rows=%lld,k=%lld,levels=%d,neg_inf=%.2f%s)",
+                      (long long) n, (long long) rows, (long long) k, levels, neg_inf, vis ? ",n_vis" : "");
         return buf;
     }
 };
 
-std::vector<int32_t> run_topk(ggml_backend_t backend, const topk_case & c, const std::vector<float> & x, bool * supported) {
+std::vector<int32_t> run_topk(ggml_backend_t backend, const topk_case & c, const std::vector<float> & x,
+                              const std::vector<int32_t> & vis, bool * supported) {
+    ggml_tensor * v = nullptr;
     const auto make = [&](ggml_context * ctx) {
         ggml_tensor * t = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n, c.rows);
-        return std::make_pair(t, pyqsa_ggml_qsa_topk(ctx, t, c.k));
+        v = c.vis ? ggml_new_tensor_1d(ctx, GGML_TYPE_I32, c.rows) : nullptr;
+        return std::make_pair(t, pyqsa_ggml_qsa_topk(ctx, t, v, c.k));
     };
-    const auto upload = [&](ggml_tensor * t) { ggml_backend_tensor_set(t, x.data(), 0, ggml_nbytes(t)); };
+    const auto upload = [&](ggml_tensor * t) {
+        ggml_backend_tensor_set(t, x.data(), 0, ggml_nbytes(t));
+        if (v) ggml_backend_tensor_set(v, vis.data(), 0, ggml_nbytes(v));
+    };
     return run_i32(backend, make, upload, supported);
 }
 
 void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail) {
     const topk_case cases[] = {
-        { 7, 3, 4, 3, 0.0 },          // the tiny models' shape: few blocks, exact zero ties
-        { 75, 5, 4, 4, 0.3 },
-        { 512, 4, 512, 0, 0.0 },      // k == n
-        { 65536, 2, 512, 0, 0.0 },    // 256K context, budget 2048, ratio 4
-        { 65536, 2, 512, 5, 0.5 },
-        { 33000, 3, 517, 2, 0.9 },    // fewer finite scores than k
-        { 1, 1, 1, 0, 1.0 },
+        { 7, 3, 4, 3, 0.0, false },          // the tiny models' shape: few blocks, exact zero ties
+        { 75, 5, 4, 4, 0.3, false },
+        { 512, 4, 512, 0, 0.0, false },      // k == n
+        { 65536, 2, 512, 0, 0.0, false },    // 256K context, budget 2048, ratio 4
+        { 65536, 2, 512, 5, 0.5, false },
+        { 33000, 3, 517, 2, 0.9, false },    // fewer finite scores than k
+        { 1, 1, 1, 0, 1.0, false },
+        { 80, 40, 4, 3, 0.0, true },         // a prefill chunk: each query sees its own prefix
+        { 65536, 3, 512, 0, 0.0, true },
     };
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::uniform_real_distribution<double> ud(0.0, 1.0);
@@ -388,10 +399,14 @@ void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng
         for (auto & v : x) {
             v = ud(rng) < c.neg_inf ? -INFINITY : (c.levels ? (float) (rng() % c.levels) : nd(rng));
         }
+        std::vector<int32_t> vis(c.rows);
+        for (auto & v : vis) v = (int32_t) (rng() % (c.n + 1));
         // reference: sort indices by (score desc, index asc), keep k, list them by index
         std::vector<int32_t> ref;
         for (int64_t r = 0; r < c.rows; ++r) {
-            const float * row = x.data() + r * c.n;
+            std::vector<float> masked(x.begin() + r * c.n, x.begin() + (r + 1) * c.n);
+            if (c.vis) std::fill(masked.begin() + vis[r], masked.end(), -INFINITY);
+            const float * row = masked.data();
             std::vector<int32_t> idx(c.n);
             for (int64_t i = 0; i < c.n; ++i) idx[i] = (int32_t) i;
             std::stable_sort(idx.begin(), idx.end(), [row](int32_t a, int32_t b) { return row[a] > row[b]; });
@@ -400,11 +415,62 @@ void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng
             ref.insert(ref.end(), idx.begin(), idx.end());
         }
         bool supported = false;
-        const std::vector<int32_t> out_cpu = run_topk(cpu, c, x, &supported);
+        const std::vector<int32_t> out_cpu = run_topk(cpu, c, x, vis, &supported);
         report(c.name(), "CPU", "vs reference: ", supported && out_cpu == ref, n_ok, n_fail);
         on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
             bool ok = false;
-            const std::vector<int32_t> out = run_topk(be, c, x, &ok);
+            const std::vector<int32_t> out = run_topk(be, c, x, vis, &ok);
+            return std::make_pair(ok && out == out_cpu, std::string("vs CPU: "));
+        });
+    }
+}
+
+void test_block_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail) {
+    struct bc_case { int64_t kb, n_q, ns; int32_t r; int32_t max_pos; };
+    const bc_case cases[] = { { 4, 5, 2, 4, 80 }, { 512, 3, 2, 4, 262143 }, { 2, 7, 1, 1, 30 }, { 8, 1, 1, 16, 5 } };
+    for (const bc_case & c : cases) {
+        char name[128];
+        std::snprintf(name, sizeof(name), "QSA_BLOCK_CELLS(kb=%lld,n_q=%lld,ns=%lld,r=%d)",
+                      (long long) c.kb, (long long) c.n_q, (long long) c.ns, c.r);
+        const int64_t rows = c.n_q * c.ns, n_out = c.kb * c.r + c.r - 1;
+        std::vector<int32_t> pos(rows), vis(rows), blocks(c.kb * rows);
+        for (int64_t i = 0; i < rows; ++i) {
+            pos[i] = (int32_t) (rng() % (c.max_pos + 1));
+            vis[i] = (pos[i] + 1) / c.r;
+            // increasing block ids, some past n_vis (as top-k returns when few blocks are visible)
+            int32_t b = 0;
+            for (int64_t j = 0; j < c.kb; ++j) {
+                b += 1 + (int32_t) (rng() % 3);
+                blocks[i * c.kb + j] = b - 1;
+            }
+        }
+        std::vector<int32_t> ref(n_out * rows, -1);
+        for (int64_t i = 0; i < rows; ++i) {
+            for (int64_t j = 0; j < c.kb * c.r; ++j) {
+                const int32_t blk = blocks[i * c.kb + j / c.r];
+                if (blk < vis[i]) ref[i * n_out + j] = blk * c.r + (int32_t) (j % c.r);
+            }
+            for (int32_t t = 0; vis[i] * c.r + t <= pos[i]; ++t) ref[i * n_out + c.kb * c.r + t] = vis[i] * c.r + t;
+        }
+        ggml_tensor * tv = nullptr;
+        ggml_tensor * tp = nullptr;
+        const auto make = [&](ggml_context * ctx) {
+            ggml_tensor * tb = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, c.kb, c.n_q, c.ns);
+            tv = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, rows);
+            tp = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, rows);
+            return std::make_pair(tb, pyqsa_ggml_qsa_block_cells(ctx, tb, tv, tp, c.r));
+        };
+        const auto upload = [&](ggml_tensor * tb) {
+            ggml_backend_tensor_set(tb, blocks.data(), 0, ggml_nbytes(tb));
+            ggml_backend_tensor_set(tv, vis.data(), 0, ggml_nbytes(tv));
+            ggml_backend_tensor_set(tp, pos.data(), 0, ggml_nbytes(tp));
+        };
+        bool supported = false;
+        const std::vector<int32_t> out_cpu = run_i32(cpu, make, upload, &supported);
+        report(name, "CPU", "vs reference: ", supported && out_cpu == ref, n_ok, n_fail);
+        on_other_backends(only_backend, name, n_ok, n_fail, [&](ggml_backend_t be) {
+            bool ok = false;
+            const std::vector<int32_t> out = run_i32(be, make, upload, &ok);
             return std::make_pair(ok && out == out_cpu, std::string("vs CPU: "));
         });
     }

@@ -4,6 +4,7 @@
 #include "ggml-impl.h"
 #include "pyqsa-ggml.h"
 #include "qsa-attn.h"
+#include "qsa-block-cells.h"
 #include "qsa-mask-cells.h"
 #include "qsa-topk.h"
 
@@ -17,6 +18,9 @@ void pyqsa_cpu_forward(const struct ggml_compute_params * params, struct ggml_te
             break;
         case PYQSA_GGML_OP_QSA_TOPK:
             pyqsa_cpu_qsa_topk(params, dst);
+            break;
+        case PYQSA_GGML_OP_QSA_BLOCK_CELLS:
+            pyqsa_cpu_qsa_block_cells(params, dst);
             break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));

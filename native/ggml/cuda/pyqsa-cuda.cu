@@ -3,6 +3,7 @@
 
 #include "pyqsa-ggml.h"
 #include "qsa-attn.cuh"
+#include "qsa-block-cells.cuh"
 #include "qsa-mask-cells.cuh"
 #include "qsa-topk.cuh"
 
@@ -17,6 +18,9 @@ void pyqsa_cuda_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         case PYQSA_GGML_OP_QSA_TOPK:
             pyqsa_cuda_qsa_topk(ctx, dst);
             break;
+        case PYQSA_GGML_OP_QSA_BLOCK_CELLS:
+            pyqsa_cuda_qsa_block_cells(ctx, dst);
+            break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));
     }
@@ -29,6 +33,7 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
         case PYQSA_GGML_OP_QSA_MASK_CELLS:
             return op->src[0]->ne[1] * op->src[0]->ne[3] <= 65535;
         case PYQSA_GGML_OP_QSA_TOPK:
+        case PYQSA_GGML_OP_QSA_BLOCK_CELLS:
             return ggml_nrows(op->src[0]) <= 65535;
         default:
             return false;

@@ -17,9 +17,11 @@ __device__ __forceinline__ uint32_t ordered_key(float x) {
     return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
-__global__ void qsa_topk(const float * score, int32_t * dst, int n, int k) {
+__global__ void qsa_topk(const float * score, const int32_t * n_vis, int32_t * dst, int n, int k) {
     const float * x   = score + (size_t) blockIdx.x * n;
     int32_t *     out = dst + (size_t) blockIdx.x * k;
+    // entries at or past vis count as -inf
+    const int vis = n_vis ? max(0, min(n, n_vis[blockIdx.x])) : n;
 
     __shared__ int      hist[BINS];
     __shared__ uint32_t prefix;      // high bits of T fixed so far
@@ -43,7 +45,7 @@ __global__ void qsa_topk(const float * score, int32_t * dst, int n, int k) {
         __syncthreads();
         const uint32_t high_mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
         for (int i = threadIdx.x; i < n; i += THREADS) {
-            const uint32_t key = ordered_key(x[i]);
+            const uint32_t key = ordered_key(i < vis ? x[i] : -INFINITY);
             if ((key & high_mask) == prefix) {
                 atomicAdd(&hist[(key >> shift) & 0xff], 1);
             }
@@ -73,7 +75,7 @@ __global__ void qsa_topk(const float * score, int32_t * dst, int n, int k) {
 
     for (int i0 = 0; i0 < n; i0 += THREADS) {
         const int      i   = i0 + threadIdx.x;
-        const uint32_t key = i < n ? ordered_key(x[i]) : 0u;
+        const uint32_t key = i < n ? ordered_key(i < vis ? x[i] : -INFINITY) : 0u;
         const bool     eq  = i < n && key == T;
         const unsigned eq_ballot = __ballot_sync(0xffffffff, eq);
         if (lane == 0) {
@@ -115,6 +117,7 @@ void pyqsa_cuda_qsa_topk(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const int n    = (int) score->ne[0];
     const int k    = (int) dst->ne[0];
     const int rows = (int) ggml_nrows(score);
-    qsa_topk<<<rows, THREADS, 0, ctx.stream()>>>((const float *) score->data, (int32_t *) dst->data, n, k);
+    const int32_t * n_vis = dst->src[1] ? (const int32_t *) dst->src[1]->data : nullptr;
+    qsa_topk<<<rows, THREADS, 0, ctx.stream()>>>((const float *) score->data, n_vis, (int32_t *) dst->data, n, k);
     CUDA_CHECK(cudaGetLastError());
 }

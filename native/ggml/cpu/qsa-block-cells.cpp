@@ -1,0 +1,31 @@
+// CPU kernel of PYQSA_GGML_OP_QSA_BLOCK_CELLS: one query row per work item.
+#include "qsa-block-cells.h"
+
+#include "ggml-cpu/ggml-cpu-impl.h"
+#include "ggml-impl.h"
+
+void pyqsa_cpu_qsa_block_cells(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    const ggml_tensor * blocks = dst->src[0];  // [kb, rows]
+    const int32_t *     n_vis  = (const int32_t *) dst->src[1]->data;
+    const int32_t *     pos    = (const int32_t *) dst->src[2]->data;
+    const int32_t       r      = ggml_get_op_params_i32(dst, 1);
+    const int64_t       kb     = blocks->ne[0];
+    const int64_t       n_out  = dst->ne[0];
+    const int64_t       rows   = ggml_nrows(blocks);
+
+    for (int64_t row = params->ith; row < rows; row += params->nth) {
+        const int32_t * b   = (const int32_t *) ((const char *) blocks->data + row * blocks->nb[1]);
+        int32_t *       out = (int32_t *) ((char *) dst->data + row * dst->nb[1]);
+        for (int64_t j = 0; j < n_out; ++j) {
+            int32_t cell;
+            if (j < kb * r) {
+                const int32_t blk = b[j / r];
+                cell = blk < n_vis[row] ? blk * r + (int32_t) (j % r) : -1;
+            } else {
+                const int32_t c = n_vis[row] * r + (int32_t) (j - kb * r);
+                cell = c <= pos[row] ? c : -1;
+            }
+            out[j] = cell;
+        }
+    }
+}
