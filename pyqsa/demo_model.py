@@ -206,11 +206,12 @@ def recipe_hash() -> str:
     return h.hexdigest()[:12]
 
 
-def demo_model_path() -> Path:
-    """The demo GGUF, built on first use (a few seconds) and cached."""
+def demo_model_path(cache: Path | None = None) -> Path:
+    """The demo GGUF, built on first use (a few seconds) and cached in `cache` (default:
+    cache_dir())."""
     from pyqsa.convert import write_model
 
-    out = cache_dir() / f"demo-{recipe_hash()}.gguf"
+    out = (cache or cache_dir()) / f"demo-{recipe_hash()}.gguf"
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

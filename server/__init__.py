@@ -1,1 +1,7 @@
-"""OpenAI-compatible HTTP server (installed as pyqsa.server)."""
+"""OpenAI-compatible HTTP server (installed as pyqsa.server).
+
+Module map: app (routes, templating, response shaping) | streams (engine events -> SSE or a
+whole reply, cancel on disconnect) | protocol (pydantic requests, response envelopes) |
+chat_template (Jinja templates, Qwen tool calls) | errors (OpenAI-shaped errors, body limit) |
+metrics (Prometheus) | cli (`pyqsa serve`, `pyqsa chat`) | chat_client (the terminal chat).
+"""

@@ -2,46 +2,31 @@
 
 Templating, tokenization and JSON shaping happen here, on the event loop (tokenization in a
 worker thread); the engine sees token ids and SamplingParams and streams typed events back.
-Every completion request owns an `_EngineStream`; closing it (reply done, client gone,
+Every completion request owns an `EngineStream`; closing it (reply done, client gone,
 handler error) cancels the request in the engine and so frees its slot.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Protocol
 
-import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sse_starlette import EventSourceResponse
-from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
-from starlette.types import Receive, Scope, Send
 
-from pyqsa.engine import (
-    Delta,
-    Engine,
-    EngineStopped,
-    Event,
-    Finished,
-    FinishReason,
-    PromptTooLong,
-    QueueFull,
-    SamplingParams,
-    TokenLogprob,
-)
+from pyqsa.engine import Delta, Engine, Finished, FinishReason, SamplingParams, TokenLogprob
 
 from . import errors
 from .chat_template import ChatTemplate, ParsedToolCall, ToolCallStream, parse_tool_calls
 from .errors import APIError
 from .metrics import Metrics
 from .protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, Shaper, usage
+from .streams import EngineStream, WholeReply, sse_response
 
 
 class Tokenizer(Protocol):
@@ -50,90 +35,6 @@ class Tokenizer(Protocol):
     def tokenize(self, text: str, special: bool = True) -> list[int]: ...
 
     def token_bytes(self, token: int) -> bytes: ...
-
-
-class _EngineStream:
-    """One request's events, moved from the engine thread onto the event loop."""
-
-    def __init__(self, engine: Engine, metrics: Metrics) -> None:
-        self.engine = engine
-        self.metrics = metrics
-        self.queue: asyncio.Queue[Event] = asyncio.Queue()
-        self.loop = asyncio.get_running_loop()
-        self.request_id: str | None = None
-        self.closed = False
-        metrics.open_requests.inc()
-
-    def submit(self, prompt: list[int], params: SamplingParams) -> None:
-        try:
-            self.request_id = self.engine.submit(prompt, params, self._sink)
-        except PromptTooLong as e:
-            self.metrics.refused.labels("400").inc()
-            raise APIError(400, str(e), param="messages", code="context_length_exceeded") from e
-        except QueueFull as e:
-            self.metrics.refused.labels("429").inc()
-            raise APIError(429, str(e), code="queue_full") from e
-        except EngineStopped as e:
-            raise APIError(503, str(e)) from e
-        except ValueError as e:  # e.g. an empty prompt
-            raise APIError(400, str(e), param="prompt") from e
-
-    def _sink(self, ev: Event) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
-
-    async def next(self) -> Event:
-        ev = await self.queue.get()
-        if isinstance(ev, Finished):
-            self.request_id = None  # nothing left to cancel
-        return ev
-
-    def close(self) -> None:
-        """Cancel the request if it still runs; idempotent."""
-        if self.closed:
-            return
-        self.closed = True
-        if self.request_id is not None:
-            self.engine.cancel(self.request_id)
-        self.metrics.open_requests.dec()
-
-
-class _WholeReply(Response):
-    """A non-streamed reply: its JSON is sent when `produce` returns; if the client hangs up
-    first, the wait is cancelled and so is the request.
-
-    NOTE: uvicorn does not cancel a handler whose client went away; listening on the ASGI
-    channel while waiting is what notices a disconnect at once.
-    """
-
-    def __init__(self, produce: Callable[[], Awaitable[dict]], stream: _EngineStream) -> None:
-        super().__init__()
-        self.produce = produce
-        self.stream = stream
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        result: JSONResponse | None = None
-        try:
-            async with anyio.create_task_group() as tg:
-
-                async def work() -> None:
-                    nonlocal result
-                    try:
-                        result = JSONResponse(await self.produce())
-                    except APIError as e:
-                        result = e.response()
-                    tg.cancel_scope.cancel()
-
-                async def watch() -> None:
-                    while (await receive())["type"] != "http.disconnect":
-                        pass
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(work)
-                tg.start_soon(watch)
-        finally:
-            self.stream.close()
-        if result is not None:
-            await result(scope, receive, send)
 
 
 def _template_message(m: ChatMessage) -> dict:
@@ -224,8 +125,8 @@ def create_app(
             return "tool_calls"
         return "length" if ev.reason is FinishReason.LENGTH else "stop"
 
-    async def start(prompt: list[int], params: SamplingParams) -> _EngineStream:
-        stream = _EngineStream(engine, metrics)
+    async def start(prompt: list[int], params: SamplingParams) -> EngineStream:
+        stream = EngineStream(engine, metrics)
         try:
             stream.submit(prompt, params)
         except BaseException:
@@ -233,7 +134,7 @@ def create_app(
             raise
         return stream
 
-    async def collect(stream: _EngineStream, t0: float) -> tuple[str, list[TokenLogprob], Finished]:
+    async def collect(stream: EngineStream, t0: float) -> tuple[str, list[TokenLogprob], Finished]:
         """Wait for a whole reply."""
         parts: list[str] = []
         lps: list[TokenLogprob] = []
@@ -245,19 +146,6 @@ def create_app(
             if len(parts) == 1:
                 metrics.ttft.observe(time.monotonic() - t0)
             lps.extend(ev.logprobs)
-
-    def sse(events: AsyncIterator[dict], stream: _EngineStream) -> EventSourceResponse:
-        async def body() -> AsyncIterator[dict]:
-            try:
-                async for obj in events:
-                    yield {"data": json.dumps(obj, ensure_ascii=False)}
-                yield {"data": "[DONE]"}
-            except APIError as e:
-                yield {"data": json.dumps(e.body())}
-            finally:
-                stream.close()
-
-        return EventSourceResponse(body(), ping=15, background=BackgroundTask(stream.close))
 
     @app.get("/health")
     async def health() -> dict:
@@ -302,11 +190,11 @@ def create_app(
         stream = await start(prompt, params)
         shaper = Shaper("chat", model_name)
         if body.stream:
-            return sse(chat_events(stream, shaper, body, t0), stream)
-        return _WholeReply(lambda: chat_reply(stream, shaper, body, t0), stream)
+            return sse_response(chat_events(stream, shaper, body, t0), stream)
+        return WholeReply(lambda: chat_reply(stream, shaper, body, t0), stream)
 
     async def chat_reply(
-        stream: _EngineStream, shaper: Shaper, body: ChatCompletionRequest, t0: float
+        stream: EngineStream, shaper: Shaper, body: ChatCompletionRequest, t0: float
     ) -> dict:
         text, lps, fin = await collect(stream, t0)
         content, calls = parse_tool_calls(text) if body.use_tools() else (text, [])
@@ -324,7 +212,7 @@ def create_app(
         return shaper.final(choice, usage(fin.prompt_tokens, fin.completion_tokens))
 
     async def chat_events(
-        stream: _EngineStream, shaper: Shaper, body: ChatCompletionRequest, t0: float
+        stream: EngineStream, shaper: Shaper, body: ChatCompletionRequest, t0: float
     ) -> AsyncIterator[dict]:
         with_usage = body.include_usage()
         tools = ToolCallStream() if body.use_tools() else None
@@ -388,11 +276,11 @@ def create_app(
         stream = await start(prompt, params)
         shaper = Shaper("text", model_name)
         if body.stream:
-            return sse(text_events(stream, shaper, body, t0), stream)
-        return _WholeReply(lambda: text_reply(stream, shaper, body, t0), stream)
+            return sse_response(text_events(stream, shaper, body, t0), stream)
+        return WholeReply(lambda: text_reply(stream, shaper, body, t0), stream)
 
     async def text_reply(
-        stream: _EngineStream, shaper: Shaper, body: CompletionRequest, t0: float
+        stream: EngineStream, shaper: Shaper, body: CompletionRequest, t0: float
     ) -> dict:
         text, lps, fin = await collect(stream, t0)
         choice = {
@@ -403,7 +291,7 @@ def create_app(
         return shaper.final(choice, usage(fin.prompt_tokens, fin.completion_tokens))
 
     async def text_events(
-        stream: _EngineStream, shaper: Shaper, body: CompletionRequest, t0: float
+        stream: EngineStream, shaper: Shaper, body: CompletionRequest, t0: float
     ) -> AsyncIterator[dict]:
         with_usage = body.include_usage()
         offset = 0

@@ -63,10 +63,9 @@ def cache_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_gguf(cache_dir) -> Path:
-    os.environ["PYQSA_CACHE_DIR"] = str(cache_dir)
     from pyqsa.demo_model import demo_model_path
 
-    return demo_model_path()
+    return demo_model_path(cache_dir)
 
 
 def start_server(args: list[str], env_cache: Path, timeout: float = 120) -> Server:

@@ -1,0 +1,128 @@
+"""Moving one request's events from the engine thread to the HTTP client, and cancelling the
+request whenever the client is gone: streamed (SSE) and whole replies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import anyio
+from fastapi.responses import JSONResponse, Response
+from sse_starlette import EventSourceResponse
+from starlette.background import BackgroundTask
+from starlette.types import Receive, Scope, Send
+
+from pyqsa.engine import (
+    Engine,
+    EngineStopped,
+    Event,
+    Finished,
+    PromptTooLong,
+    QueueFull,
+    SamplingParams,
+)
+
+from .errors import APIError
+from .metrics import Metrics
+
+
+class EngineStream:
+    """One request's events, moved from the engine thread onto the event loop."""
+
+    def __init__(self, engine: Engine, metrics: Metrics) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.loop = asyncio.get_running_loop()
+        self.request_id: str | None = None
+        self.closed = False
+        metrics.open_requests.inc()
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> None:
+        try:
+            self.request_id = self.engine.submit(prompt, params, self._sink)
+        except PromptTooLong as e:
+            self.metrics.refused.labels("400").inc()
+            raise APIError(400, str(e), code="context_length_exceeded") from e
+        except QueueFull as e:
+            self.metrics.refused.labels("429").inc()
+            raise APIError(429, str(e), code="queue_full") from e
+        except EngineStopped as e:
+            raise APIError(503, str(e)) from e
+        except ValueError as e:  # e.g. an empty prompt
+            raise APIError(400, str(e), param="prompt") from e
+
+    def _sink(self, ev: Event) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
+
+    async def next(self) -> Event:
+        ev = await self.queue.get()
+        if isinstance(ev, Finished):
+            self.request_id = None  # nothing left to cancel
+        return ev
+
+    def close(self) -> None:
+        """Cancel the request if it still runs; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.request_id is not None:
+            self.engine.cancel(self.request_id)
+        self.metrics.open_requests.dec()
+
+
+class WholeReply(Response):
+    """A non-streamed reply: its JSON is sent when `produce` returns; if the client hangs up
+    first, the wait is cancelled and so is the request.
+
+    NOTE: uvicorn does not cancel a handler whose client went away; listening on the ASGI
+    channel while waiting is what notices a disconnect at once.
+    """
+
+    def __init__(self, produce: Callable[[], Awaitable[dict]], stream: EngineStream) -> None:
+        super().__init__()
+        self.produce = produce
+        self.stream = stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        result: JSONResponse | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def work() -> None:
+                    nonlocal result
+                    try:
+                        result = JSONResponse(await self.produce())
+                    except APIError as e:
+                        result = e.response()
+                    tg.cancel_scope.cancel()
+
+                async def watch() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(work)
+                tg.start_soon(watch)
+        finally:
+            self.stream.close()
+        if result is not None:
+            await result(scope, receive, send)
+
+
+def sse_response(events: AsyncIterator[dict], stream: EngineStream) -> EventSourceResponse:
+    """Server-sent events of JSON objects, then [DONE]; the stream is closed however it ends
+    (sse-starlette cancels the generator when the client disconnects)."""
+
+    async def body() -> AsyncIterator[dict]:
+        try:
+            async for obj in events:
+                yield {"data": json.dumps(obj, ensure_ascii=False)}
+            yield {"data": "[DONE]"}
+        except APIError as e:
+            yield {"data": json.dumps(e.body())}
+        finally:
+            stream.close()
+
+    return EventSourceResponse(body(), ping=15, background=BackgroundTask(stream.close))
