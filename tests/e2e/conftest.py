@@ -92,6 +92,8 @@ def start_server(args: list[str], env_cache: Path, timeout: float = 120) -> Serv
 
 
 def stop_server(s: Server) -> None:
+    if s.proc.poll() is not None:
+        pytest.fail(f"the server exited early ({s.proc.returncode}):\n" + "".join(s.log[-50:]))
     s.proc.terminate()
     try:
         s.proc.wait(15)

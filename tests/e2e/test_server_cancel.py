@@ -8,20 +8,20 @@ import random
 import httpx
 from conftest import wait_idle
 
-N_REQUESTS = 240
+N_REQUESTS = 200
 CONCURRENCY = 24  # well under slots + waiting room (8 + 64): refusals are not tested here
 
 
 async def one(client: httpx.AsyncClient, server, rng: random.Random) -> str:
     """One request that runs to the end, or whose client hangs up at a random moment."""
     kind = rng.choice(["chat", "text"])
-    body: dict = {"model": server.model, "max_tokens": rng.randint(1, 24), "temperature": 0.8}
+    body: dict = {"model": server.model, "max_tokens": rng.randint(1, 16), "temperature": 0.8}
     if kind == "chat":
         path = "/chat/completions"
-        body["messages"] = [{"role": "user", "content": "word " * rng.randint(1, 60)}]
+        body["messages"] = [{"role": "user", "content": "word " * rng.randint(1, 40)}]
     else:
         path = "/completions"
-        body["prompt"] = "token " * rng.randint(1, 60)
+        body["prompt"] = "token " * rng.randint(1, 40)
     # finish | hang up after k streamed events (0: right after the headers, maybe still
     # queued) | hang up after a random time (streamed or not)
     how = rng.choice(["finish", "after-events", "after-time"])
