@@ -5,11 +5,13 @@ target_sources(llama PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-api.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-debug.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-mask.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/qsa-positional.cpp
 )
 set_source_files_properties(
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-api.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-debug.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-mask.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/qsa-positional.cpp
     PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
 target_include_directories(llama PUBLIC ${CMAKE_CURRENT_LIST_DIR}/include)
 # internal headers of native/src, included by the patched upstream graph code

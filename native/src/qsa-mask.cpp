@@ -45,24 +45,35 @@ pyqsa_qsa_selection pyqsa_qsa_select_blocks(ggml_context * ctx, ggml_tensor * sc
     return { blocks, mask };
 }
 
-bool pyqsa_qsa_sparse_enabled() {
-    static const bool sparse = [] {
-        const char * v = std::getenv("PYQSA_QSA_ATTN");
-        return v == nullptr || std::strcmp(v, "masked") != 0;
-    }();
-    return sparse;
+pyqsa_qsa_mode pyqsa_qsa_mode_get() {
+    // read at every graph build (cheap next to building one), so a process can compare paths
+    const char * v = std::getenv("PYQSA_QSA_ATTN");
+    if (v == nullptr || std::strcmp(v, "positional") == 0) {
+        return PYQSA_QSA_POSITIONAL;
+    }
+    if (std::strcmp(v, "sparse") == 0) {
+        return PYQSA_QSA_SPARSE;
+    }
+    if (std::strcmp(v, "masked") == 0) {
+        return PYQSA_QSA_MASKED;
+    }
+    GGML_ABORT("PYQSA_QSA_ATTN must be positional, sparse or masked, got %s", v);
 }
 
-ggml_tensor * pyqsa_qsa_sparse_attn(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k,
-                                    ggml_tensor * v, ggml_tensor * mask, int64_t n_sel,
-                                    float kq_scale) {
+ggml_tensor * pyqsa_qsa_attn_cells(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                                   ggml_tensor * cells, float kq_scale) {
     const int64_t D        = q->ne[0];
     const int64_t n_head   = q->ne[1];
     const int64_t n_stream = k->ne[3];
     const int64_t n_tps    = q->ne[2] / n_stream;
 
-    ggml_tensor * list = pyqsa_ggml_qsa_mask_cells(ctx, mask, n_sel);        // I32 [n_sel, n_tps, ns]
-    ggml_tensor * q4   = ggml_reshape_4d(ctx, ggml_cont(ctx, q), D, n_head, n_tps, n_stream);
-    ggml_tensor * out  = pyqsa_ggml_qsa_attn(ctx, q4, k, v, list, kq_scale);  // [D, n_head, n_tps, ns]
+    ggml_tensor * q4  = ggml_reshape_4d(ctx, ggml_cont(ctx, q), D, n_head, n_tps, n_stream);
+    ggml_tensor * out = pyqsa_ggml_qsa_attn(ctx, q4, k, v, cells, kq_scale);  // [D, n_head, n_tps, ns]
     return ggml_reshape_2d(ctx, out, D * n_head, n_tps * n_stream);
+}
+
+ggml_tensor * pyqsa_qsa_sparse_attn(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k,
+                                    ggml_tensor * v, ggml_tensor * mask, int64_t n_sel,
+                                    float kq_scale) {
+    return pyqsa_qsa_attn_cells(ctx, q, k, v, pyqsa_ggml_qsa_mask_cells(ctx, mask, n_sel), kq_scale);
 }

@@ -28,15 +28,30 @@ pyqsa_qsa_selection pyqsa_qsa_select_blocks(ggml_context * ctx, ggml_tensor * sc
                                             ggml_tensor * cell_blk, ggml_tensor * kq_mask,
                                             int64_t kb);
 
-// true unless PYQSA_QSA_ATTN=masked selects upstream's dense-with-mask attention (for comparison)
-bool pyqsa_qsa_sparse_enabled();
+// How the QSA layers attend (env PYQSA_QSA_ATTN): positional (default: block keys kept
+// incrementally, O(n_tokens) host inputs, qsa-positional.h), sparse (selection mask built from
+// upstream's per-step pooling, then the same sparse attention) or masked (upstream's dense
+// attention under the selection mask). positional and sparse need the V cache in rows (flash
+// attention on); without it the layers fall back to masked.
+enum pyqsa_qsa_mode {
+    PYQSA_QSA_POSITIONAL,
+    PYQSA_QSA_SPARSE,
+    PYQSA_QSA_MASKED,
+};
 
-// Sparse attention over the cells a selection mask keeps (the QSA layers' default path).
-//   q:    F32 [D, n_head, n_tokens] (n_tokens = n_tps * n_stream, stream-major)
-//   k, v: [D, n_head_kv, n_kv, n_stream] views of the KV cache, one row per (head, cell)
+pyqsa_qsa_mode pyqsa_qsa_mode_get();
+
+// Attention over per-query cell lists, in the layout upstream's build_attn_mha returns.
+//   q:     F32 [D, n_head, n_tokens] (n_tokens = n_tps * n_stream, stream-major)
+//   k, v:  [D, n_head_kv, n_kv, n_stream] views of the KV cache, one row per (head, cell)
+//   cells: I32 [n_sel, n_tps, n_stream]
+// returns F32 [D * n_head, n_tokens]
+ggml_tensor * pyqsa_qsa_attn_cells(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                                   ggml_tensor * cells, float kq_scale);
+
+// pyqsa_qsa_attn_cells over the cells a selection mask keeps.
 //   mask: [n_kv, n_tps, 1, n_stream] from pyqsa_qsa_select_blocks
 //   n_sel: bound on the kept cells per query (budget + ratio - 1, at most n_kv)
-// returns F32 [D * n_head, n_tokens], the layout upstream's build_attn_mha returns
 ggml_tensor * pyqsa_qsa_sparse_attn(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k,
                                     ggml_tensor * v, ggml_tensor * mask, int64_t n_sel,
                                     float kq_scale);

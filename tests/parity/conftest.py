@@ -14,9 +14,9 @@ VARIANTS = {
 }
 
 
-# sparse: the QSA layers read only the selected cells (pyqsa's path); masked: upstream's dense
-# attention under the selection mask, kept selectable for comparison
-PATHS = ("sparse", "masked")
+# how the QSA layers attend (LlamaRuntime's attn): pyqsa's positional path (the default), the
+# mask-based sparse path, and upstream's dense attention under the selection mask
+PATHS = ("positional", "sparse", "masked")
 
 _hf_refs: dict[str, HFReference] = {}
 

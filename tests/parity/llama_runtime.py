@@ -15,25 +15,35 @@ import numpy as np
 from pyqsa.debug import TensorCapture
 
 GGML_TYPE_F32 = 0
-_MASK = re.compile(r"qsa_mask-(\d+)")
+_SELECTION = re.compile(r"qsa_(mask|cells)-(\d+)")
 
 
 @dataclass
 class Selections:
-    """Selected KV cells per (layer, stream, query row), in call order of the decodes."""
+    """Selected KV cells per layer: for every decode call, [stream][query row] -> set of cells.
 
-    rows: dict[int, list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
+    Read from the graph's "qsa_cells-<layer>" (positional path: I32 cell lists) or
+    "qsa_mask-<layer>" (mask paths: finite entries) tensors."""
 
-    def on_mask(self, name: str, mask: np.ndarray) -> None:
-        layer = int(_MASK.fullmatch(name).group(1))
-        self.rows[layer].append(np.isfinite(mask[:, 0]))  # [n_stream, n_tps, n_kv]
+    rows: dict[int, list[list[list[set[int]]]]] = field(default_factory=lambda: defaultdict(list))
+
+    def on_tensor(self, name: str, t: np.ndarray) -> None:
+        kind, layer = _SELECTION.fullmatch(name).groups()
+        if kind == "mask":  # [n_stream, 1, n_tps, n_kv]
+            sets = [[set(np.nonzero(np.isfinite(q))[0].tolist()) for q in s[0]] for s in t]
+        else:  # [1, n_stream, n_tps, n_sel], -1 = unused slot
+            sets = [[{int(c) for c in q if c >= 0} for q in s] for s in t[0]]
+        self.rows[int(layer)].append(sets)
 
 
 class LlamaRuntime:
     """One model + one context with f32 KV (for parity), n_seq sequences in separate streams.
 
-    attn="sparse": QSA layers read only the selected cells (needs the V cache in rows, which
-    llama.cpp keeps when flash attention is on); "masked": upstream's dense masked attention.
+    attn: how the QSA layers attend (PYQSA_QSA_ATTN, read at every graph build, so it is set
+    before each decode). "positional": block keys kept in the indexer cache, per-step inputs
+    O(n_tokens); "sparse": the selection mask of upstream's per-step pooling, then the same
+    sparse attention; both need the V cache in rows, which llama.cpp keeps when flash attention
+    is on. "masked": upstream's dense attention under the selection mask.
     """
 
     def __init__(
@@ -42,8 +52,10 @@ class LlamaRuntime:
         n_ctx: int = 1024,
         n_seq: int = 1,
         n_batch: int = 1024,
-        attn: str = "sparse",
+        attn: str = "positional",
     ):
+        self.attn = attn
+        os.environ["PYQSA_QSA_ATTN"] = attn
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
         # the GPU machine runs the same tests with every layer offloaded (tests/gpu/parity.sh)
@@ -53,7 +65,7 @@ class LlamaRuntime:
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.selections = Selections()
-        self._capture = TensorCapture(r"qsa_mask-\d+", self.selections.on_mask)
+        self._capture = TensorCapture(r"qsa_(mask|cells)-\d+", self.selections.on_tensor)
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx * n_seq
         cparams.n_batch = n_batch
@@ -64,7 +76,7 @@ class LlamaRuntime:
         cparams.type_v = GGML_TYPE_F32
         cparams.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-            if attn == "sparse"
+            if attn != "masked"
             else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
         cparams.n_threads = cparams.n_threads_batch = 2
@@ -95,6 +107,7 @@ class LlamaRuntime:
                     rows[seq].append(i)
                     i += 1
             batch.n_tokens = n
+            os.environ["PYQSA_QSA_ATTN"] = self.attn
             rc = llama_cpp.llama_decode(self.ctx, batch)
             self._capture.raise_pending()
             assert rc == 0, f"llama_decode returned {rc}"

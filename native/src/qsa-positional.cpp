@@ -1,0 +1,124 @@
+// The positional QSA path (see qsa-positional.h).
+#include "qsa-positional.h"
+
+#include "pyqsa-ggml.h"
+
+#include "llama-batch.h"
+#include "llama-kv-cache.h"
+
+#include <algorithm>
+#include <cmath>
+
+pyqsa_qsa_positional_input::pyqsa_qsa_positional_input(const llama_memory_hybrid_idx_context * mctx,
+                                                       const llama_ubatch & ubatch, uint32_t r, int64_t kv_size) :
+    r(r), kv_size(kv_size), n_comp(n_completed(ubatch, r)), mctx(mctx), n_kv(mctx->get_idx()->get_n_kv()) {}
+
+int64_t pyqsa_qsa_positional_input::n_completed(const llama_ubatch & ubatch, uint32_t r) {
+    int64_t n = 0;
+    for (uint32_t i = 0; i < ubatch.n_tokens; ++i) {
+        n += (ubatch.pos[i] + 1) % (llama_pos) r == 0;
+    }
+    return n;
+}
+
+void pyqsa_qsa_positional_input::set_input(const llama_ubatch * ubatch) {
+    mctx->get_idx()->set_input_k_idxs(k_idxs, ubatch);
+
+    GGML_ASSERT(ggml_backend_buffer_is_host(k_idxs->buffer));
+    const int64_t * rows = (const int64_t *) k_idxs->data;
+    int32_t *       pos  = (int32_t *) q_pos->data;
+    int32_t *       vis  = (int32_t *) n_vis->data;
+
+    int64_t s0 = INT64_MAX;
+    for (uint32_t i = 0; i < ubatch->n_tokens; ++i) {
+        s0 = std::min(s0, rows[i] / kv_size);
+    }
+
+    int64_t c = 0;
+    for (uint32_t i = 0; i < ubatch->n_tokens; ++i) {
+        const llama_pos p    = ubatch->pos[i];
+        const int64_t   cell = rows[i] % kv_size;
+        // the whole path rests on this: a cell is found from a position, never by a scan
+        GGML_ASSERT(cell == p && "pyqsa: QSA positional path needs cell index == position in every stream");
+        pos[i] = p;
+        vis[i] = (p + 1) / (llama_pos) r;
+        if ((p + 1) % (llama_pos) r != 0) {
+            continue;
+        }
+        const int64_t base = (rows[i] / kv_size - s0) * kv_size;  // the stream's first row in k_all's view
+        const int64_t b0   = p + 1 - r;                           // first cell of the completed block
+        for (uint32_t t = 0; t < r; ++t) {
+            ((int32_t *) comp_rows->data)[c * r + t] = (int32_t) (base + b0 + t);
+        }
+        ((int64_t *) comp_dst->data)[c] = base + b0;
+        for (int sec = 0; sec < 4; ++sec) {
+            ((int32_t *) comp_pos->data)[sec * n_comp + c] = (int32_t) b0;
+        }
+        ++c;
+    }
+    GGML_ASSERT(c == n_comp);
+}
+
+bool pyqsa_qsa_positional_input::can_reuse(const llm_graph_params & params) {
+    mctx = static_cast<const llama_memory_hybrid_idx_context *>(params.mctx);
+    return mctx->get_idx() != nullptr && k_idxs->ne[0] == params.ubatch.n_tokens &&
+           n_completed(params.ubatch, r) == n_comp && (int64_t) mctx->get_idx()->get_n_kv() == n_kv;
+}
+
+ggml_tensor * pyqsa_qsa_positional_select(ggml_context * ctx, ggml_cgraph * gf, pyqsa_qsa_positional_input * inp,
+                                          ggml_tensor * k_all, ggml_tensor * q, const pyqsa_qsa_rope & rope,
+                                          int64_t budget, ggml_tensor ** score_out) {
+    const int64_t Di       = q->ne[0];
+    const int64_t n_head   = q->ne[1];
+    const int64_t n_tokens = q->ne[2];
+    const int64_t n_kv     = k_all->ne[2];
+    const int64_t ns       = k_all->ne[3];
+    const int64_t n_tps    = n_tokens / ns;
+    const int64_t r        = inp->r;
+    const int64_t kv_size  = inp->kv_size;
+    const size_t  row      = k_all->nb[2];
+
+    GGML_ASSERT(k_all->type == GGML_TYPE_F32 && k_all->ne[0] == Di && k_all->ne[1] == 1);
+    GGML_ASSERT(n_tokens % ns == 0);
+
+    // every row of the ubatch's streams, as one table: row = local stream * kv_size + cell
+    ggml_tensor * table = ggml_view_2d(ctx, k_all, Di, (ns - 1) * kv_size + n_kv, row, 0);
+
+    if (inp->n_comp > 0) {
+        // [Di, r * n_comp] -> mean over the r members of each block
+        ggml_tensor * members = ggml_get_rows(ctx, table, inp->comp_rows);
+        members = ggml_reshape_3d(ctx, members, Di, r, inp->n_comp);
+        ggml_tensor * pooled = nullptr;
+        for (int64_t t = 0; t < r; ++t) {
+            ggml_tensor * m = ggml_cont(ctx, ggml_view_2d(ctx, members, Di, inp->n_comp, members->nb[2], t * members->nb[1]));
+            pooled = pooled ? ggml_add(ctx, pooled, m) : m;
+        }
+        pooled = ggml_scale(ctx, pooled, 1.0f / (float) r);
+        pooled = ggml_mul(ctx, ggml_rms_norm(ctx, pooled, rope.eps), rope.k_norm);
+        pooled = ggml_rope_multi(ctx, ggml_reshape_3d(ctx, pooled, Di, 1, inp->n_comp), inp->comp_pos, nullptr,
+                                 rope.n_rot, rope.sections, rope.mode, rope.n_ctx_orig, rope.freq_base,
+                                 rope.freq_scale, rope.ext_factor, rope.attn_factor, rope.beta_fast, rope.beta_slow);
+        // reads of the block keys below go through this node, so they see this ubatch's blocks
+        table = ggml_set_rows(ctx, table, ggml_reshape_2d(ctx, pooled, Di, inp->n_comp), inp->comp_dst);
+        ggml_build_forward_expand(gf, table);
+    }
+
+    // block b's key sits in row b*r of its stream: [Di, n_blocks, ns]
+    const int64_t n_blocks = (n_kv + r - 1) / r;
+    ggml_tensor * keys = ggml_cont(ctx, ggml_view_3d(ctx, table, Di, n_blocks, ns, r * row, kv_size * row, 0));
+
+    // sum over heads of ReLU(q_h . k_b), / sqrt(Di) as the reference does: [n_blocks, n_tps, ns]
+    ggml_tensor * score = ggml_mul_mat(ctx, keys, ggml_reshape_3d(ctx, ggml_cont(ctx, q), Di, n_head * n_tps, ns));
+    score = ggml_relu(ctx, ggml_reshape_4d(ctx, score, n_blocks, n_head, n_tps, ns));
+    ggml_tensor * summed = nullptr;
+    for (int64_t h = 0; h < n_head; ++h) {
+        ggml_tensor * s = ggml_view_3d(ctx, score, n_blocks, n_tps, ns, score->nb[2], score->nb[3], h * score->nb[1]);
+        summed = summed ? ggml_add(ctx, summed, s) : ggml_cont(ctx, s);
+    }
+    summed = ggml_scale(ctx, summed, 1.0f / std::sqrt((float) Di));
+    *score_out = summed;
+
+    const int64_t kb     = std::min<int64_t>(budget / r, n_blocks);
+    ggml_tensor * blocks = pyqsa_ggml_qsa_topk(ctx, summed, inp->n_vis, kb);
+    return pyqsa_ggml_qsa_block_cells(ctx, blocks, inp->n_vis, inp->q_pos, (int32_t) r);
+}

@@ -1,0 +1,63 @@
+// The positional QSA path: block keys kept incrementally in the indexer cache and every
+// per-ubatch host input O(n_tokens), valid while each KV stream holds one sequence whose cell
+// index equals the token position (pyqsa's engine: one sequence per slot, never partly removed;
+// set_input checks it for every token of every ubatch).
+//
+// Block keys: when a token completes block b (position b*r + r - 1), the block's r raw indexer
+// keys are pooled, normed and roped once and the result overwrites the raw key of the block's
+// first cell, which nothing reads as a raw key again. Scoring reads every r-th row of the
+// indexer cache; only blocks below a query's n_vis = (pos + 1) / r compete, so the incomplete
+// last block's raw first key is never scored.
+#pragma once
+
+#include "llama-graph.h"
+#include "llama-memory-hybrid-idx.h"
+
+#include <cstdint>
+
+class pyqsa_qsa_positional_input : public llm_graph_input_i {
+public:
+    pyqsa_qsa_positional_input(const llama_memory_hybrid_idx_context * mctx, const llama_ubatch & ubatch,
+                               uint32_t r, int64_t kv_size);
+
+    void set_input(const llama_ubatch * ubatch) override;
+    bool can_reuse(const llm_graph_params & params) override;
+
+    // blocks completed by the tokens of ubatch (each token at position b*r + r - 1)
+    static int64_t n_completed(const llama_ubatch & ubatch, uint32_t r);
+
+    ggml_tensor * k_idxs    = nullptr;  // I64 [n_tokens] indexer cache rows of the ubatch's raw keys
+    ggml_tensor * q_pos     = nullptr;  // I32 [n_tokens] query positions (stream-major, as the ubatch)
+    ggml_tensor * n_vis     = nullptr;  // I32 [n_tokens] complete blocks visible to each query
+    ggml_tensor * comp_rows = nullptr;  // I32 [r * n_comp] rows of the completed blocks' raw keys
+    ggml_tensor * comp_dst  = nullptr;  // I64 [n_comp] row receiving each block key (its first cell)
+    ggml_tensor * comp_pos  = nullptr;  // I32 [4 * n_comp] rope position of each block (its start)
+
+    const uint32_t r;
+    const int64_t  kv_size;
+    const int64_t  n_comp;
+
+private:
+    const llama_memory_hybrid_idx_context * mctx;
+    int64_t n_kv;
+};
+
+// Indexer parameters of one layer for pooling block keys (RMSNorm weight and the layer's rope).
+struct pyqsa_qsa_rope {
+    ggml_tensor * k_norm;
+    float         eps;
+    int           n_rot;
+    int *         sections;
+    int           mode;
+    int           n_ctx_orig;
+    float         freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow;
+};
+
+// Writes this ubatch's completed block keys and selects, per query, the top budget/r visible
+// blocks plus the tail.
+//   k_all: [Di, 1, n_kv, n_stream] indexer cache view (get_k) after this ubatch's raw keys
+//   q:     F32 [Di, n_idx_head, n_tokens] indexer queries, normed and roped
+// returns I32 [kb*r + r - 1, n_tps, n_stream] cell lists for pyqsa_ggml_qsa_attn
+ggml_tensor * pyqsa_qsa_positional_select(ggml_context * ctx, ggml_cgraph * gf, pyqsa_qsa_positional_input * inp,
+                                          ggml_tensor * k_all, ggml_tensor * q, const pyqsa_qsa_rope & rope,
+                                          int64_t budget, ggml_tensor ** score_out);
