@@ -2,6 +2,7 @@
 # GPU machine, after tests/gpu/backend_ops.sh built the CUDA variant: the HF parity tests with
 # every layer on the GPU (HF itself runs on the CPU). Needs transformers in .gpu-carry.
 #   device run: carry [".gpu-carry"], command: tests/gpu/backend_ops.sh && tests/gpu/parity.sh
+# (tests/gpu/pack.sh leaves the Qwen vocab GGUF out; bench/pack.sh adds it)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/pyqsa-gpu-out}

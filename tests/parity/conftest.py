@@ -14,25 +14,32 @@ VARIANTS = {
 }
 
 
-# how the QSA layers attend (LlamaRuntime's attn): pyqsa's positional path (the default), the
-# mask-based sparse path, and upstream's dense attention under the selection mask
-PATHS = ("positional", "sparse", "masked")
-
 _hf_refs: dict[str, HFReference] = {}
 
 
-@pytest.fixture(
-    scope="module",
-    params=[(v, p) for v in sorted(VARIANTS) for p in PATHS],
-    ids=lambda vp: f"{vp[0]}-{vp[1]}",
-)
-def pair(request):
-    variant, path = request.param
+def _open(request, variant: str, path: str):
     hf_fixture, gguf_fixture = VARIANTS[variant]
     if variant not in _hf_refs:
         _hf_refs[variant] = HFReference(str(request.getfixturevalue(hf_fixture)))
     rt = LlamaRuntime(str(request.getfixturevalue(gguf_fixture)), n_ctx=512, n_seq=3, attn=path)
-    yield f"{variant}/{path}", _hf_refs[variant], rt
+    return f"{variant}/{path}", _hf_refs[variant], rt
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def pair(request):
+    """pyqsa's default path (positional) on each tiny model: every parity test runs on it."""
+    name, hf, rt = _open(request, request.param, "positional")
+    yield name, hf, rt
+    rt.close()
+
+
+# the other ways the QSA layers can attend, kept for comparison: the selection mask of
+# upstream's per-step pooling with pyqsa's sparse attention, and upstream's dense attention
+# under that mask
+@pytest.fixture(scope="module", params=["sparse", "masked"])
+def other_path(request):
+    name, hf, rt = _open(request, "tiny_ple", request.param)
+    yield name, hf, rt
     rt.close()
 
 

@@ -54,7 +54,14 @@ def check_selections(name, hf, rt, hf_sel, n_tokens):
 
 
 def test_prefill_matches_hf(pair):
-    name, hf, rt = pair
+    check_prefill(*pair)
+
+
+def test_other_attention_paths_match_hf(other_path):
+    check_prefill(*other_path)
+
+
+def check_prefill(name, hf, rt):
     rt.clear()
     toks = tokens(PROMPT_LEN, seed=1)
     ref, ref_sel = hf.run(toks)
