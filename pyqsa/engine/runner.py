@@ -11,11 +11,13 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import unicodedata
 from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 
+from ..convert.names import PYQSA_TOKENIZER_NORMALIZER
 from .config import EngineConfig
 from .scheduler import Chunk
 
@@ -87,6 +89,9 @@ class LlamaModel:
         self.n_vocab: int = L.llama_vocab_n_tokens(self.vocab)
         self.eos: int = L.llama_vocab_eos(self.vocab)
         self._pieces: dict[int, bytes] = {}
+        # NOTE: HF's Qwen tokenizers NFC-normalise and llama.cpp's BPE cannot; the converter
+        # records it so text is normalised here, as HF would, before llama_tokenize.
+        self.normalizer: str | None = self.meta(PYQSA_TOKENIZER_NORMALIZER)
 
     def meta(self, key: str) -> str | None:
         L = _llama()
@@ -102,6 +107,8 @@ class LlamaModel:
     def tokenize(self, text: str, special: bool = True) -> list[int]:
         """Text -> token ids; `special` parses control tokens such as <|im_start|>."""
         L = _llama()
+        if self.normalizer:
+            text = unicodedata.normalize(self.normalizer, text)
         data = text.encode("utf-8")
         cap = len(data) + 8
         buf = (L.llama_token * cap)()

@@ -99,3 +99,17 @@ def test_runtime_detokenizes(runtime_vocab):
         n = L.llama_token_to_piece(vocab, t, buf, 64, 0, False)
         out += buf.raw[:n]
     assert out.decode("utf-8") == text
+
+
+@pytest.fixture(scope="module")
+def engine_model(tiny_gguf):
+    from pyqsa.engine.runner import LlamaModel
+
+    return LlamaModel(str(tiny_gguf))
+
+
+@pytest.mark.parametrize("text", TEXTS, ids=range(len(TEXTS)))
+def test_engine_tokenizes_like_hf(hf_tokenizer, engine_model, text):
+    """What the server sends to the model: the engine applies the file's NFC itself."""
+    assert engine_model.normalizer == "NFC"
+    assert engine_model.tokenize(text) == hf_tokenizer.encode(text, add_special_tokens=False)
