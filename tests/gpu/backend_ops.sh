@@ -11,7 +11,10 @@ exec > >(tee "$out/backend_ops.log") 2>&1
 tar -C .build/upstream -xzf .gpu-carry/upstream-extract.tar.gz
 python3 -m pip install -q --upgrade --no-index --no-deps --target /tmp/pyqsa-site .gpu-carry/*.whl
 export PYTHONPATH=/tmp/pyqsa-site
-export PYQSA_CUDA=1 PYQSA_EXTRA_TARGETS="test-backend-ops" PYQSA_BUILD_JOBS=$(nproc)
+# PYQSA_SKIP_UPSTREAM_OPS=1 skips upstream's own op tests (they do not change with our code)
+skip_upstream=${PYQSA_SKIP_UPSTREAM_OPS:-0}
+export PYQSA_CUDA=1 PYQSA_BUILD_JOBS=$(nproc)
+export PYQSA_EXTRA_TARGETS=$([ "$skip_upstream" = 1 ] || echo test-backend-ops)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 t0=$(date +%s)
 python3 -m pip install -q --no-build-isolation --no-deps --no-index -e .
@@ -19,8 +22,7 @@ echo "build: $(( $(date +%s) - t0 )) s (CUDA variant, archs ${PYQSA_CUDA_ARCHS:-
 python3 -m pyqsa.cli info
 bin=.build/cmake-cuda/bin/test-backend-ops
 status=0
-# PYQSA_SKIP_UPSTREAM_OPS=1 skips upstream's own op tests (they do not change with our code)
-for op in $([ "${PYQSA_SKIP_UPSTREAM_OPS:-0}" = 1 ] || echo TOP_K FLASH_ATTN_EXT GATED_DELTA_NET SSM_CONV); do
+for op in $([ "$skip_upstream" = 1 ] || echo TOP_K FLASH_ATTN_EXT GATED_DELTA_NET SSM_CONV); do
     t0=$(date +%s)
     if "$bin" test -o "$op" -b CUDA0 > "$out/test-$op.log" 2>&1; then r=PASS; else r=FAIL; status=1; fi
     echo "$op: $r ($(grep -c 'OK' "$out/test-$op.log") cases OK, $(grep -c 'FAIL' "$out/test-$op.log") FAIL lines, $(( $(date +%s) - t0 )) s)"
