@@ -174,7 +174,7 @@ def hf_tensors(cfg: dict, seed: int = SEED) -> Iterator[tuple[str, np.ndarray]]:
 def qwen_tokenizer():
     """The sdist's Qwen vocab with Qwen's added tokens, <|im_end|> as EOS and a tools template."""
     from pyqsa.convert import from_vocab_gguf, qwen_vocab_gguf
-    from pyqsa.server.chat_template import QWEN_TEMPLATE
+    from pyqsa.server.qwen_template import QWEN_TEMPLATE
 
     tok = from_vocab_gguf(qwen_vocab_gguf())
     tokens, types = list(tok.tokens), list(tok.token_types)
@@ -199,7 +199,7 @@ def cache_dir() -> Path:
 
 def recipe_hash() -> str:
     """Changes with this file (config, weights recipe, tokenizer edits) and the template."""
-    from pyqsa.server.chat_template import QWEN_TEMPLATE
+    from pyqsa.server.qwen_template import QWEN_TEMPLATE
 
     h = hashlib.sha256(Path(__file__).read_bytes())
     h.update(json.dumps(CONFIG, sort_keys=True).encode() + QWEN_TEMPLATE.encode())
