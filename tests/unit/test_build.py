@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -40,7 +41,7 @@ def test_library_loads_and_reports_pinned_commit():
 def test_upstream_ctypes_bindings_use_patched_library():
     import llama_cpp
 
-    assert native.lib_dir() == (__import__("pathlib").Path(llama_cpp.__file__).parent / "lib")
+    assert native.lib_dir() == (Path(llama_cpp.__file__).parent / "lib")
     info = llama_cpp.llama_print_system_info().decode()
     assert "CPU" in info
 
