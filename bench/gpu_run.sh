@@ -9,6 +9,7 @@
 #                 --small (the tiny model of synth_model.py --small: a smoke test of the script)
 #                 --variants pyqsa,upstream (which libraries run, in this order, per context)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024")
+#                 --checks (after the builds, tests/gpu/parity.sh: CUDA vs CPU and HF parity)
 # Steps: unpack the carried upstream extract; build pyqsa's CUDA variant (setup path) and an
 # unpatched upstream CUDA `llama` in .build/bench/upstream-cuda, while the model is written to
 # .build/bench/ (all three in parallel); then decode.py per context, cheapest first, pyqsa then
@@ -22,10 +23,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
 invocation="bench/gpu_run.sh $*"
-budget=540 contexts=8192,32768,131072,262144 seqs=1,8 steps=32 warmup=4 small= decode_args= variants=pyqsa,upstream
+budget=540 contexts=8192,32768,131072,262144 seqs=1,8 steps=32 warmup=4 small= decode_args=
+variants=pyqsa,upstream checks=
 while [ $# -gt 0 ]; do
     case "$1" in
         --small) small=--small; shift; continue ;;
+        --checks) checks=1; shift; continue ;;
         --commit) export PYQSA_BENCH_COMMIT=$2 ;;
         --budget) budget=$2 ;;
         --contexts) contexts=$2 ;;
@@ -104,6 +107,10 @@ for job in build-pyqsa:$pid_pyqsa build-upstream:$pid_upstream ${pid_model:+synt
 done
 tail -n 1 "$logs/synth.log"
 [ $status -eq 0 ] || exit 1
+if [ -n "$checks" ]; then
+    tests/gpu/parity.sh || { echo "checks: FAILED"; status=1; }
+    echo "checks done ($(elapsed))"
+fi
 
 # (d) decode runs, cheapest first, pyqsa then upstream per context, on one GPU (a machine with
 # more would have llama.cpp split the layers over all of them)

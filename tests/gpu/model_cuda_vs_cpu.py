@@ -14,9 +14,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from tests.parity.llama_runtime import LlamaRuntime  # noqa: E402
 
 
-def run(path: str, tokens: list[int], gpu_layers: int):
+def run(path: str, tokens: list[int], gpu_layers: int, attn: str):
     os.environ["PYQSA_TEST_N_GPU_LAYERS"] = str(gpu_layers)
-    rt = LlamaRuntime(path, n_ctx=1024, n_seq=1, attn="sparse")
+    rt = LlamaRuntime(path, n_ctx=1024, n_seq=1, attn=attn)
     logits = rt.decode([(0, tokens, 0)])[0]
     sel = {il: np.concatenate([r[0] for r in rows]) for il, rows in rt.selections.rows.items()}
     rt.close()
@@ -27,16 +27,19 @@ def main() -> int:
     path = sys.argv[1]
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 300
     tokens = np.random.default_rng(1).integers(0, 151643, n).tolist()
-    cpu, cpu_sel = run(path, tokens, 0)
-    gpu, gpu_sel = run(path, tokens, 999)
-    err = float((np.abs(gpu - cpu).max(-1) / np.abs(cpu).max(-1)).max())
-    top1 = float((gpu.argmax(-1) == cpu.argmax(-1)).mean())
-    same_sel = all(np.array_equal(cpu_sel[il], gpu_sel[il]) for il in cpu_sel)
-    print(
-        f"{path}: {n} positions, CUDA vs CPU top-1 {top1:.2%}, max rel err {err:.2e}, "
-        f"QSA selections identical: {same_sel} (layers {sorted(cpu_sel)})"
-    )
-    return 0 if top1 == 1.0 and same_sel and err < 1e-3 else 1
+    ok = True
+    for attn in ("positional", "sparse"):
+        cpu, cpu_sel = run(path, tokens, 0, attn)
+        gpu, gpu_sel = run(path, tokens, 999, attn)
+        err = float((np.abs(gpu - cpu).max(-1) / np.abs(cpu).max(-1)).max())
+        top1 = float((gpu.argmax(-1) == cpu.argmax(-1)).mean())
+        same_sel = bool(cpu_sel) and all(np.array_equal(cpu_sel[il], gpu_sel[il]) for il in cpu_sel)
+        print(
+            f"{path} ({attn}): {n} positions, CUDA vs CPU top-1 {top1:.2%}, max rel err "
+            f"{err:.2e}, QSA selections identical: {same_sel} (layers {sorted(cpu_sel)})"
+        )
+        ok = ok and top1 == 1.0 and same_sel and err < 1e-3
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run HERE (not on the GPU machine) before a device run: the GPU machine has no network and the
 # pinned sdist (76 MB) is over the device tool's carry limit, so carry a trimmed copy of the
-# verified extract (without models/docs) plus the wheels the image lacks, in .gpu-carry/.
+# verified extract (without models/docs) plus the wheels the image lacks and the Qwen vocab GGUF
+# (tests and the models build on it), in .gpu-carry/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(python3 -c "import sys; sys.path.insert(0,'.'); from pyqsa._build import upstream as u; print(u.fetch())")
@@ -19,4 +20,5 @@ for w in cffi==2.1.1 pycparser==2.23 gguf==0.19.0 diskcache==5.6.3 transformers=
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 --platform any -d .gpu-carry "$w"
 done
+cp "$root/vendor/llama.cpp/models/ggml-vocab-qwen35.gguf" .gpu-carry/
 du -sh .gpu-carry/*

@@ -1,11 +1,28 @@
 #!/usr/bin/env bash
-# GPU machine, after tests/gpu/backend_ops.sh built the CUDA variant: the HF parity tests with
-# every layer on the GPU (HF itself runs on the CPU). Needs transformers in .gpu-carry.
+# GPU machine, after the CUDA variant is built (tests/gpu/backend_ops.sh or bench/gpu_run.sh):
+# (0) no library exports a copy of the C++ runtime; (1) the demo model with every layer on CUDA against the CPU backend, in one process, on the
+# positional and sparse paths; (2) the HF parity tests with every layer on the GPU (HF itself
+# runs on the CPU). Needs .gpu-carry from tests/gpu/pack.sh (transformers wheel, Qwen vocab).
 #   device run: carry [".gpu-carry"], command: tests/gpu/backend_ops.sh && tests/gpu/parity.sh
-# (tests/gpu/pack.sh leaves the Qwen vocab GGUF out; bench/pack.sh adds it)
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/pyqsa-gpu-out}
 mkdir -p "$out"
-export PYTHONPATH=/tmp/pyqsa-site PYQSA_TEST_N_GPU_LAYERS=999
-python3 -m pytest -q -p no:cacheprovider tests/parity ${PYQSA_PARITY_ARGS:-} 2>&1 | tee "$out/parity.log"
+export PYTHONPATH=/tmp/pyqsa-site
+models=$(echo .build/upstream/llama_cpp_python-*/vendor/llama.cpp/models)
+mkdir -p "$models"
+[ -f "$models/ggml-vocab-qwen35.gguf" ] || cp .gpu-carry/ggml-vocab-qwen35.gguf "$models/"
+status=0
+python3 -m pytest -q -p no:cacheprovider tests/unit/test_build.py -k cpp_runtime 2>&1 | tail -n 3
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+t0=$(date +%s)
+demo=$(python3 -c "from pyqsa.demo_model import demo_model_path; print(demo_model_path())")
+python3 tests/gpu/model_cuda_vs_cpu.py "$demo" 256 > "$out/model_cuda_vs_cpu.log" 2>&1 || status=1
+grep -E "CUDA vs CPU|Error|error" "$out/model_cuda_vs_cpu.log" | tail -n 6
+echo "demo model CUDA vs CPU: $([ $status = 0 ] && echo PASS || echo FAIL) ($(( $(date +%s) - t0 )) s)"
+t0=$(date +%s)
+PYQSA_TEST_N_GPU_LAYERS=999 python3 -m pytest -q -p no:cacheprovider tests/parity \
+    ${PYQSA_PARITY_ARGS:-} > "$out/parity.log" 2>&1 || status=1
+grep -E "parity|passed|failed|error" "$out/parity.log" | tail -n 20
+echo "HF parity on CUDA: $(( $(date +%s) - t0 )) s"
+exit $status

@@ -1,7 +1,9 @@
 """The build foundation: pinned upstream, patch series, native library, `pyqsa info`."""
 
 import json
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,22 @@ def test_upstream_ctypes_bindings_use_patched_library():
     assert native.lib_dir() == (Path(llama_cpp.__file__).parent / "lib")
     info = llama_cpp.llama_print_system_info().decode()
     assert "CPU" in info
+
+
+def test_no_library_exports_a_copy_of_the_cpp_runtime():
+    """A strong (non-template) std:: definition exported by one of our libraries would
+    interpose libstdc++ for every later library: the CUDA link once pulled a static libstdc++
+    into libggml-cuda, and libllama's first stringstream crashed on that copy."""
+    strong_std = re.compile(r" [TDBR] _ZN?K?S[a-z]")
+    exported = {}
+    for lib in sorted(native.lib_dir().glob("lib*.so*")):
+        out = subprocess.run(
+            ["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True
+        ).stdout
+        assert out.strip(), f"{lib.name}: no dynamic symbols read"
+        exported[lib.name] = [ln for ln in out.splitlines() if strong_std.search(ln)][:3]
+    assert "libllama.so" in exported
+    assert not any(exported.values()), exported
 
 
 def test_device_query_return_codes():
