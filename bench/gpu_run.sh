@@ -69,7 +69,9 @@ commit=$(sed -n 's/^llama_cpp_commit *= *//p' UPSTREAM)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 echo "repo ${PYQSA_BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}, upstream $commit"
 
-# (b) both CUDA builds and (c) the model, in parallel
+# (b) both CUDA builds and (c) the model, in parallel. Upstream links with --exclude-libs,ALL as
+# pyqsa does (native/llama.cmake): on this image's toolchain its libraries otherwise export a
+# static libstdc++ copy and libllama crashes while loading any model.
 (
     export PYQSA_CUDA=1 PYQSA_BUILD_JOBS=$(nproc)
     python3 -m pip install -q --no-build-isolation --no-deps --no-index -e .
@@ -81,7 +83,7 @@ pid_pyqsa=$!
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
         -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN' \
-        -DLLAMA_BUILD_COMMIT="$commit"
+        -DLLAMA_BUILD_COMMIT="$commit" '-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--exclude-libs,ALL'
     cmake --build "$work/upstream-cuda" -j "$(nproc)" --target llama
 ) > "$logs/build-upstream.log" 2>&1 &
 pid_upstream=$!
@@ -107,6 +109,9 @@ for job in build-pyqsa:$pid_pyqsa build-upstream:$pid_upstream ${pid_model:+synt
 done
 tail -n 1 "$logs/synth.log"
 [ $status -eq 0 ] || exit 1
+for lib in .build/py/llama_cpp/lib/lib*.so.0 "$work"/upstream-cuda/bin/lib*.so.0; do
+    echo "$lib: $(nm -D --defined-only "$lib" | grep -cE ' [TDBR] _ZN?K?S[a-z]') std:: definitions exported"
+done
 if [ -n "$checks" ]; then
     tests/gpu/parity.sh || { echo "checks: FAILED"; status=1; }
     echo "checks done ($(elapsed))"

@@ -30,3 +30,14 @@ endif()
 add_executable(test-qsa-ops ${CMAKE_CURRENT_LIST_DIR}/tests/test-qsa-ops.cpp)
 target_link_libraries(test-qsa-ops PRIVATE ggml)
 target_compile_features(test-qsa-ops PRIVATE cxx_std_17)
+
+# Each shared library keeps the symbols of the static archives it links to itself. The CUDA image's
+# toolchain links a static libstdc++ into the libraries; exported, one library's copy interposed
+# libllama's std:: references (libllama did not even list libstdc++.so) and the first
+# stringstream in llama_model::print_info crashed on a copy whose locale was never set up.
+# tests/unit/test_build.py checks that no library exports such definitions.
+foreach(lib llama ggml ggml-base ggml-cpu ggml-cuda)
+    if (TARGET ${lib})
+        target_link_options(${lib} PRIVATE "LINKER:--exclude-libs,ALL")
+    endif()
+endforeach()

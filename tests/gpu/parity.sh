@@ -13,7 +13,7 @@ models=$(echo .build/upstream/llama_cpp_python-*/vendor/llama.cpp/models)
 mkdir -p "$models"
 [ -f "$models/ggml-vocab-qwen35.gguf" ] || cp .gpu-carry/ggml-vocab-qwen35.gguf "$models/"
 status=0
-python3 -m pytest -q -p no:cacheprovider tests/unit/test_build.py -k cpp_runtime 2>&1 | tail -n 3
+python3 -m pytest -q --tb=line -p no:cacheprovider tests/unit/test_build.py -k cpp_runtime 2>&1 | tail -n 4
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 t0=$(date +%s)
 demo=$(python3 -c "from pyqsa.demo_model import demo_model_path; print(demo_model_path())")
