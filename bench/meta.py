@@ -22,14 +22,19 @@ def _cmd(*cmd: str) -> str | None:
 
 
 def git_commit() -> dict[str, Any]:
-    """HEAD and whether tracked files differ from it (a dirty tree is not HEAD's code).
+    """The commit measured and whether tracked files differ from it (a dirty tree is not that
+    commit's code).
 
-    Where the tree came without its git folder (the device machine), the commit is the one
-    the launcher named in PYQSA_BENCH_COMMIT, and whether the tree matches it is unknown.
+    The launcher's PYQSA_BENCH_COMMIT wins: the device machine's copy of the tree carries a git
+    folder whose HEAD is not the commit sent (seen there: an older one, "dirty"), so there the
+    commit is the one named and whether the tree matches it is left to source_digest.
     """
+    named = os.environ.get("PYQSA_BENCH_COMMIT")
+    if named:
+        return {"commit": named, "dirty": None}
     head = _cmd("git", "rev-parse", "HEAD")
     if head is None:
-        return {"commit": os.environ.get("PYQSA_BENCH_COMMIT"), "dirty": None}
+        return {"commit": None, "dirty": None}
     status = _cmd("git", "status", "--porcelain", "--untracked-files=no")
     return {"commit": head, "dirty": bool(status)}
 

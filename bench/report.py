@@ -1,6 +1,7 @@
 """Tables from decode.py's JSON lines, and the results file under bench/results/.
 
-    python bench/report.py decode.jsonl [more.jsonl ...] [--commands commands.txt ...] [--no-save]
+    python bench/report.py decode.jsonl [more.jsonl ...] [--commands commands.txt ...]
+        [--note TEXT] [--no-save]
 
 Decode speed and prefill are separate sections and never combined into one figure. Each cell
 is one run's median over its timed steps; when a (variant, context, sequences) was measured
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="the commands.txt files of the runs (kept in the results file)",
     )
+    ap.add_argument("--note", default="", help="a remark kept in the results file")
     ap.add_argument("--no-save", action="store_true", help="print only")
     args = ap.parse_args(argv)
     recs = load(args.files)
@@ -188,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     out = RESULTS / f"{date}-decode.json"
     RESULTS.mkdir(exist_ok=True)
     doc = {
+        "note": args.note,
         "decode": dec,
         "prefill": pre,
         "commands": [line for p in args.commands for line in p.read_text().splitlines()],

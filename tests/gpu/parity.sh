@@ -9,6 +9,7 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/pyqsa-gpu-out}
 mkdir -p "$out"
 export PYTHONPATH=/tmp/pyqsa-site
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}  # one GPU: a 2-GPU machine would split the layers
 models=$(echo .build/upstream/llama_cpp_python-*/vendor/llama.cpp/models)
 mkdir -p "$models"
 [ -f "$models/ggml-vocab-qwen35.gguf" ] || cp .gpu-carry/ggml-vocab-qwen35.gguf "$models/"

@@ -59,7 +59,8 @@ class LlamaRuntime:
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
         # the GPU machine runs the same tests with every layer offloaded (tests/gpu/parity.sh)
-        mparams.n_gpu_layers = int(os.environ.get("PYQSA_TEST_N_GPU_LAYERS", "0"))
+        n_gpu_layers = int(os.environ.get("PYQSA_TEST_N_GPU_LAYERS", "0"))
+        mparams.n_gpu_layers = n_gpu_layers
         self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
         assert self.model, f"failed to load {path}"
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
@@ -80,6 +81,9 @@ class LlamaRuntime:
             else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
         cparams.n_threads = cparams.n_threads_batch = 2
+        # with weights on the host, a CUDA build still runs batches of 32+ tokens on the GPU
+        # (op offload); a run asked to stay on the CPU must really stay there
+        cparams.op_offload = n_gpu_layers > 0
         self._capture.install(cparams)
         self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
         assert self.ctx, "failed to create a context"
