@@ -11,14 +11,12 @@
 
 pyqsa_qsa_positional_input::pyqsa_qsa_positional_input(const llama_memory_hybrid_idx_context * mctx,
                                                        const llama_ubatch & ubatch, uint32_t r, int64_t kv_size) :
-    r(r), kv_size(kv_size), n_comp(n_completed(ubatch, r)), mctx(mctx), n_kv(mctx->get_idx()->get_n_kv()) {}
+    r(r), kv_size(kv_size), n_slot(n_slots(ubatch, r)), mctx(mctx), n_kv(mctx->get_idx()->get_n_kv()) {}
 
-int64_t pyqsa_qsa_positional_input::n_completed(const llama_ubatch & ubatch, uint32_t r) {
-    int64_t n = 0;
-    for (uint32_t i = 0; i < ubatch.n_tokens; ++i) {
-        n += (ubatch.pos[i] + 1) % (llama_pos) r == 0;
-    }
-    return n;
+int64_t pyqsa_qsa_positional_input::n_slots(const llama_ubatch & ubatch, uint32_t r) {
+    // a stream with t consecutive tokens completes at most t / r + 1 blocks
+    const int64_t n = ubatch.n_tokens;
+    return std::min<int64_t>(n, (n + r - 1) / r + ubatch.n_seqs_unq);
 }
 
 void pyqsa_qsa_positional_input::set_input(const llama_ubatch * ubatch) {
@@ -34,7 +32,14 @@ void pyqsa_qsa_positional_input::set_input(const llama_ubatch * ubatch) {
         s0 = std::min(s0, rows[i] / kv_size);
     }
 
-    int64_t c = 0;
+    // the first token's stream, its local base row and its last position in this ubatch
+    const int64_t base0 = (rows[0] / kv_size - s0) * kv_size;
+    llama_pos     last0 = ubatch->pos[0];
+
+    int32_t * comp_row = (int32_t *) comp_rows->data;
+    int64_t * dst      = (int64_t *) comp_dst->data;
+    int32_t * rope_pos = (int32_t *) comp_pos->data;
+    int64_t   c        = 0;
     for (uint32_t i = 0; i < ubatch->n_tokens; ++i) {
         const llama_pos p    = ubatch->pos[i];
         const int64_t   cell = rows[i] % kv_size;
@@ -42,27 +47,44 @@ void pyqsa_qsa_positional_input::set_input(const llama_ubatch * ubatch) {
         GGML_ASSERT(cell == p && "pyqsa: QSA positional path needs cell index == position in every stream");
         pos[i] = p;
         vis[i] = (p + 1) / (llama_pos) r;
+        const int64_t base = (rows[i] / kv_size - s0) * kv_size;  // the stream's first row in k_all's view
+        if (base == base0) {
+            last0 = std::max(last0, p);
+        }
         if ((p + 1) % (llama_pos) r != 0) {
             continue;
         }
-        const int64_t base = (rows[i] / kv_size - s0) * kv_size;  // the stream's first row in k_all's view
-        const int64_t b0   = p + 1 - r;                           // first cell of the completed block
+        const int64_t b0 = p + 1 - r;  // first cell of the completed block
+        GGML_ASSERT(c < n_slot);
         for (uint32_t t = 0; t < r; ++t) {
-            ((int32_t *) comp_rows->data)[c * r + t] = (int32_t) (base + b0 + t);
+            comp_row[c * r + t] = (int32_t) (base + b0 + t);
         }
-        ((int64_t *) comp_dst->data)[c] = base + b0;
+        dst[c] = base + b0;
         for (int sec = 0; sec < 4; ++sec) {
-            ((int32_t *) comp_pos->data)[sec * n_comp + c] = (int32_t) b0;
+            rope_pos[sec * n_slot + c] = (int32_t) b0;
         }
         ++c;
     }
-    GGML_ASSERT(c == n_comp);
+    // Idle slots write into a row nobody reads as a raw key: cell 1 of the first token's stream
+    // once its block 0 is complete (only cell 0 keeps the block key), before that the cell after
+    // the stream's last token, which that token's own key overwrites before any read. r == 1
+    // has no idle slots (n_slots == n_tokens).
+    const int64_t idle_dst = base0 + (last0 + 1 >= (llama_pos) r ? 1 : last0 + 1);
+    for (; c < n_slot; ++c) {
+        for (uint32_t t = 0; t < r; ++t) {
+            comp_row[c * r + t] = (int32_t) (base0 + ubatch->pos[0]);
+        }
+        dst[c] = idle_dst;
+        for (int sec = 0; sec < 4; ++sec) {
+            rope_pos[sec * n_slot + c] = ubatch->pos[0];
+        }
+    }
 }
 
 bool pyqsa_qsa_positional_input::can_reuse(const llm_graph_params & params) {
     mctx = static_cast<const llama_memory_hybrid_idx_context *>(params.mctx);
     return mctx->get_idx() != nullptr && k_idxs->ne[0] == params.ubatch.n_tokens &&
-           n_completed(params.ubatch, r) == n_comp && (int64_t) mctx->get_idx()->get_n_kv() == n_kv;
+           n_slots(params.ubatch, r) == n_slot && (int64_t) mctx->get_idx()->get_n_kv() == n_kv;
 }
 
 ggml_tensor * pyqsa_qsa_positional_select(ggml_context * ctx, ggml_cgraph * gf, pyqsa_qsa_positional_input * inp,
@@ -84,24 +106,22 @@ ggml_tensor * pyqsa_qsa_positional_select(ggml_context * ctx, ggml_cgraph * gf, 
     // every row of the ubatch's streams, as one table: row = local stream * kv_size + cell
     ggml_tensor * table = ggml_view_2d(ctx, k_all, Di, (ns - 1) * kv_size + n_kv, row, 0);
 
-    if (inp->n_comp > 0) {
-        // [Di, r * n_comp] -> mean over the r members of each block
-        ggml_tensor * members = ggml_get_rows(ctx, table, inp->comp_rows);
-        members = ggml_reshape_3d(ctx, members, Di, r, inp->n_comp);
-        ggml_tensor * pooled = nullptr;
-        for (int64_t t = 0; t < r; ++t) {
-            ggml_tensor * m = ggml_cont(ctx, ggml_view_2d(ctx, members, Di, inp->n_comp, members->nb[2], t * members->nb[1]));
-            pooled = pooled ? ggml_add(ctx, pooled, m) : m;
-        }
-        pooled = ggml_scale(ctx, pooled, 1.0f / (float) r);
-        pooled = ggml_mul(ctx, ggml_rms_norm(ctx, pooled, rope.eps), rope.k_norm);
-        pooled = ggml_rope_multi(ctx, ggml_reshape_3d(ctx, pooled, Di, 1, inp->n_comp), inp->comp_pos, nullptr,
-                                 rope.n_rot, rope.sections, rope.mode, rope.n_ctx_orig, rope.freq_base,
-                                 rope.freq_scale, rope.ext_factor, rope.attn_factor, rope.beta_fast, rope.beta_slow);
-        // reads of the block keys below go through this node, so they see this ubatch's blocks
-        table = ggml_set_rows(ctx, table, ggml_reshape_2d(ctx, pooled, Di, inp->n_comp), inp->comp_dst);
-        ggml_build_forward_expand(gf, table);
+    // [Di, r * n_slot] -> mean over the r members of each block
+    ggml_tensor * members = ggml_get_rows(ctx, table, inp->comp_rows);
+    members = ggml_reshape_3d(ctx, members, Di, r, inp->n_slot);
+    ggml_tensor * pooled = nullptr;
+    for (int64_t t = 0; t < r; ++t) {
+        ggml_tensor * m = ggml_cont(ctx, ggml_view_2d(ctx, members, Di, inp->n_slot, members->nb[2], t * members->nb[1]));
+        pooled = pooled ? ggml_add(ctx, pooled, m) : m;
     }
+    pooled = ggml_scale(ctx, pooled, 1.0f / (float) r);
+    pooled = ggml_mul(ctx, ggml_rms_norm(ctx, pooled, rope.eps), rope.k_norm);
+    pooled = ggml_rope_multi(ctx, ggml_reshape_3d(ctx, pooled, Di, 1, inp->n_slot), inp->comp_pos, nullptr,
+                             rope.n_rot, rope.sections, rope.mode, rope.n_ctx_orig, rope.freq_base,
+                             rope.freq_scale, rope.ext_factor, rope.attn_factor, rope.beta_fast, rope.beta_slow);
+    // reads of the block keys below go through this node, so they see this ubatch's blocks
+    table = ggml_set_rows(ctx, table, ggml_reshape_2d(ctx, pooled, Di, inp->n_slot), inp->comp_dst);
+    ggml_build_forward_expand(gf, table);
 
     // block b's key sits in row b*r of its stream: [Di, n_blocks, ns]
     const int64_t n_blocks = (n_kv + r - 1) / r;

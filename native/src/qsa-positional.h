@@ -8,6 +8,11 @@
 // first cell, which nothing reads as a raw key again. Scoring reads every r-th row of the
 // indexer cache; only blocks below a query's n_vis = (pos + 1) / r compete, so the incomplete
 // last block's raw first key is never scored.
+//
+// The graph has a fixed number of completion slots per ubatch shape (n_slots), not one per
+// block completed: a decode step that completes a block then has the same graph as one that
+// does not, so llama.cpp reuses it (and the CUDA backend keeps its captured CUDA graph). Slots
+// without a block pool a copy of the ubatch's first raw key into a dead row (see set_input).
 #pragma once
 
 #include "llama-graph.h"
@@ -23,19 +28,19 @@ public:
     void set_input(const llama_ubatch * ubatch) override;
     bool can_reuse(const llm_graph_params & params) override;
 
-    // blocks completed by the tokens of ubatch (each token at position b*r + r - 1)
-    static int64_t n_completed(const llama_ubatch & ubatch, uint32_t r);
+    // completion slots of a ubatch: at least the blocks its tokens can complete
+    static int64_t n_slots(const llama_ubatch & ubatch, uint32_t r);
 
     ggml_tensor * k_idxs    = nullptr;  // I64 [n_tokens] indexer cache rows of the ubatch's raw keys
     ggml_tensor * q_pos     = nullptr;  // I32 [n_tokens] query positions (stream-major, as the ubatch)
     ggml_tensor * n_vis     = nullptr;  // I32 [n_tokens] complete blocks visible to each query
-    ggml_tensor * comp_rows = nullptr;  // I32 [r * n_comp] rows of the completed blocks' raw keys
-    ggml_tensor * comp_dst  = nullptr;  // I64 [n_comp] row receiving each block key (its first cell)
-    ggml_tensor * comp_pos  = nullptr;  // I32 [4 * n_comp] rope position of each block (its start)
+    ggml_tensor * comp_rows = nullptr;  // I32 [r * n_slot] rows of the completed blocks' raw keys
+    ggml_tensor * comp_dst  = nullptr;  // I64 [n_slot] row receiving each block key (its first cell)
+    ggml_tensor * comp_pos  = nullptr;  // I32 [4 * n_slot] rope position of each block (its start)
 
     const uint32_t r;
     const int64_t  kv_size;
-    const int64_t  n_comp;
+    const int64_t  n_slot;
 
 private:
     const llama_memory_hybrid_idx_context * mctx;
