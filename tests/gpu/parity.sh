@@ -26,4 +26,10 @@ PYQSA_TEST_N_GPU_LAYERS=999 python3 -m pytest -q -p no:cacheprovider tests/parit
     ${PYQSA_PARITY_ARGS:-} > "$out/parity.log" 2>&1 || status=1
 grep -E "parity|passed|failed|error" "$out/parity.log" | tail -n 20
 echo "HF parity on CUDA: $(( $(date +%s) - t0 )) s"
+# Upstream's cuBLAS handles run f32 GEMMs in TF32 (ggml-cuda/common.cuh); the same tests with
+# cuBLAS held to f32 say how much of the error above is TF32 (ggml's own f32 mma kernels for
+# batches of 2-16 columns stay TF32 either way)
+NVIDIA_TF32_OVERRIDE=0 PYQSA_TEST_N_GPU_LAYERS=999 python3 -m pytest -q -p no:cacheprovider \
+    tests/parity ${PYQSA_PARITY_ARGS:-} > "$out/parity-no-tf32.log" 2>&1
+grep -E "parity|passed|failed" "$out/parity-no-tf32.log" | tail -n 20
 exit $status
