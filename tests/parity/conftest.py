@@ -17,12 +17,15 @@ VARIANTS = {
 _hf_refs: dict[str, HFReference] = {}
 
 
-def _open(request, variant: str, path: str):
+def _open(request, variant: str, path: str, kv_type: str = "f32"):
     hf_fixture, gguf_fixture = VARIANTS[variant]
     if variant not in _hf_refs:
         _hf_refs[variant] = HFReference(str(request.getfixturevalue(hf_fixture)))
-    rt = LlamaRuntime(str(request.getfixturevalue(gguf_fixture)), n_ctx=512, n_seq=3, attn=path)
-    return f"{variant}/{path}", _hf_refs[variant], rt
+    rt = LlamaRuntime(
+        str(request.getfixturevalue(gguf_fixture)), n_ctx=512, n_seq=3, attn=path, kv_type=kv_type
+    )
+    suffix = "" if kv_type == "f32" else f" {kv_type} KV"
+    return f"{variant}/{path}{suffix}", _hf_refs[variant], rt
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
@@ -40,6 +43,14 @@ def pair(request):
 def other_path(request):
     name, hf, rt = _open(request, "tiny_ple", request.param)
     yield name, hf, rt
+    rt.close()
+
+
+# the quantized KV caches a server would run with, on pyqsa's path
+@pytest.fixture(scope="module", params=["f16", "q8_0"])
+def quantized_kv(request):
+    name, hf, rt = _open(request, "tiny_ple", "positional", kv_type=request.param)
+    yield request.param, name, hf, rt
     rt.close()
 
 

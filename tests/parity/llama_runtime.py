@@ -14,7 +14,7 @@ import numpy as np
 
 from pyqsa.debug import TensorCapture
 
-GGML_TYPE_F32 = 0
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml_type
 _SELECTION = re.compile(r"qsa_(mask|cells)-(\d+)")
 
 
@@ -37,7 +37,8 @@ class Selections:
 
 
 class LlamaRuntime:
-    """One model + one context with f32 KV (for parity), n_seq sequences in separate streams.
+    """One model + one context with f32 KV (for parity; kv_type f16 or q8_0 for the quantized
+    cache), n_seq sequences in separate streams.
 
     attn: how the QSA layers attend (PYQSA_QSA_ATTN, read at every graph build, so it is set
     before each decode). "positional": block keys kept in the indexer cache, per-step inputs
@@ -53,6 +54,7 @@ class LlamaRuntime:
         n_seq: int = 1,
         n_batch: int = 1024,
         attn: str = "positional",
+        kv_type: str = "f32",
     ):
         self.attn = attn
         os.environ["PYQSA_QSA_ATTN"] = attn
@@ -73,8 +75,7 @@ class LlamaRuntime:
         cparams.n_ubatch = n_batch
         cparams.n_seq_max = n_seq
         cparams.kv_unified = False
-        cparams.type_k = GGML_TYPE_F32
-        cparams.type_v = GGML_TYPE_F32
+        cparams.type_k = cparams.type_v = KV_TYPES[kv_type]
         cparams.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
             if attn != "masked"

@@ -21,14 +21,16 @@ def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
     return float((np.abs(ours - ref).max(-1) / np.abs(ref).max(-1)).max())
 
 
-def check_logits(name: str, ours: np.ndarray, ref: np.ndarray) -> None:
+def check_logits(
+    name: str, ours: np.ndarray, ref: np.ndarray, max_err: float = MAX_REL_ERR, min_top1=1.0
+) -> None:
     err = rel_err(ours, ref)
     top1 = float((ours.argmax(-1) == ref.argmax(-1)).mean())
     RESULTS.append(
         f"{name}: {len(ref)} positions, top-1 agreement {top1:.2%}, max rel err {err:.2e}"
     )
-    assert top1 == 1.0, f"{name}: top-1 agreement {top1:.2%}"
-    assert err < MAX_REL_ERR, f"{name}: max relative logit error {err:.2e}"
+    assert top1 >= min_top1, f"{name}: top-1 agreement {top1:.2%}"
+    assert err < max_err, f"{name}: max relative logit error {err:.2e}"
 
 
 def selected_rows(rt, layer: int) -> list[set[int]]:
@@ -104,3 +106,21 @@ def test_sequences_in_one_batch_match_hf(pair, lengths):
     for i, s in enumerate(seqs):
         ref, _ = hf.run(s)
         check_logits(f"{name} batch of {len(seqs)}, seq {i}", out[i], ref)
+
+
+# the cache's rounding alone, measured on the CPU: f16 4.8e-5, q8_0 2.3e-3 (limits 20x that)
+QUANTIZED_KV_MAX_REL_ERR = {"f16": 1e-3, "q8_0": 5e-2}
+
+
+def test_quantized_kv_cache_stays_within_its_rounding_of_hf(quantized_kv):
+    kv_type, name, hf, rt = quantized_kv
+    rt.clear()
+    toks = tokens(200, seed=5)
+    ref, ref_sel = hf.run(toks)
+    rows = [rt.decode([(0, toks[:160], 0)])[0]]
+    rows += [rt.decode([(0, [toks[p]], p)])[0] for p in range(160, len(toks))]
+    ours = np.concatenate(rows)
+    check_logits(name, ours, ref, max_err=QUANTIZED_KV_MAX_REL_ERR[kv_type], min_top1=0.99)
+    # indexer keys stay f32 whatever the cache type, so the first QSA layer's selections cannot
+    # change; later ones see the rounding only through their inputs, and still match HF's here
+    check_selections(f"{name} selections", hf, rt, ref_sel, len(toks))
