@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU machine, after the CUDA variant is built (tests/gpu/backend_ops.sh or bench/gpu_run.sh):
-# (0) no library exports a copy of the C++ runtime; (1) the demo model with every layer on CUDA against the CPU backend, in one process, on the
-# positional and sparse paths; (2) the HF parity tests with every layer on the GPU (HF itself
-# runs on the CPU). Needs .gpu-carry from tests/gpu/pack.sh (transformers wheel, Qwen vocab).
+# (0) no library exports a copy of the C++ runtime; (1) the demo model with every layer on CUDA
+# against the CPU backend, in one process, on the positional and sparse paths; (2) the HF parity
+# tests with every layer on the GPU (HF itself runs on the CPU), with f32 products (the gate)
+# and with upstream's TF32 ones (numbers only). Needs .gpu-carry from tests/gpu/pack.sh
+# (transformers wheel, Qwen vocab).
 #   device run: carry [".gpu-carry"], command: tests/gpu/backend_ops.sh && tests/gpu/parity.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,18 +20,20 @@ python3 -m pytest -q --tb=line -p no:cacheprovider tests/unit/test_build.py -k c
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 t0=$(date +%s)
 demo=$(python3 -c "from pyqsa.demo_model import demo_model_path; print(demo_model_path())")
-python3 tests/gpu/model_cuda_vs_cpu.py "$demo" 256 > "$out/model_cuda_vs_cpu.log" 2>&1 || status=1
+PYQSA_CUDA_STRICT_F32=1 python3 tests/gpu/model_cuda_vs_cpu.py "$demo" 256 > "$out/model_cuda_vs_cpu.log" 2>&1 || status=1
 grep -E "CUDA vs CPU|Error|error" "$out/model_cuda_vs_cpu.log" | tail -n 6
 echo "demo model CUDA vs CPU: $([ $status = 0 ] && echo PASS || echo FAIL) ($(( $(date +%s) - t0 )) s)"
+# Upstream runs f32 matrix products in TF32 (cuBLAS math mode, ggml's f32 mma kernels), about
+# 1e-3 relative error each. The gate: the tests with those products held to f32
+# (PYQSA_CUDA_STRICT_F32, ggml_patches/0007), at the CPU's tolerance. Then the same tests at
+# upstream's precision, for the numbers users get (their tolerances are the CPU's: not a gate).
 t0=$(date +%s)
+PYQSA_CUDA_STRICT_F32=1 PYQSA_TEST_N_GPU_LAYERS=999 python3 -m pytest -q -p no:cacheprovider \
+    tests/parity ${PYQSA_PARITY_ARGS:-} > "$out/parity-strict-f32.log" 2>&1 || status=1
+grep -E "parity|passed|failed|error" "$out/parity-strict-f32.log" | tail -n 24
+echo "HF parity on CUDA, f32 products: $(( $(date +%s) - t0 )) s"
 PYQSA_TEST_N_GPU_LAYERS=999 python3 -m pytest -q -p no:cacheprovider tests/parity \
-    ${PYQSA_PARITY_ARGS:-} > "$out/parity.log" 2>&1 || status=1
-grep -E "parity|passed|failed|error" "$out/parity.log" | tail -n 20
-echo "HF parity on CUDA: $(( $(date +%s) - t0 )) s"
-# Upstream's cuBLAS handles run f32 GEMMs in TF32 (ggml-cuda/common.cuh); the same tests with
-# cuBLAS held to f32 say how much of the error above is TF32 (ggml's own f32 mma kernels for
-# batches of 2-16 columns stay TF32 either way)
-NVIDIA_TF32_OVERRIDE=0 PYQSA_TEST_N_GPU_LAYERS=999 python3 -m pytest -q -p no:cacheprovider \
-    tests/parity ${PYQSA_PARITY_ARGS:-} > "$out/parity-no-tf32.log" 2>&1
-grep -E "parity|passed|failed" "$out/parity-no-tf32.log" | tail -n 20
+    ${PYQSA_PARITY_ARGS:-} > "$out/parity-tf32.log" 2>&1
+echo "HF parity on CUDA, upstream's TF32 products (numbers only):"
+sed -n '/parity vs HF/,/short test summary/p' "$out/parity-tf32.log" | sed '1d;$d'
 exit $status

@@ -1,11 +1,15 @@
 // CUDA dispatch of GGML_OP_PYQSA on the sub-op in op_params[0].
 #include "pyqsa-cuda.cuh"
+#include "pyqsa-cuda-precision.h"
 
 #include "pyqsa-ggml.h"
 #include "qsa-attn.cuh"
 #include "qsa-block-cells.cuh"
 #include "qsa-mask-cells.cuh"
 #include "qsa-topk.cuh"
+
+#include <cstdlib>
+#include <cstring>
 
 void pyqsa_cuda_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     switch (ggml_get_op_params_i32(dst, 0)) {
@@ -38,4 +42,13 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
         default:
             return false;
     }
+}
+
+bool pyqsa_cuda_strict_f32() {
+    // read once: cuBLAS handles keep the math mode they were created with
+    static const bool strict = [] {
+        const char * v = getenv("PYQSA_CUDA_STRICT_F32");
+        return v != nullptr && *v != '\0' && strcmp(v, "0") != 0;
+    }();
+    return strict;
 }

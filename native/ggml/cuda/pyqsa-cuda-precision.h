@@ -1,0 +1,15 @@
+// f32 matrix-product precision of the CUDA backend (read by the patched common.cuh,
+// solve_tri.cu and mmf.cu). Upstream runs every f32 product in TF32: cuBLAS handles are put in
+// CUBLAS_TF32_TENSOR_OP_MATH and ggml's own f32 mma kernels use TF32 instructions, about 1e-3
+// relative error per product. PYQSA_CUDA_STRICT_F32=1 keeps them f32 (cuBLAS default math, no
+// f32 mma kernels): slower, for checks against an f32 reference (tests/gpu/parity.sh).
+#pragma once
+
+#include <cublas_v2.h>
+
+bool pyqsa_cuda_strict_f32();
+
+// the math mode cuBLAS handles go back to after any op that changes it
+inline cublasMath_t pyqsa_cuda_f32_math() {
+    return pyqsa_cuda_strict_f32() ? CUBLAS_DEFAULT_MATH : CUBLAS_TF32_TENSOR_OP_MATH;
+}
