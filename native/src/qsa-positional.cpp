@@ -59,17 +59,18 @@ void pyqsa_qsa_positional_input::set_input(const llama_ubatch * ubatch) {
         for (uint32_t t = 0; t < r; ++t) {
             comp_row[c * r + t] = (int32_t) (base + b0 + t);
         }
-        dst[c] = base + b0;
+        dst[c] = base + b0 / r;  // block b's key goes to row b (see the header)
         for (int sec = 0; sec < 4; ++sec) {
             rope_pos[sec * n_slot + c] = (int32_t) b0;
         }
         ++c;
     }
-    // Idle slots write into a row nobody reads as a raw key: cell 1 of the first token's stream
-    // once its block 0 is complete (only cell 0 keeps the block key), before that the cell after
-    // the stream's last token, which that token's own key overwrites before any read. r == 1
-    // has no idle slots (n_slots == n_tokens).
-    const int64_t idle_dst = base0 + (last0 + 1 >= (llama_pos) r ? 1 : last0 + 1);
+    // Idle slots write into a row nobody reads: once the first token's stream has n >= 1
+    // complete blocks, row n (the next block key's row; its raw key, in a complete block, is
+    // pooled already); before that, the cell after the stream's last token, which that token's
+    // own raw key overwrites before any read. r == 1 has no idle slots (n_slots == n_tokens).
+    const int64_t n_done0  = (last0 + 1) / (llama_pos) r;
+    const int64_t idle_dst = base0 + (n_done0 >= 1 ? n_done0 : last0 + 1);
     for (; c < n_slot; ++c) {
         for (uint32_t t = 0; t < r; ++t) {
             comp_row[c * r + t] = (int32_t) (base0 + ubatch->pos[0]);
@@ -123,9 +124,9 @@ ggml_tensor * pyqsa_qsa_positional_select(ggml_context * ctx, ggml_cgraph * gf, 
     table = ggml_set_rows(ctx, table, ggml_reshape_2d(ctx, pooled, Di, inp->n_slot), inp->comp_dst);
     ggml_build_forward_expand(gf, table);
 
-    // block b's key sits in row b*r of its stream: [Di, n_blocks, ns]
+    // block b's key sits in row b of its stream: [Di, n_blocks, ns], contiguous per stream
     const int64_t n_blocks = (n_kv + r - 1) / r;
-    ggml_tensor * keys = ggml_cont(ctx, ggml_view_3d(ctx, table, Di, n_blocks, ns, r * row, kv_size * row, 0));
+    ggml_tensor * keys = ggml_view_3d(ctx, table, Di, n_blocks, ns, row, kv_size * row, 0);
 
     // sum over heads of ReLU(q_h . k_b), / sqrt(Di) as the reference does: [n_blocks, n_tps, ns]
     ggml_tensor * score = ggml_mul_mat(ctx, keys, ggml_reshape_3d(ctx, ggml_cont(ctx, q), Di, n_head * n_tps, ns));

@@ -4,10 +4,13 @@
 // set_input checks it for every token of every ubatch).
 //
 // Block keys: when a token completes block b (position b*r + r - 1), the block's r raw indexer
-// keys are pooled, normed and roped once and the result overwrites the raw key of the block's
-// first cell, which nothing reads as a raw key again. Scoring reads every r-th row of the
-// indexer cache; only blocks below a query's n_vis = (pos + 1) / r compete, so the incomplete
-// last block's raw first key is never scored.
+// keys are pooled, normed and roped once and the result goes to row b of the stream's indexer
+// cache. Row b held the raw key of cell b, whose block (b / r) completed no later than block b
+// did, so nothing reads it as a raw key again; raw keys of the incomplete tail sit at rows
+// >= (complete blocks) * r, above every block key. So a stream's block keys are its first
+// n_blocks rows, contiguous: scoring reads them in place, and a pager can keep that prefix apart
+// from the tail. Only blocks below a query's n_vis = (pos + 1) / r compete in the top-k, so
+// rows past the complete blocks are never scored.
 //
 // The graph has a fixed number of completion slots per ubatch shape (n_slots), not one per
 // block completed: a decode step that completes a block then has the same graph as one that
