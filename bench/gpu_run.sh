@@ -9,7 +9,7 @@
 #                 --small (the tiny model of synth_model.py --small: a smoke test of the script)
 #                 --variants pyqsa,upstream (which libraries run, in this order, per context)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024")
-#                 --checks (after the builds, tests/gpu/parity.sh: CUDA vs CPU and HF parity)
+#                 --checks (after the builds: test-qsa-ops CUDA vs CPU, then tests/gpu/parity.sh)
 # Steps: unpack the carried upstream extract; build pyqsa's CUDA variant (setup path) and an
 # unpatched upstream CUDA `llama` in .build/bench/upstream-cuda, while the model is written to
 # .build/bench/ (all three in parallel); then decode.py per context, cheapest first, pyqsa then
@@ -113,6 +113,9 @@ for lib in .build/py/llama_cpp/lib/lib*.so.0 "$work"/upstream-cuda/bin/lib*.so.0
     echo "$lib: $(nm -D --defined-only "$lib" | grep -cE ' [TDBR] _ZN?K?S[a-z]') std:: definitions exported"
 done
 if [ -n "$checks" ]; then
+    .build/cmake-cuda/bin/test-qsa-ops test -b CUDA0 > "$logs/test-qsa-ops.log" 2>&1 ||
+        { echo "pyqsa ops CUDA vs CPU: FAILED"; grep FAIL "$logs/test-qsa-ops.log" | head -n 20; status=1; }
+    echo "pyqsa ops CUDA vs CPU: $(tail -n 1 "$logs/test-qsa-ops.log")"
     tests/gpu/parity.sh || { echo "checks: FAILED"; status=1; }
     echo "checks done ($(elapsed))"
 fi
