@@ -82,8 +82,10 @@ def download_sdist(up: Upstream, dest_dir: Path) -> Path:
             "pip",
             "download",
             "--no-deps",
+            # the sdist of this package only: ":all:" also made pip build the sdist's own build
+            # requirements from source to read its metadata (minutes; now seconds)
             "--no-binary",
-            ":all:",
+            up.package,
             "-d",
             str(dest_dir),
             f"{up.package}=={up.version}",
