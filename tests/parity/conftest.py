@@ -1,6 +1,8 @@
 """Parity fixtures: one HF reference and one runtime per tiny model, and a summary of the
 measured errors printed at the end of the run."""
 
+import os
+
 import pytest
 
 from .hf_reference import HFReference
@@ -41,6 +43,9 @@ def pair(request):
 # under that mask
 @pytest.fixture(scope="module", params=["sparse", "masked"])
 def other_path(request):
+    if request.param == "masked" and int(os.environ.get("PYQSA_TEST_N_GPU_LAYERS", "0")) > 0:
+        # fattn.cu converts f32 K/V to f16 for every kernel it has: not an f32 check on CUDA
+        pytest.skip("upstream's CUDA flash attention rounds f32 K/V to f16")
     name, hf, rt = _open(request, "tiny_ple", request.param)
     yield name, hf, rt
     rt.close()
