@@ -109,9 +109,6 @@ for job in build-pyqsa:$pid_pyqsa build-upstream:$pid_upstream ${pid_model:+synt
 done
 tail -n 1 "$logs/synth.log"
 [ $status -eq 0 ] || exit 1
-for lib in .build/py/llama_cpp/lib/lib*.so.0 "$work"/upstream-cuda/bin/lib*.so.0; do
-    echo "$lib: $(nm -D --defined-only "$lib" | grep -cE ' [TDBR] _ZN?K?S[a-z]') std:: definitions exported"
-done
 if [ -n "$checks" ]; then
     .build/cmake-cuda/bin/test-qsa-ops test -b CUDA0 > "$logs/test-qsa-ops.log" 2>&1 ||
         { echo "pyqsa ops CUDA vs CPU: FAILED"; grep FAIL "$logs/test-qsa-ops.log" | head -n 20; status=1; }
