@@ -11,13 +11,14 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
+from tests.parity.compare import rel_err, tokens  # noqa: E402
 from tests.parity.llama_runtime import LlamaRuntime  # noqa: E402
 
 
-def run(path: str, tokens: list[int], gpu_layers: int, attn: str):
+def run(path: str, toks: list[int], gpu_layers: int, attn: str):
     os.environ["PYQSA_TEST_N_GPU_LAYERS"] = str(gpu_layers)
     rt = LlamaRuntime(path, n_ctx=1024, n_seq=1, attn=attn)
-    logits = rt.decode([(0, tokens, 0)])[0]
+    logits = rt.decode([(0, toks, 0)])[0]
     sel = {il: np.concatenate([r[0] for r in rows]) for il, rows in rt.selections.rows.items()}
     rt.close()
     return logits, sel
@@ -26,12 +27,12 @@ def run(path: str, tokens: list[int], gpu_layers: int, attn: str):
 def main() -> int:
     path = sys.argv[1]
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 300
-    tokens = np.random.default_rng(1).integers(0, 151643, n).tolist()
+    toks = tokens(n, seed=1)
     ok = True
     for attn in ("positional", "sparse"):
-        cpu, cpu_sel = run(path, tokens, 0, attn)
-        gpu, gpu_sel = run(path, tokens, 999, attn)
-        err = float((np.abs(gpu - cpu).max(-1) / np.abs(cpu).max(-1)).max())
+        cpu, cpu_sel = run(path, toks, 0, attn)
+        gpu, gpu_sel = run(path, toks, 999, attn)
+        err = rel_err(gpu, cpu)
         top1 = float((gpu.argmax(-1) == cpu.argmax(-1)).mean())
         same_sel = bool(cpu_sel) and all(np.array_equal(cpu_sel[il], gpu_sel[il]) for il in cpu_sel)
         print(

@@ -2,15 +2,15 @@
 where a block completes: the precondition for the CUDA backend's captured graphs."""
 
 import llama_cpp
-import numpy as np
 
+from .compare import tokens
 from .llama_runtime import LlamaRuntime
 
 
 def test_decode_steps_reuse_the_graph_across_block_completions(tiny_gguf):
     rt = LlamaRuntime(str(tiny_gguf), n_ctx=512, n_seq=2)
     try:
-        toks = np.random.default_rng(4).integers(0, 151643, 104).tolist()
+        toks = tokens(104, seed=4)
         rt.decode([(0, toks[:40], 0), (1, toks[:40], 0)])
         before = llama_cpp.llama_perf_context(rt.ctx).n_reused
         steps = range(40, 104)  # 16 block completions (ratio 4), one KV size (n_kv padding 256)

@@ -6,19 +6,11 @@ Tiny models: budget 16 tokens, ratio 4, so from position 19 on every QSA query p
 import numpy as np
 import pytest
 
+from .compare import rel_err, tokens
 from .conftest import RESULTS
 
 MAX_REL_ERR = 1e-3
 PROMPT_LEN = 300
-
-
-def tokens(n: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(0, 151643, n).tolist()
-
-
-def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
-    """Max over positions of max|ours - ref| / max|ref| (per position)."""
-    return float((np.abs(ours - ref).max(-1) / np.abs(ref).max(-1)).max())
 
 
 def check_logits(
