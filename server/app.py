@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 from fastapi import Depends, FastAPI, Request
@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from pyqsa.engine import Delta, Engine, Finished, FinishReason, SamplingParams, TokenLogprob
+from pyqsa.engine import Delta, Engine, Finished, FinishReason, TokenLogprob
 
 from . import errors
 from .chat_template import ChatTemplate, ParsedToolCall, ToolCallStream, parse_tool_calls
@@ -125,14 +125,27 @@ def create_app(
             return "tool_calls"
         return "length" if ev.reason is FinishReason.LENGTH else "stop"
 
-    async def start(prompt: list[int], params: SamplingParams) -> EngineStream:
+    async def respond(
+        prompt: list[int],
+        body: ChatCompletionRequest | CompletionRequest,
+        kind: str,
+        events: Callable[..., AsyncIterator[dict]],
+        reply: Callable[..., Awaitable[dict]],
+        t0: float,
+    ) -> Response:
+        """Submit the request; stream it as SSE events (events) or answer once it is whole
+        (reply). kind: "chat" or "text", the shape of the objects."""
+        params = body.params(tokenizer.n_vocab)
         stream = EngineStream(engine, metrics)
         try:
             stream.submit(prompt, params)
         except BaseException:
             stream.close()
             raise
-        return stream
+        shaper = Shaper(kind, model_name)
+        if body.stream:
+            return sse_response(events(stream, shaper, body, t0), stream)
+        return WholeReply(lambda: reply(stream, shaper, body, t0), stream)
 
     async def collect(stream: EngineStream, t0: float) -> tuple[str, list[TokenLogprob], Finished]:
         """Wait for a whole reply."""
@@ -186,12 +199,7 @@ def create_app(
         tools = [t.model_dump(exclude_none=True) for t in body.tools or []] or None
         prompt_text = template.render([_template_message(m) for m in body.messages], tools)
         prompt = await run_in_threadpool(tokenizer.tokenize, prompt_text, True)
-        params = body.params(tokenizer.n_vocab)
-        stream = await start(prompt, params)
-        shaper = Shaper("chat", model_name)
-        if body.stream:
-            return sse_response(chat_events(stream, shaper, body, t0), stream)
-        return WholeReply(lambda: chat_reply(stream, shaper, body, t0), stream)
+        return await respond(prompt, body, "chat", chat_events, chat_reply, t0)
 
     async def chat_reply(
         stream: EngineStream, shaper: Shaper, body: ChatCompletionRequest, t0: float
@@ -272,12 +280,7 @@ def create_app(
             prompt = list(body.prompt)
             if any(not 0 <= t < tokenizer.n_vocab for t in prompt):
                 raise APIError(400, "prompt: token id out of range", param="prompt")
-        params = body.params(tokenizer.n_vocab)
-        stream = await start(prompt, params)
-        shaper = Shaper("text", model_name)
-        if body.stream:
-            return sse_response(text_events(stream, shaper, body, t0), stream)
-        return WholeReply(lambda: text_reply(stream, shaper, body, t0), stream)
+        return await respond(prompt, body, "text", text_events, text_reply, t0)
 
     async def text_reply(
         stream: EngineStream, shaper: Shaper, body: CompletionRequest, t0: float
