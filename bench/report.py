@@ -6,8 +6,8 @@
 Decode speed and prefill are separate sections and never combined into one figure. Each cell
 is one run's median over its timed steps; when a (variant, context, sequences) was measured
 more than once, the latest run is shown and the count given. Writes
-bench/results/<date of the newest record>-decode.json with every record, the tables' rows and
-the commands, unless --no-save.
+bench/results/<date of the newest record>-<commit>-decode.json with every record, the tables'
+rows and the commands, unless --no-save.
 """
 
 from __future__ import annotations
@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_save:
         return 0
     date = recs[-1].get("utc", "")[:10] or "undated"
-    out = RESULTS / f"{date}-decode.json"
+    commits = sorted({str(r.get("commit", ""))[:7] for r in recs if r.get("commit")})
+    out = RESULTS / f"{date}-{'+'.join(commits) or 'nocommit'}-decode.json"
     RESULTS.mkdir(exist_ok=True)
     doc = {
         "note": args.note,
