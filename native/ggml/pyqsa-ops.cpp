@@ -42,6 +42,21 @@ struct ggml_tensor * pyqsa_ggml_qsa_mask_cells(struct ggml_context * ctx, struct
     return result;
 }
 
+struct ggml_tensor * pyqsa_ggml_qsa_score(struct ggml_context * ctx, struct ggml_tensor * q,
+                                          struct ggml_tensor * keys, float scale) {
+    GGML_ASSERT(q->type == GGML_TYPE_F32 && keys->type == GGML_TYPE_F32);
+    GGML_ASSERT(q->nb[0] == sizeof(float) && keys->nb[0] == sizeof(float));
+    GGML_ASSERT(keys->ne[0] == q->ne[0] && keys->ne[2] == q->ne[3] && keys->ne[3] == 1);
+
+    struct ggml_tensor * result = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, keys->ne[1], q->ne[2], q->ne[3]);
+    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_SCORE);
+    ggml_set_op_params_f32(result, 1, scale);
+    result->op     = GGML_OP_PYQSA;
+    result->src[0] = q;
+    result->src[1] = keys;
+    return result;
+}
+
 struct ggml_tensor * pyqsa_ggml_qsa_topk(struct ggml_context * ctx, struct ggml_tensor * score,
                                          struct ggml_tensor * n_vis, int64_t k) {
     GGML_ASSERT(score->type == GGML_TYPE_F32 && ggml_is_contiguous(score));

@@ -15,6 +15,7 @@ enum pyqsa_ggml_op {
     PYQSA_GGML_OP_QSA_MASK_CELLS = 2,
     PYQSA_GGML_OP_QSA_TOPK       = 3,
     PYQSA_GGML_OP_QSA_BLOCK_CELLS = 4,
+    PYQSA_GGML_OP_QSA_SCORE      = 5,
 };
 
 // Sparse attention: every query attends only to the KV cells listed for it (QSA: the selected
@@ -40,6 +41,18 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_attn(struct ggml_context * ctx,
 GGML_API struct ggml_tensor * pyqsa_ggml_qsa_mask_cells(struct ggml_context * ctx,
                                                         struct ggml_tensor * mask,
                                                         int64_t n_sel);
+
+// QSA indexer scores of every block key in one pass, in f32 on every backend (a matrix product
+// would run in TF32 on CUDA; the indexer keys are kept f32 so near ties resolve as in f32):
+//   score[b, t, s] = scale * sum over h of ReLU(q[:, h, t, s] . keys[:, b, s])
+//   q:    F32 [D, n_head, n_tps, n_stream], rows contiguous (nb[0] = 4)
+//   keys: F32 [D, n_blocks, n_stream], rows contiguous (the block-key prefix of each stream)
+// returns F32 [n_blocks, n_tps, n_stream]. Reads every key once per call, so it suits
+// decode-shaped ubatches (few queries per stream); it is not a tiled matrix product.
+GGML_API struct ggml_tensor * pyqsa_ggml_qsa_score(struct ggml_context * ctx,
+                                                   struct ggml_tensor * q,
+                                                   struct ggml_tensor * keys,
+                                                   float scale);
 
 // Top-k block selection with a deterministic order: the k largest scores of each row, exact
 // ties going to the lower index (HF's reference leaves tie order to torch.topk; pyqsa fixes it

@@ -9,6 +9,15 @@
 #include <algorithm>
 #include <cmath>
 
+namespace {
+
+// Ubatches with at most this many queries per stream (decode, speculative drafts) score with
+// pyqsa_ggml_qsa_score: one f32 pass over the block keys. Prefill chunks use a matrix product,
+// which is tiled for many queries (on CUDA it runs in TF32 unless PYQSA_CUDA_STRICT_F32 is set).
+constexpr int64_t max_tps_fused_score = 16;
+
+}  // namespace
+
 pyqsa_qsa_positional_input::pyqsa_qsa_positional_input(const llama_memory_hybrid_idx_context * mctx,
                                                        const llama_ubatch & ubatch, uint32_t r, int64_t kv_size) :
     r(r), kv_size(kv_size), n_slot(n_slots(ubatch, r)), mctx(mctx), n_kv(mctx->get_idx()->get_n_kv()) {}
@@ -129,14 +138,22 @@ ggml_tensor * pyqsa_qsa_positional_select(ggml_context * ctx, ggml_cgraph * gf, 
     ggml_tensor * keys = ggml_view_3d(ctx, table, Di, n_blocks, ns, row, kv_size * row, 0);
 
     // sum over heads of ReLU(q_h . k_b), / sqrt(Di) as the reference does: [n_blocks, n_tps, ns]
-    ggml_tensor * score = ggml_mul_mat(ctx, keys, ggml_reshape_3d(ctx, ggml_cont(ctx, q), Di, n_head * n_tps, ns));
-    score = ggml_relu(ctx, ggml_reshape_4d(ctx, score, n_blocks, n_head, n_tps, ns));
-    ggml_tensor * summed = nullptr;
-    for (int64_t h = 0; h < n_head; ++h) {
-        ggml_tensor * s = ggml_view_3d(ctx, score, n_blocks, n_tps, ns, score->nb[2], score->nb[3], h * score->nb[1]);
-        summed = summed ? ggml_add(ctx, summed, s) : ggml_cont(ctx, s);
+    const float   scale = 1.0f / std::sqrt((float) Di);
+    ggml_tensor * summed;
+    if (n_tps <= max_tps_fused_score) {
+        // tokens are stream-major in the ubatch, so q splits into [.., n_tps, ns] in place
+        ggml_tensor * q4 = ggml_view_4d(ctx, q, Di, n_head, n_tps, ns, q->nb[1], q->nb[2], n_tps * q->nb[2], 0);
+        summed = pyqsa_ggml_qsa_score(ctx, q4, keys, scale);
+    } else {
+        ggml_tensor * score = ggml_mul_mat(ctx, keys, ggml_reshape_3d(ctx, ggml_cont(ctx, q), Di, n_head * n_tps, ns));
+        score = ggml_relu(ctx, ggml_reshape_4d(ctx, score, n_blocks, n_head, n_tps, ns));
+        summed = nullptr;
+        for (int64_t h = 0; h < n_head; ++h) {
+            ggml_tensor * s = ggml_view_3d(ctx, score, n_blocks, n_tps, ns, score->nb[2], score->nb[3], h * score->nb[1]);
+            summed = summed ? ggml_add(ctx, summed, s) : ggml_cont(ctx, s);
+        }
+        summed = ggml_scale(ctx, summed, scale);
     }
-    summed = ggml_scale(ctx, summed, 1.0f / std::sqrt((float) Di));
     *score_out = summed;
 
     const int64_t kb     = std::min<int64_t>(budget / r, n_blocks);

@@ -10,7 +10,7 @@
 // >= (complete blocks) * r, above every block key. So a stream's block keys are its first
 // n_blocks rows, contiguous: scoring reads them in place, and a pager can keep that prefix apart
 // from the tail. Only blocks below a query's n_vis = (pos + 1) / r compete in the top-k, so
-// rows past the complete blocks are never scored.
+// the scores of rows past the complete blocks are never used.
 //
 // The graph has a fixed number of completion slots per ubatch shape (n_slots), not one per
 // block completed: a decode step that completes a block then has the same graph as one that

@@ -239,6 +239,7 @@ void on_other_backends(const char * only_backend, const std::string & name, int 
 void test_mask_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
 void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
 void test_block_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
+void test_score(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
 
 int cmd_test(const char * only_backend) {
     std::mt19937 rng(1234);
@@ -263,6 +264,7 @@ int cmd_test(const char * only_backend) {
     test_mask_cells(cpu, only_backend, rng, n_ok, n_fail);
     test_topk(cpu, only_backend, rng, n_ok, n_fail);
     test_block_cells(cpu, only_backend, rng, n_ok, n_fail);
+    test_score(cpu, only_backend, rng, n_ok, n_fail);
     ggml_backend_free(cpu);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
     return n_fail == 0 ? 0 : 1;
@@ -476,6 +478,125 @@ void test_block_cells(ggml_backend_t cpu, const char * only_backend, std::mt1993
     }
 }
 
+struct score_case {
+    int64_t D, n_head, n_tps, ns, n_blocks;
+    bool    q_view;  // q a strided view (every other row of a larger tensor), as in the graph
+    int     dup;     // blocks that repeat block 0's key: their scores must tie exactly
+
+    std::string name() const {
+        char buf[160];
+        std::snprintf(buf, sizeof(buf), "QSA_SCORE(D=%lld,n_head=%lld,n_tps=%lld,ns=%lld,n_blocks=%lld%s,dup=%d)",
+                      (long long) D, (long long) n_head, (long long) n_tps, (long long) ns, (long long) n_blocks,
+                      q_view ? ",q_view" : "", dup);
+        return buf;
+    }
+};
+
+std::vector<float> run_score(ggml_backend_t backend, const score_case & c, const std::vector<float> & q,
+                             const std::vector<float> & keys, float scale, bool * supported) {
+    ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(ip);
+    // with q_view, q's rows sit in the even head slots of a tensor twice as wide
+    const int64_t wide = c.q_view ? 2 : 1;
+    ggml_tensor * q_all = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.D, wide * c.n_head, c.n_tps, c.ns);
+    ggml_tensor * qv    = ggml_view_4d(ctx, q_all, c.D, c.n_head, c.n_tps, c.ns, wide * q_all->nb[1], q_all->nb[2],
+                                       q_all->nb[3], 0);
+    ggml_tensor * k     = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.D, c.n_blocks, c.ns);
+    ggml_tensor * out   = pyqsa_ggml_qsa_score(ctx, qv, k, scale);
+    std::vector<float> res;
+    *supported = ggml_backend_supports_op(backend, out);
+    if (*supported) {
+        ggml_cgraph * gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, out);
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+        std::vector<float> q_host(ggml_nelements(q_all), NAN);  // the odd slots must not be read
+        for (int64_t row = 0; row < c.n_head * c.n_tps * c.ns; ++row) {
+            std::copy(q.begin() + row * c.D, q.begin() + (row + 1) * c.D, q_host.begin() + wide * row * c.D);
+        }
+        ggml_backend_tensor_set(q_all, q_host.data(), 0, ggml_nbytes(q_all));
+        ggml_backend_tensor_set(k, keys.data(), 0, ggml_nbytes(k));
+        ggml_backend_graph_compute(backend, gf);
+        res.resize(ggml_nelements(out));
+        ggml_backend_tensor_get(out, res.data(), 0, ggml_nbytes(out));
+        ggml_backend_buffer_free(buf);
+    }
+    ggml_free(ctx);
+    return res;
+}
+
+// the duplicated blocks' scores equal block 0's, bit for bit, in every row
+bool ties_exact(const score_case & c, const std::vector<float> & out) {
+    for (int64_t row = 0; row < c.n_tps * c.ns; ++row) {
+        for (int j = 1; j <= c.dup; ++j) {
+            const int64_t b = j * c.n_blocks / (c.dup + 1);
+            if (std::memcmp(&out[row * c.n_blocks + b], &out[row * c.n_blocks], sizeof(float)) != 0) return false;
+        }
+    }
+    return true;
+}
+
+void test_score(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail) {
+    const score_case cases[] = {
+        { 128, 4, 1, 1, 65536, true, 3 },   // Flash-Next indexer, 256K context, ratio 4: one decode query
+        { 128, 4, 1, 8, 8192, true, 2 },    // 8 sequences decoding at 32K
+        { 128, 4, 5, 2, 300, false, 1 },    // a few queries per stream
+        { 64, 1, 3, 1, 7, false, 0 },
+        { 256, 2, 2, 3, 1, true, 0 },       // one block
+        { 512, 3, 1, 1, 100, false, 1 },
+        { 32, 16, 16, 1, 1000, false, 4 },
+    };
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (const score_case & c : cases) {
+        const float scale = 1.0f / std::sqrt((float) c.D);
+        std::vector<float> q(c.D * c.n_head * c.n_tps * c.ns), keys(c.D * c.n_blocks * c.ns);
+        for (auto & x : q) x = nd(rng);
+        for (auto & x : keys) x = nd(rng);
+        for (int64_t s = 0; s < c.ns; ++s) {
+            const float * k0 = keys.data() + s * c.n_blocks * c.D;
+            for (int j = 1; j <= c.dup; ++j) {
+                std::copy(k0, k0 + c.D, keys.begin() + (s * c.n_blocks + j * c.n_blocks / (c.dup + 1)) * c.D);
+            }
+        }
+        std::vector<float> ref(c.n_blocks * c.n_tps * c.ns);
+        for (int64_t s = 0; s < c.ns; ++s)
+        for (int64_t t = 0; t < c.n_tps; ++t)
+        for (int64_t b = 0; b < c.n_blocks; ++b) {
+            double acc = 0.0;
+            for (int64_t h = 0; h < c.n_head; ++h) {
+                const float * qr = q.data() + ((s * c.n_tps + t) * c.n_head + h) * c.D;
+                const float * kr = keys.data() + (s * c.n_blocks + b) * c.D;
+                double dot = 0.0;
+                for (int64_t e = 0; e < c.D; ++e) dot += (double) qr[e] * kr[e];
+                acc += std::max(dot, 0.0);
+            }
+            ref[(s * c.n_tps + t) * c.n_blocks + b] = (float) (acc * scale);
+        }
+        // f32 sums of D products: relative error ~1e-7 of each row's magnitude
+        bool supported = false;
+        const std::vector<float> out_cpu = run_score(cpu, c, q, keys, scale, &supported);
+        const double e_cpu = supported ? nmse(out_cpu, ref) : INFINITY;
+        report(c.name(), "CPU", "vs reference: nmse " + sci(e_cpu) + ", ties exact ",
+               supported && e_cpu < 1e-11 && ties_exact(c, out_cpu), n_ok, n_fail);
+        on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
+            bool ok = false;
+            const std::vector<float> out = run_score(be, c, q, keys, scale, &ok);
+            const double e = ok ? nmse(out, out_cpu) : INFINITY;
+            return std::make_pair(ok && e < 1e-11 && ties_exact(c, out),
+                                  std::string(ok ? "vs CPU: nmse " + sci(e) + ", ties exact " : "not supported "));
+        });
+    }
+}
+
+// microseconds per compute of gf on be, after one untimed run
+double time_graph(ggml_backend_t be, ggml_cgraph * gf, int iters) {
+    ggml_backend_graph_compute(be, gf);
+    ggml_backend_synchronize(be);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int it = 0; it < iters; ++it) ggml_backend_graph_compute(be, gf);
+    ggml_backend_synchronize(be);
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+}
+
 int cmd_perf(const char * only_backend) {
     std::mt19937 rng(99);
     // decode: one query per slot, Flash-Next attention shape, budget 2048 + tail
@@ -484,24 +605,43 @@ int cmd_perf(const char * only_backend) {
         { GGML_TYPE_F16, 256, 24, 2, 1, 8, 32768, 2051, 0.0, false },
         { GGML_TYPE_Q8_0, 256, 24, 2, 1, 8, 32768, 2051, 0.0, false },
     };
+    // decode scoring, Flash-Next indexer (4 heads x 128, ratio 4): 256K x 1 and x 8, 32K x 8
+    const score_case score_shapes[] = {
+        { 128, 4, 1, 1, 65536, false, 0 },
+        { 128, 4, 1, 8, 65536, false, 0 },
+        { 128, 4, 1, 8, 8192, false, 0 },
+    };
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         ggml_backend_dev_t dev = ggml_backend_dev_get(i);
         if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
         ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
+        const int iters = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU ? 3 : 200;
         for (const attn_case & c : shapes) {
             const attn_data d = make_data(c, rng);
             graph_run g;
             if (!build(g, be, c, d, 0.0625f)) continue;
-            const int iters = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU ? 3 : 200;
-            ggml_backend_graph_compute(be, g.gf);
-            ggml_backend_synchronize(be);
-            const auto t0 = std::chrono::steady_clock::now();
-            for (int it = 0; it < iters; ++it) ggml_backend_graph_compute(be, g.gf);
-            ggml_backend_synchronize(be);
-            const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+            const double us = time_graph(be, g.gf, iters);
             // K and V rows of the listed cells, once per kv head
             const double bytes = 2.0 * c.ns * c.n_q * c.n_sel * c.Hkv * ggml_row_size(c.type, c.D);
             std::printf("  %s %s: %.1f us/run, %.1f GB/s of K/V rows\n", c.name().c_str(), ggml_backend_dev_name(dev), us, bytes / us / 1e3);
+        }
+        for (const score_case & c : score_shapes) {
+            ggml_init_params ip = { ggml_tensor_overhead() * 4 + ggml_graph_overhead(), nullptr, true };
+            ggml_context * ctx = ggml_init(ip);
+            ggml_tensor * q   = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.D, c.n_head, c.n_tps, c.ns);
+            ggml_tensor * k   = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.D, c.n_blocks, c.ns);
+            ggml_tensor * out = pyqsa_ggml_qsa_score(ctx, q, k, 0.088f);
+            if (ggml_backend_supports_op(be, out)) {
+                ggml_cgraph * gf = ggml_new_graph(ctx);
+                ggml_build_forward_expand(gf, out);
+                ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
+                ggml_backend_buffer_clear(buf, 0);
+                const double us = time_graph(be, gf, iters);
+                std::printf("  %s %s: %.1f us/run, %.1f GB/s of block keys\n", c.name().c_str(), ggml_backend_dev_name(dev),
+                            us, (double) ggml_nbytes(k) / us / 1e3);
+                ggml_backend_buffer_free(buf);
+            }
+            ggml_free(ctx);
         }
         ggml_backend_free(be);
     }

@@ -1,0 +1,42 @@
+// CPU kernel of PYQSA_GGML_OP_QSA_SCORE: each thread takes a contiguous run of (stream, block)
+// keys, so a decode step with one stream still spreads over every thread. Heads are summed in
+// order 0..n_head-1 after the ReLU, then scaled, as the reference does.
+#include "qsa-score.h"
+
+#include "ggml-cpu/ggml-cpu-impl.h"
+#include "ggml-cpu/vec.h"
+#include "ggml-impl.h"
+
+#include <algorithm>
+
+void pyqsa_cpu_qsa_score(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    const ggml_tensor * q    = dst->src[0];  // [D, n_head, n_tps, ns]
+    const ggml_tensor * keys = dst->src[1];  // [D, n_blocks, ns]
+    const float scale = ggml_get_op_params_f32(dst, 1);
+
+    const int     D        = (int) q->ne[0];
+    const int64_t n_head   = q->ne[1];
+    const int64_t n_tps    = q->ne[2];
+    const int64_t n_blocks = keys->ne[1];
+    const int64_t n_items  = n_blocks * keys->ne[2];
+
+    const int64_t per_thread = (n_items + params->nth - 1) / params->nth;
+    const int64_t first      = per_thread * params->ith;
+    const int64_t last       = std::min(n_items, first + per_thread);
+    for (int64_t item = first; item < last; ++item) {
+        const int64_t b = item % n_blocks;
+        const int64_t s = item / n_blocks;
+        const float * key = (const float *) ((const char *) keys->data + b * keys->nb[1] + s * keys->nb[2]);
+        for (int64_t t = 0; t < n_tps; ++t) {
+            float acc = 0.0f;
+            for (int64_t h = 0; h < n_head; ++h) {
+                const float * qrow = (const float *) ((const char *) q->data + h * q->nb[1] + t * q->nb[2] + s * q->nb[3]);
+                float dot = 0.0f;
+                ggml_vec_dot_f32(D, &dot, 0, qrow, 0, key, 0, 1);
+                acc += std::max(dot, 0.0f);
+            }
+            float * out = (float *) ((char *) dst->data + t * dst->nb[1] + s * dst->nb[2]);
+            out[b] = acc * scale;
+        }
+    }
+}
