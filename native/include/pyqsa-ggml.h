@@ -42,8 +42,8 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_mask_cells(struct ggml_context * ct
                                                         struct ggml_tensor * mask,
                                                         int64_t n_sel);
 
-// QSA indexer scores of every block key in one pass, in f32 on every backend (a matrix product
-// would run in TF32 on CUDA; the indexer keys are kept f32 so near ties resolve as in f32):
+// QSA indexer scores of every block key in one pass, in f32 on every backend (the indexer keys
+// are kept f32 so that near ties resolve as in f32):
 //   score[b, t, s] = scale * sum over h of ReLU(q[:, h, t, s] . keys[:, b, s])
 //   q:    F32 [D, n_head, n_tps, n_stream], rows contiguous (nb[0] = 4)
 //   keys: F32 [D, n_blocks, n_stream], rows contiguous (the block-key prefix of each stream)

@@ -13,7 +13,7 @@ namespace {
 
 // Ubatches with at most this many queries per stream (decode, speculative drafts) score with
 // pyqsa_ggml_qsa_score: one f32 pass over the block keys. Prefill chunks use a matrix product,
-// which is tiled for many queries (on CUDA it runs in TF32 unless PYQSA_CUDA_STRICT_F32 is set).
+// which is tiled for many queries, marked GGML_PREC_F32 so CUDA keeps it f32 too.
 constexpr int64_t max_tps_fused_score = 16;
 
 }  // namespace
@@ -146,6 +146,7 @@ ggml_tensor * pyqsa_qsa_positional_select(ggml_context * ctx, ggml_cgraph * gf, 
         summed = pyqsa_ggml_qsa_score(ctx, q4, keys, scale);
     } else {
         ggml_tensor * score = ggml_mul_mat(ctx, keys, ggml_reshape_3d(ctx, ggml_cont(ctx, q), Di, n_head * n_tps, ns));
+        ggml_mul_mat_set_prec(score, GGML_PREC_F32);  // on CUDA: f32, not TF32 (ggml_patches/0007)
         score = ggml_relu(ctx, ggml_reshape_4d(ctx, score, n_blocks, n_head, n_tps, ns));
         summed = nullptr;
         for (int64_t h = 0; h < n_head; ++h) {
