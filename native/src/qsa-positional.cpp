@@ -146,7 +146,7 @@ ggml_tensor * pyqsa_qsa_positional_select(ggml_context * ctx, ggml_cgraph * gf, 
         summed = pyqsa_ggml_qsa_score(ctx, q4, keys, scale);
     } else {
         ggml_tensor * score = ggml_mul_mat(ctx, keys, ggml_reshape_3d(ctx, ggml_cont(ctx, q), Di, n_head * n_tps, ns));
-        ggml_mul_mat_set_prec(score, GGML_PREC_F32);  // on CUDA: f32, not TF32 (ggml_patches/0007)
+        ggml_prec_set_acc(score, GGML_PREC_F32);  // on CUDA: f32, not TF32 (ggml_patches/0007)
         score = ggml_relu(ctx, ggml_reshape_4d(ctx, score, n_blocks, n_head, n_tps, ns));
         summed = nullptr;
         for (int64_t h = 0; h < n_head; ++h) {

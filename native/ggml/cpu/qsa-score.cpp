@@ -9,12 +9,49 @@
 
 #include <algorithm>
 
+namespace {
+
+constexpr int LANES = 16;
+
+// q . key for short rows (the small test models' indexers): ggml_vec_dot_f32 runs scalar code
+// below its SIMD step (64 floats on AVX-512), while LANES independent partial sums vectorize at
+// any length. A fixed pairwise reduction keeps the order the same on every call.
+float dot_short(const float * q, const float * key, int64_t D) {
+    float part[LANES] = {};
+    int64_t d = 0;
+    for (; d + LANES <= D; d += LANES) {
+        for (int j = 0; j < LANES; ++j) {
+            part[j] += q[d + j] * key[d + j];
+        }
+    }
+    for (int j = 0; d < D; ++d, ++j) {
+        part[j] += q[d] * key[d];
+    }
+    for (int w = LANES / 2; w > 0; w /= 2) {
+        for (int j = 0; j < w; ++j) {
+            part[j] += part[j + w];
+        }
+    }
+    return part[0];
+}
+
+float dot(const float * q, const float * key, int64_t D) {
+    if (D < 64) {
+        return dot_short(q, key, D);
+    }
+    float s = 0.0f;
+    ggml_vec_dot_f32((int) D, &s, 0, q, 0, key, 0, 1);
+    return s;
+}
+
+}  // namespace
+
 void pyqsa_cpu_qsa_score(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
     const ggml_tensor * q    = dst->src[0];  // [D, n_head, n_tps, ns]
     const ggml_tensor * keys = dst->src[1];  // [D, n_blocks, ns]
     const float scale = ggml_get_op_params_f32(dst, 1);
 
-    const int     D        = (int) q->ne[0];
+    const int64_t D        = q->ne[0];
     const int64_t n_head   = q->ne[1];
     const int64_t n_tps    = q->ne[2];
     const int64_t n_blocks = keys->ne[1];
@@ -31,9 +68,7 @@ void pyqsa_cpu_qsa_score(const struct ggml_compute_params * params, struct ggml_
             float acc = 0.0f;
             for (int64_t h = 0; h < n_head; ++h) {
                 const float * qrow = (const float *) ((const char *) q->data + h * q->nb[1] + t * q->nb[2] + s * q->nb[3]);
-                float dot = 0.0f;
-                ggml_vec_dot_f32(D, &dot, 0, qrow, 0, key, 0, 1);
-                acc += std::max(dot, 0.0f);
+                acc += std::max(dot(qrow, key, D), 0.0f);
             }
             float * out = (float *) ((char *) dst->data + t * dst->nb[1] + s * dst->nb[2]);
             out[b] = acc * scale;
