@@ -48,7 +48,8 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_mask_cells(struct ggml_context * ct
 //   q:    F32 [D, n_head, n_tps, n_stream], rows contiguous (nb[0] = 4)
 //   keys: F32 [D, n_blocks, n_stream], rows contiguous (the block-key prefix of each stream)
 // returns F32 [n_blocks, n_tps, n_stream]. Reads every key once per call, so it suits
-// decode-shaped ubatches (few queries per stream); it is not a tiled matrix product.
+// decode-shaped ubatches (few queries per stream); it is not a tiled matrix product. CUDA takes
+// D = 32, 64, 128, 256 or 512 (the CPU kernel any D).
 GGML_API struct ggml_tensor * pyqsa_ggml_qsa_score(struct ggml_context * ctx,
                                                    struct ggml_tensor * q,
                                                    struct ggml_tensor * keys,
