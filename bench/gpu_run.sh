@@ -9,7 +9,8 @@
 #                 --small (the tiny model of synth_model.py --small: a smoke test of the script)
 #                 --variants pyqsa,upstream (which libraries run, in this order, per context)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024")
-#                 --checks (after the builds: test-qsa-ops CUDA vs CPU, then tests/gpu/parity.sh)
+#                 --checks (after the builds: test-qsa-ops CUDA vs CPU and its decode-shape
+#                 timings, then tests/gpu/parity.sh)
 # Steps: unpack the carried upstream extract; build pyqsa's CUDA variant (setup path) and an
 # unpatched upstream CUDA `llama` in .build/bench/upstream-cuda, while the model is written to
 # .build/bench/ (all three in parallel); then decode.py per context, cheapest first, pyqsa then
@@ -18,7 +19,8 @@
 # contexts can get a call of their own (e.g. --contexts 131072,262144).
 # Results ($OUT takes 8 files at most): decode.jsonl (JSON lines, see bench/decode.py),
 # commands.txt, report.txt, gpu_run.log (with the tail of any failing step's log; the full
-# logs stay in .build/bench/logs/ on the machine).
+# logs stay in .build/bench/logs/ on the machine); with --checks also ops-perf.txt and
+# tests/gpu/parity.sh's three logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
@@ -113,6 +115,8 @@ if [ -n "$checks" ]; then
     .build/cmake-cuda/bin/test-qsa-ops test -b CUDA0 > "$logs/test-qsa-ops.log" 2>&1 ||
         { echo "pyqsa ops CUDA vs CPU: FAILED"; grep FAIL "$logs/test-qsa-ops.log" | head -n 20; status=1; }
     echo "pyqsa ops CUDA vs CPU: $(tail -n 1 "$logs/test-qsa-ops.log")"
+    .build/cmake-cuda/bin/test-qsa-ops perf -b CUDA0 2>&1 | grep "us/run" > "$out/ops-perf.txt" || true
+    cat "$out/ops-perf.txt"
     tests/gpu/parity.sh || { echo "checks: FAILED"; status=1; }
     echo "checks done ($(elapsed))"
 fi
