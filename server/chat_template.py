@@ -18,7 +18,6 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import APIError
-from .qwen_template import QWEN_TEMPLATE  # noqa: F401 - re-exported for the server
 
 
 def _raise(message: str) -> None:

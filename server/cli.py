@@ -39,7 +39,8 @@ def _load(
 
 
 def _template(llama_model, override: str | None):
-    from .chat_template import QWEN_TEMPLATE, ChatTemplate
+    from .chat_template import ChatTemplate
+    from .qwen_template import QWEN_TEMPLATE
 
     if override:
         source = Path(override).read_text()

@@ -38,7 +38,7 @@ public:
     ggml_tensor * q_pos     = nullptr;  // I32 [n_tokens] query positions (stream-major, as the ubatch)
     ggml_tensor * n_vis     = nullptr;  // I32 [n_tokens] complete blocks visible to each query
     ggml_tensor * comp_rows = nullptr;  // I32 [r * n_slot] rows of the completed blocks' raw keys
-    ggml_tensor * comp_dst  = nullptr;  // I64 [n_slot] row receiving each block key (its first cell)
+    ggml_tensor * comp_dst  = nullptr;  // I64 [n_slot] row receiving each block key (row b for block b)
     ggml_tensor * comp_pos  = nullptr;  // I32 [4 * n_slot] rope position of each block (its start)
 
     const uint32_t r;

@@ -25,6 +25,13 @@ def check_logits(
     assert err < max_err, f"{name}: max relative logit error {err:.2e}"
 
 
+def prefill_then_decode(rt, toks: list[int], n_prefill: int) -> np.ndarray:
+    """Logits of sequence 0: toks[:n_prefill] in one batch, then one token per step."""
+    rows = [rt.decode([(0, toks[:n_prefill], 0)])[0]]
+    rows += [rt.decode([(0, [toks[p]], p)])[0] for p in range(n_prefill, len(toks))]
+    return np.concatenate(rows)
+
+
 def selected_rows(rt, layer: int) -> list[set[int]]:
     """Selections of a single-sequence run, one set of cells per query, in decode order."""
     return [q for call in rt.selections.rows[layer] for q in call[0]]
@@ -71,9 +78,7 @@ def test_token_by_token_decode_matches_hf(pair):
     ref, ref_sel = hf.run(toks)
     # from position 2 on: the steps before the first block completes write idle completion
     # slots next to raw keys that are still to be pooled
-    rows = [rt.decode([(0, toks[:2], 0)])[0]]
-    rows += [rt.decode([(0, [toks[p]], p)])[0] for p in range(2, len(toks))]
-    check_logits(f"{name} prefill 2 + decode 70", np.concatenate(rows), ref)
+    check_logits(f"{name} prefill 2 + decode 70", prefill_then_decode(rt, toks, 2), ref)
     check_selections(f"{name} decode", hf, rt, ref_sel, len(toks))
 
 
@@ -109,9 +114,7 @@ def test_quantized_kv_cache_stays_within_its_rounding_of_hf(quantized_kv):
     rt.clear()
     toks = tokens(200, seed=5)
     ref, ref_sel = hf.run(toks)
-    rows = [rt.decode([(0, toks[:160], 0)])[0]]
-    rows += [rt.decode([(0, [toks[p]], p)])[0] for p in range(160, len(toks))]
-    ours = np.concatenate(rows)
+    ours = prefill_then_decode(rt, toks, 160)
     check_logits(name, ours, ref, max_err=QUANTIZED_KV_MAX_REL_ERR[kv_type], min_top1=0.99)
     # indexer keys stay f32 whatever the cache type, so the first QSA layer's selections cannot
     # change; later ones see the rounding only through their inputs, and still match HF's here

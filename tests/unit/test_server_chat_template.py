@@ -4,13 +4,13 @@ import json
 
 import pytest
 from pyqsa.server.chat_template import (
-    QWEN_TEMPLATE,
     ChatTemplate,
     ParsedToolCall,
     ToolCallStream,
     parse_tool_calls,
 )
 from pyqsa.server.errors import APIError
+from pyqsa.server.qwen_template import QWEN_TEMPLATE
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 CALL = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
