@@ -21,6 +21,7 @@ class ChatSession:
         system: str | None,
         max_tokens: int | None,
         temperature: float,
+        ignore_eos: bool = False,
     ) -> None:
         self.base = url.rstrip("/").removesuffix("/v1") + "/v1"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -28,6 +29,7 @@ class ChatSession:
         self.system = system
         self.max_tokens = max_tokens
         self.temperature = temperature
+        self.ignore_eos = ignore_eos
         self.history: list[dict] = []
         self.model = ""
 
@@ -89,6 +91,8 @@ class ChatSession:
         }
         if self.max_tokens:
             body["max_tokens"] = self.max_tokens
+        if self.ignore_eos:
+            body["ignore_eos"] = True
         parts: list[str] = []
         try:
             with self.http.stream("POST", f"{self.base}/chat/completions", json=body) as r:

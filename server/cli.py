@@ -156,6 +156,7 @@ def serve(
 @click.option("--system", "system_prompt", help="System message.")
 @click.option("--max-tokens", type=int, help="Reply length limit.")
 @click.option("--temperature", default=0.7, show_default=True)
+@click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-turn tokens.")
 @_engine_options
 def chat(
     model,
@@ -164,6 +165,7 @@ def chat(
     system_prompt,
     max_tokens,
     temperature,
+    ignore_eos,
     slots,
     ctx,
     batch_tokens,
@@ -181,7 +183,7 @@ def chat(
     if url and model:
         raise click.UsageError("give MODEL or --url, not both")
     if url:
-        ChatSession(url, api_key, system_prompt, max_tokens, temperature).run()
+        ChatSession(url, api_key, system_prompt, max_tokens, temperature, ignore_eos).run()
         return
     from .app import create_app
 
@@ -200,7 +202,7 @@ def chat(
     try:
         if not ready.wait(60):
             raise click.ClickException("the in-process server did not start")
-        ChatSession(urls[0], None, system_prompt, max_tokens, temperature).run()
+        ChatSession(urls[0], None, system_prompt, max_tokens, temperature, ignore_eos).run()
     finally:
         server.should_exit = True
         thread.join(5)

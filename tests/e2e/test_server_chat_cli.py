@@ -32,6 +32,7 @@ def greedy_start(server, text: str) -> str:
         messages=[{"role": "user", "content": text}],
         max_tokens=3,
         temperature=0,
+        extra_body={"ignore_eos": True},
     )
     return r.choices[0].message.content.replace("\n", "\r\n")
 
@@ -39,7 +40,9 @@ def greedy_start(server, text: str) -> str:
 def test_chat_against_a_server_ctrl_c_and_exit(server, cache_dir):
     # expected replies are computed first: alone in the server, as the chat's requests will be
     first, second = greedy_start(server, "hello"), greedy_start(server, "first line\nsecond line")
-    child = spawn(["--url", server.url, "--temperature", "0", "--max-tokens", "2000"], cache_dir)
+    # ignore_eos and a long limit: the reply is still streaming when Ctrl-C arrives
+    args = ["--temperature", "0", "--max-tokens", "2000", "--ignore-eos"]
+    child = spawn(["--url", server.url, *args], cache_dir)
     child.sendline("hello")
     child.expect(re.escape(first))  # the reply is streaming
     child.sendintr()
