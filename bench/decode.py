@@ -36,6 +36,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from meta import run_meta  # noqa: E402
 
+from pyqsa.engine.context import ContextConfig, ContextError, load_model, open_context  # noqa: E402
+
 PREFILL_EXPONENT = 2.0  # prefill time grows at most quadratically with context (budget guess)
 RUN_MARGIN_S = 30.0  # what a run needs besides its prefill: model load, context, decode steps
 
@@ -63,6 +65,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # NOTE: the pinned CPU backend's AMX f16 matmul crashes on batches over 5 streams; CPU
     # checks turn its weight repacking (an "extra buffer type") off
     ap.add_argument("--no-extra-bufts", action="store_true", help="no CPU weight repacking")
+    ap.add_argument(
+        "--qsa-mode",
+        choices=["positional", "sparse", "masked"],
+        default="positional",
+        help="pyqsa's QSA path (sparse, masked: upstream's per-step pooling, for comparison)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--out",
@@ -127,53 +135,56 @@ class Bench:
         if not os.environ.get("PYQSA_LLAMA_LOG"):
             self._log_cb = L.llama_log_callback(lambda level, text, data: None)
             L.llama_log_set(self._log_cb, None)
-        mp = L.llama_model_default_params()
         self.gpu = bool(L.llama_supports_gpu_offload())
-        mp.n_gpu_layers = args.gpu_layers if self.gpu else 0
-        mp.use_extra_bufts = not args.no_extra_bufts
         t0 = time.perf_counter()
-        self.model = L.llama_model_load_from_file(str(model).encode(), mp)
-        if not self.model:
-            raise BenchError(f"llama.cpp could not load {model}")
+        try:
+            self.model = load_model(
+                str(model), gpu_layers=args.gpu_layers if self.gpu else 0,
+                extra_bufts=not args.no_extra_bufts,
+            )
+        except ContextError as e:
+            raise BenchError(str(e)) from None
         self.load_s = time.perf_counter() - t0
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
         self.rng = np.random.default_rng(args.seed)
         self.ctx = None
 
-    def flags(self, n_ctx: int, n_seq: int) -> dict[str, Any]:
+    def config(self, context: int, n_seq: int) -> ContextConfig:
+        """The engine's context settings (pyqsa.engine.context) at this shape."""
         a = self.args
-        return {
-            "n_gpu_layers": a.gpu_layers if self.gpu else 0,
-            "flash_attn": "enabled",
-            "type_k": "f16",
-            "type_v": "f16",
-            "kv_unified": False,
-            "n_ctx": n_ctx,
-            "n_seq_max": n_seq,
-            "n_batch": a.ubatch,
-            "n_ubatch": a.ubatch,
-            "n_threads": a.threads,
-            "use_extra_bufts": not a.no_extra_bufts,
-        }
+        return ContextConfig(
+            n_seqs=n_seq,
+            ctx_per_seq=context,
+            n_batch=a.ubatch,
+            n_threads=a.threads,
+            kv_type="f16",
+            qsa_mode=a.qsa_mode,
+        )
 
     def open(self, context: int, n_seq: int) -> dict[str, Any]:
+        """Open the context; returns the flags it ran with, for the records."""
         L, a = self.L, self.args
-        p = L.llama_context_default_params()
-        p.n_ctx = context * n_seq
-        p.n_batch = p.n_ubatch = a.ubatch
-        p.n_seq_max = n_seq
-        p.kv_unified = False
-        p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED  # pyqsa's sparse path needs it
-        p.type_k = p.type_v = L.GGML_TYPE_F16
-        p.n_threads = p.n_threads_batch = a.threads
-        self.ctx = L.llama_init_from_model(self.model, p)
-        if not self.ctx:
-            raise BenchError(f"llama.cpp could not create a context of {p.n_ctx} cells")
-        if L.llama_n_ctx_seq(self.ctx) < context:
-            raise BenchError(f"context per sequence {L.llama_n_ctx_seq(self.ctx)} < {context}")
+        cfg = self.config(context, n_seq)
+        try:
+            self.ctx = open_context(self.model, cfg, upstream=a.variant == "upstream")
+        except ContextError as e:
+            raise BenchError(str(e)) from None
         self.mem = L.llama_get_memory(self.ctx)
         self.batch = L.llama_batch_init(max(a.ubatch, n_seq), 0, 1)
-        return self.flags(p.n_ctx, n_seq)
+        return {
+            "n_gpu_layers": a.gpu_layers if self.gpu else 0,
+            "flash_attn": "enabled" if cfg.flash_attn else "disabled",
+            "type_k": cfg.kv_type,
+            "type_v": cfg.kv_type,
+            "kv_unified": False,
+            "n_ctx": cfg.n_seqs * cfg.ctx_per_seq,
+            "n_seq_max": cfg.n_seqs,
+            "n_batch": cfg.n_batch,
+            "n_ubatch": cfg.n_batch,
+            "n_threads": cfg.threads,
+            "use_extra_bufts": not a.no_extra_bufts,
+            "qsa_mode": cfg.qsa_mode if a.variant == "pyqsa" else "upstream (masked dense)",
+        }
 
     def close(self) -> None:
         if self.ctx:

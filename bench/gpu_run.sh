@@ -125,7 +125,7 @@ fi
 # more would have llama.cpp split the layers over all of them)
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 echo "# $invocation; env: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES PYTHONPATH=$PYTHONPATH" \
-    "PYQSA_QSA_ATTN=${PYQSA_QSA_ATTN:-}" >> "$out/commands.txt"
+    >> "$out/commands.txt"
 declare -A libs=([pyqsa]=.build/py/llama_cpp/lib [upstream]=$work/upstream-cuda/bin)
 for c in ${contexts//,/ }; do
     for v in ${variants//,/ }; do

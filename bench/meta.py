@@ -73,7 +73,6 @@ def library(L: Any, expect: str) -> dict[str, Any]:
     if found == "pyqsa":
         lib.pyqsa_version.restype = ctypes.c_char_p
         info["pyqsa_version"] = lib.pyqsa_version().decode()
-        info["env"] = {"PYQSA_QSA_ATTN": os.environ.get("PYQSA_QSA_ATTN")}
     return info
 
 

@@ -119,14 +119,17 @@ def calibrate(
         amax[kind][j] = np.maximum(amax[kind][j], np.abs(buf).max(axis=(0, 2)))
         return True
 
+    from pyqsa.engine.context import ContextConfig, ContextError, load_model, open_context
+
     log = logging.getLogger("llama-cpp-python")
     level = log.level
     log.setLevel(logging.ERROR)  # llama.cpp's load log is noise here
     L.llama_backend_init()
-    model = L.llama_model_load_from_file(str(gguf_path).encode(), L.llama_model_default_params())
-    if not model:
+    try:
+        model = load_model(str(gguf_path))
+    except ContextError:
         log.setLevel(level)
-        raise ConvertError(f"{gguf_path}: the runtime could not load the converted file")
+        raise ConvertError(f"{gguf_path}: the runtime could not load the converted file") from None
     ctx = None
     try:
         vocab = L.llama_model_get_vocab(model)
@@ -138,16 +141,13 @@ def calibrate(
         if n <= 0:
             raise ConvertError("calibration text gave no tokens")
         cb = L.ggml_backend_sched_eval_callback(observe)
-        cp = L.llama_context_default_params()
-        cp.n_ctx = n
-        cp.n_batch = cp.n_ubatch = min(n, 512)
-        cp.cb_eval = cb
-        cp.cb_eval_user_data = None
-        ctx = L.llama_init_from_model(model, cp)
-        if not ctx:
-            raise ConvertError(f"{gguf_path}: the runtime could not create a context")
-        for start in range(0, n, cp.n_batch):
-            m = min(cp.n_batch, n - start)
+        cfg = ContextConfig(ctx_per_seq=n, n_batch=min(n, 512))
+        try:
+            ctx = open_context(model, cfg, cb_eval=cb)
+        except ContextError as e:
+            raise ConvertError(f"{gguf_path}: {e}") from None
+        for start in range(0, n, cfg.n_batch):
+            m = min(cfg.n_batch, n - start)
             chunk = (L.llama_token * m)(*toks[start : start + m])
             if L.llama_decode(ctx, L.llama_batch_get_one(chunk, m)) != 0:
                 raise ConvertError("calibration: llama_decode failed")

@@ -5,6 +5,19 @@ PyPI's gguf constants do not know qwen4exp, so the strings live here. Key string
 upstream src/llama-arch.cpp; `{}` is filled with the layer index.
 """
 
+# pyqsa's own keys live with the runtime, which reads them too
+from pyqsa.gguf_keys import (  # noqa: F401 (re-exported: the converter's one name table)
+    PYQSA_CONVERTER_VERSION,
+    PYQSA_KEYS,
+    PYQSA_KV_SCALES_K,
+    PYQSA_KV_SCALES_SOURCE,
+    PYQSA_KV_SCALES_V,
+    PYQSA_QSA_BUDGET,
+    PYQSA_QSA_COMPRESS_RATIO,
+    PYQSA_QSA_LAYERS,
+    PYQSA_TOKENIZER_NORMALIZER,
+)
+
 ARCH = "qwen4exp"
 CONVERTER_VERSION = "1"
 
@@ -55,30 +68,6 @@ PLE_EMBEDDING_LENGTH = k("embedding_length_per_layer_input")
 PLE_LAYER_MULTIPLIERS = k("ple.layer_multipliers")
 PLE_HEAD_OFFSETS = k("ple.head_offsets")
 PLE_HEAD_VOCAB_SIZES = k("ple.head_vocab_sizes")
-
-# pyqsa keys. kv_scales hold the absmax per KV head of what the indexed layers write into
-# their KV cache (K after k_norm and RoPE, V as projected), layer-major:
-# [qsa_layer0_head0, qsa_layer0_head1, ..., qsa_layer1_head0, ...]. A format whose largest
-# code is M stores x / (amax / M): M = 127 for int8, 448 for fp8 e4m3.
-PYQSA_CONVERTER_VERSION = "pyqsa.converter_version"
-PYQSA_QSA_LAYERS = "pyqsa.qsa.layers"
-PYQSA_QSA_COMPRESS_RATIO = "pyqsa.qsa.compress_ratio"
-PYQSA_QSA_BUDGET = "pyqsa.qsa.budget"
-PYQSA_KV_SCALES_K = "pyqsa.kv_scales.k"
-PYQSA_KV_SCALES_V = "pyqsa.kv_scales.v"
-PYQSA_KV_SCALES_SOURCE = "pyqsa.kv_scales.source"
-# "NFC" when HF normalises text before BPE (llama.cpp does not); absent: no normalisation
-PYQSA_TOKENIZER_NORMALIZER = "pyqsa.tokenizer.normalizer"
-# the keys --refresh-qsa rewrites
-PYQSA_KEYS = (
-    PYQSA_CONVERTER_VERSION,
-    PYQSA_QSA_LAYERS,
-    PYQSA_QSA_COMPRESS_RATIO,
-    PYQSA_QSA_BUDGET,
-    PYQSA_KV_SCALES_K,
-    PYQSA_KV_SCALES_V,
-    PYQSA_KV_SCALES_SOURCE,
-)
 
 # tensor names (upstream llama-arch.cpp); BLK ones take the layer index
 TOKEN_EMBD = "token_embd.weight"

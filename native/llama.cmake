@@ -3,12 +3,14 @@
 target_sources(llama PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/include/pyqsa.h
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-api.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-context.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-debug.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-mask.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-positional.cpp
 )
 set_source_files_properties(
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-api.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-context.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-debug.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-mask.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-positional.cpp

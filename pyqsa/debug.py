@@ -18,20 +18,16 @@ from . import native
 class TensorCapture:
     """Calls on_tensor(name, array) for every computed tensor whose name matches pattern.
 
-    Install before creating the context: `cap.install(cparams)`; keep the object alive as long
-    as the context lives (ctypes callbacks must not be garbage-collected).
+    Give `cap.callback` to the context (`open_context(..., cb_eval=cap.callback)`); keep the
+    object alive as long as the context lives (ctypes callbacks must not be garbage-collected).
     """
 
     def __init__(self, pattern: str, on_tensor: Callable[[str, np.ndarray], None]):
         self._regex = re.compile(pattern)
         self._on_tensor = on_tensor
         self._ffi, self._lib = native.raw()
-        self._callback = llama_cpp.ggml_backend_sched_eval_callback(self._eval)
+        self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._eval)
         self.error: BaseException | None = None
-
-    def install(self, cparams: llama_cpp.llama_context_params) -> None:
-        cparams.cb_eval = self._callback
-        cparams.cb_eval_user_data = None
 
     def raise_pending(self) -> None:
         """Re-raise an exception from the callback (ctypes would otherwise only print it)."""

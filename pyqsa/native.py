@@ -22,7 +22,10 @@ class NativeError(RuntimeError):
 def lib_dir() -> Path:
     """The folder holding the patched shared libraries and pyqsa.h."""
     import importlib.util
+    import os
 
+    if os.environ.get("LLAMA_CPP_LIB_PATH"):  # the bindings' own override: the same library
+        return Path(os.environ["LLAMA_CPP_LIB_PATH"])
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
         raise NativeError("llama_cpp (pyqsa's patched build) is not installed; run pip install .")
@@ -104,6 +107,36 @@ def devices() -> list[DeviceInfo]:
             )
         )
     return result
+
+
+QSA_MODES = ("positional", "sparse", "masked")  # PYQSA_QSA_* in pyqsa.h, in order
+
+
+def init_from_model(model: int, params_address: int, qsa_mode: str) -> int:
+    """llama_init_from_model with pyqsa's settings; returns the llama_context pointer.
+
+    model: a llama_model pointer; params_address: the address of a llama_context_params
+    (upstream's ctypes struct, `ctypes.addressof`)."""
+    if qsa_mode not in QSA_MODES:
+        raise ValueError(f"qsa_mode must be one of {', '.join(QSA_MODES)}, got {qsa_mode!r}")
+    ffi, lib = _api()
+    cfg = ffi.new("pyqsa_context_config *", lib.pyqsa_context_config_default())
+    cfg.qsa_mode = QSA_MODES.index(qsa_mode)
+    err = ffi.new("int32_t *")
+    ctx = lib.pyqsa_init_from_model(
+        ffi.cast("void *", model), ffi.cast("void *", params_address), cfg, err
+    )
+    if ctx == ffi.NULL:
+        raise NativeError(f"pyqsa_init_from_model failed with code {err[0]}")
+    return int(ffi.cast("uintptr_t", ctx))
+
+
+def context_qsa_mode(ctx: int) -> str:
+    """The QSA mode a context was created with."""
+    ffi, lib = _api()
+    out = ffi.new("pyqsa_context_config *")
+    _check(lib.pyqsa_context_config_get(ffi.cast("void *", ctx), out), "pyqsa_context_config_get")
+    return QSA_MODES[out.qsa_mode]
 
 
 def raw():

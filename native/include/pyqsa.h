@@ -70,6 +70,33 @@ PYQSA_API int32_t pyqsa_tensor_view_get(const void * t, pyqsa_tensor_view * out)
 // PYQSA_ERR_UNSUPPORTED for other types.
 PYQSA_API int32_t pyqsa_tensor_read_f32(const void * t, float * dst, int64_t n);
 
+// How the indexed (QSA) layers attend; a setting of each context.
+#define PYQSA_QSA_POSITIONAL 0  // block keys kept incrementally; O(n_tokens) inputs (default)
+#define PYQSA_QSA_SPARSE     1  // upstream's per-step pooling -> selection mask -> sparse attention
+#define PYQSA_QSA_MASKED     2  // upstream's dense attention under the selection mask
+
+// pyqsa's settings of one llama context, fixed when the context is created.
+typedef struct pyqsa_context_config {
+    int32_t qsa_mode;  // PYQSA_QSA_*; positional and sparse need flash attention on (V in rows),
+                       // without it the layers fall back to masked
+} pyqsa_context_config;
+
+// The settings a context gets when none are given (llama_init_from_model called directly).
+PYQSA_API pyqsa_context_config pyqsa_context_config_default(void);
+
+// llama_init_from_model with pyqsa's settings.
+//   model:  struct llama_model *
+//   params: const struct llama_context_params * (from any binding of the pinned llama.h)
+// Returns the struct llama_context *, or NULL with *err set: PYQSA_ERR_INVALID_ARG for a NULL
+// argument or an unknown setting, PYQSA_ERR_UNSUPPORTED when llama.cpp could not create the
+// context (its log says why).
+PYQSA_API void * pyqsa_init_from_model(void * model, const void * params,
+                                       const pyqsa_context_config * cfg, int32_t * err);
+
+// Fills *out with the settings of ctx (a struct llama_context *). Returns PYQSA_OK, or
+// PYQSA_ERR_INVALID_ARG when ctx or out is NULL.
+PYQSA_API int32_t pyqsa_context_config_get(const void * ctx, pyqsa_context_config * out);
+
 // cffi-end
 
 #ifdef __cplusplus

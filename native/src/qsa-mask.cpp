@@ -4,8 +4,6 @@
 #include "pyqsa-ggml.h"
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 pyqsa_qsa_selection pyqsa_qsa_select_blocks(ggml_context * ctx, ggml_tensor * score,
                                             ggml_tensor * comp, ggml_tensor * force,
@@ -43,21 +41,6 @@ pyqsa_qsa_selection pyqsa_qsa_select_blocks(ggml_context * ctx, ggml_tensor * sc
     mask = ggml_add(ctx, ggml_reshape_4d(ctx, cells, n_kv, n_tps, 1, n_stream), mask);
 
     return { blocks, mask };
-}
-
-pyqsa_qsa_mode pyqsa_qsa_mode_get() {
-    // read at every graph build (cheap next to building one), so a process can compare paths
-    const char * v = std::getenv("PYQSA_QSA_ATTN");
-    if (v == nullptr || std::strcmp(v, "positional") == 0) {
-        return PYQSA_QSA_POSITIONAL;
-    }
-    if (std::strcmp(v, "sparse") == 0) {
-        return PYQSA_QSA_SPARSE;
-    }
-    if (std::strcmp(v, "masked") == 0) {
-        return PYQSA_QSA_MASKED;
-    }
-    GGML_ABORT("PYQSA_QSA_ATTN must be positional, sparse or masked, got %s", v);
 }
 
 ggml_tensor * pyqsa_qsa_attn_cells(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,

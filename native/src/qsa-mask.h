@@ -28,19 +28,6 @@ pyqsa_qsa_selection pyqsa_qsa_select_blocks(ggml_context * ctx, ggml_tensor * sc
                                             ggml_tensor * cell_blk, ggml_tensor * kq_mask,
                                             int64_t kb);
 
-// How the QSA layers attend (env PYQSA_QSA_ATTN): positional (default: block keys kept
-// incrementally, O(n_tokens) host inputs, qsa-positional.h), sparse (selection mask built from
-// upstream's per-step pooling, then the same sparse attention) or masked (upstream's dense
-// attention under the selection mask). positional and sparse need the V cache in rows (flash
-// attention on); without it the layers fall back to masked.
-enum pyqsa_qsa_mode {
-    PYQSA_QSA_POSITIONAL,
-    PYQSA_QSA_SPARSE,
-    PYQSA_QSA_MASKED,
-};
-
-pyqsa_qsa_mode pyqsa_qsa_mode_get();
-
 // Attention over per-query cell lists, in the layout upstream's build_attn_mha returns.
 //   q:     F32 [D, n_head, n_tokens] (n_tokens = n_tps * n_stream, stream-major)
 //   k, v:  [D, n_head_kv, n_kv, n_stream] views of the KV cache, one row per (head, cell)

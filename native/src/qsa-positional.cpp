@@ -8,15 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
-
-namespace {
-
-// Ubatches with at most this many queries per stream (decode, speculative drafts) score with
-// pyqsa_ggml_qsa_score: one f32 pass over the block keys. Prefill chunks use a matrix product,
-// which is tiled for many queries, marked GGML_PREC_F32 so CUDA keeps it f32 too.
-constexpr int64_t max_tps_fused_score = 16;
-
-}  // namespace
+#include <memory>
 
 pyqsa_qsa_positional_input::pyqsa_qsa_positional_input(const llama_memory_hybrid_idx_context * mctx,
                                                        const llama_ubatch & ubatch, uint32_t r, int64_t kv_size) :
@@ -97,9 +89,20 @@ bool pyqsa_qsa_positional_input::can_reuse(const llm_graph_params & params) {
            n_slots(params.ubatch, r) == n_slot && (int64_t) mctx->get_idx()->get_n_kv() == n_kv;
 }
 
-ggml_tensor * pyqsa_qsa_positional_select(ggml_context * ctx, ggml_cgraph * gf, pyqsa_qsa_positional_input * inp,
-                                          ggml_tensor * k_all, ggml_tensor * q, const pyqsa_qsa_rope & rope,
-                                          int64_t budget, ggml_tensor ** score_out) {
+namespace {
+
+// Ubatches with at most this many queries per stream (decode, speculative drafts) score with
+// pyqsa_ggml_qsa_score: one f32 pass over the block keys. Prefill chunks use a matrix product,
+// which is tiled for many queries, marked GGML_PREC_F32 so CUDA keeps it f32 too.
+constexpr int64_t max_tps_fused_score = 16;
+
+// Writes this ubatch's completed block keys and selects, per query, the top budget/r visible
+// blocks plus the tail.
+//   k_all: [Di, 1, n_kv, n_stream] indexer cache view (get_k) after this ubatch's raw keys
+//   q:     F32 [Di, n_idx_head, n_tokens] indexer queries, normed and roped
+// returns I32 [kb*r + r - 1, n_tps, n_stream] cell lists for pyqsa_ggml_qsa_attn
+ggml_tensor * select_blocks(ggml_context * ctx, ggml_cgraph * gf, pyqsa_qsa_positional_input * inp, ggml_tensor * k_all,
+                            ggml_tensor * q, const pyqsa_qsa_rope & rope, int64_t budget, ggml_tensor ** score_out) {
     const int64_t Di       = q->ne[0];
     const int64_t n_head   = q->ne[1];
     const int64_t n_tokens = q->ne[2];
@@ -146,7 +149,7 @@ ggml_tensor * pyqsa_qsa_positional_select(ggml_context * ctx, ggml_cgraph * gf, 
         summed = pyqsa_ggml_qsa_score(ctx, q4, keys, scale);
     } else {
         ggml_tensor * score = ggml_mul_mat(ctx, keys, ggml_reshape_3d(ctx, ggml_cont(ctx, q), Di, n_head * n_tps, ns));
-        ggml_prec_set_acc(score, GGML_PREC_F32);  // on CUDA: f32, not TF32 (ggml_patches/0007)
+        ggml_prec_set_acc(score, GGML_PREC_F32);  // on CUDA: f32, not TF32 (ggml_patches/0008)
         score = ggml_relu(ctx, ggml_reshape_4d(ctx, score, n_blocks, n_head, n_tps, ns));
         summed = nullptr;
         for (int64_t h = 0; h < n_head; ++h) {
@@ -160,4 +163,36 @@ ggml_tensor * pyqsa_qsa_positional_select(ggml_context * ctx, ggml_cgraph * gf, 
     const int64_t kb     = std::min<int64_t>(budget / r, n_blocks);
     ggml_tensor * blocks = pyqsa_ggml_qsa_topk(ctx, summed, inp->n_vis, kb);
     return pyqsa_ggml_qsa_block_cells(ctx, blocks, inp->n_vis, inp->q_pos, (int32_t) r);
+}
+
+}  // namespace
+
+bool pyqsa_qsa_positional_applies(const llama_cparams & cparams) {
+    return cparams.pyqsa.qsa_mode == PYQSA_QSA_POSITIONAL && cparams.flash_attn && cparams.causal_attn;
+}
+
+ggml_tensor * pyqsa_qsa_positional_top_k(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input *& inp, int il,
+                                         uint32_t r, ggml_tensor * k_raw, ggml_tensor * q,
+                                         const pyqsa_qsa_rope & rope, int64_t budget, ggml_tensor ** score_out) {
+    const llama_kv_cache_context * idx = g.mctx->get_idx();
+    const int64_t n_tokens = g.ubatch.n_tokens;
+
+    // the layer's indexer cache; a view, so it reads what cpy_k below writes
+    ggml_tensor * k_view = idx->get_k(g.ctx, il);
+    if (inp == nullptr) {
+        auto p       = std::make_unique<pyqsa_qsa_positional_input>(g.mctx, g.ubatch, r, k_view->nb[3] / k_view->nb[2]);
+        p->k_idxs    = idx->build_input_k_idxs(g.ctx, g.ubatch);
+        p->q_pos     = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n_tokens);
+        p->n_vis     = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n_tokens);
+        p->comp_rows = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, r * p->n_slot);
+        p->comp_dst  = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I64, p->n_slot);
+        p->comp_pos  = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, 4 * p->n_slot);
+        for (ggml_tensor * t : { p->q_pos, p->n_vis, p->comp_rows, p->comp_dst, p->comp_pos }) {
+            ggml_set_input(t);
+        }
+        inp = p.get();
+        g.res->add_input(std::move(p));
+    }
+    ggml_build_forward_expand(g.gf, idx->cpy_k(g.ctx, k_raw, inp->k_idxs, il));
+    return select_blocks(g.ctx, g.gf, inp, k_view, q, rope, budget, score_out);
 }

@@ -18,6 +18,7 @@
 // without a block pool a copy of the ubatch's first raw key into a dead row (see set_input).
 #pragma once
 
+#include "llama-cparams.h"
 #include "llama-graph.h"
 #include "llama-memory-hybrid-idx.h"
 
@@ -61,11 +62,27 @@ struct pyqsa_qsa_rope {
     float         freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow;
 };
 
-// Writes this ubatch's completed block keys and selects, per query, the top budget/r visible
-// blocks plus the tail.
-//   k_all: [Di, 1, n_kv, n_stream] indexer cache view (get_k) after this ubatch's raw keys
+// Whether a context's QSA layers take the positional path: its qsa_mode asks for it, and the
+// V cache is in rows (flash attention on) with causal attention.
+bool pyqsa_qsa_positional_applies(const llama_cparams & cparams);
+
+// What the positional path needs of the graph being built (llm_graph_context's members).
+struct pyqsa_qsa_graph {
+    ggml_context *                          ctx;
+    ggml_cgraph *                           gf;
+    llm_graph_result *                      res;
+    const llama_memory_hybrid_idx_context * mctx;
+    const llama_ubatch &                    ubatch;
+};
+
+// One indexed layer's selection on the positional path: stores the ubatch's raw indexer keys,
+// writes its completed block keys and selects, per query, the top budget/r visible blocks plus
+// the tail. inp is the graph's input set for ratio r (layers sharing a ratio share it): created
+// and registered with g.res when null.
+//   k_raw: F32 [Di, 1, n_tokens] raw indexer keys of the ubatch's tokens
 //   q:     F32 [Di, n_idx_head, n_tokens] indexer queries, normed and roped
-// returns I32 [kb*r + r - 1, n_tps, n_stream] cell lists for pyqsa_ggml_qsa_attn
-ggml_tensor * pyqsa_qsa_positional_select(ggml_context * ctx, ggml_cgraph * gf, pyqsa_qsa_positional_input * inp,
-                                          ggml_tensor * k_all, ggml_tensor * q, const pyqsa_qsa_rope & rope,
-                                          int64_t budget, ggml_tensor ** score_out);
+// returns I32 [kb*r + r - 1, n_tps, n_stream] cell lists for pyqsa_ggml_qsa_attn; *score_out
+// the block scores [n_blocks, n_tps, n_stream]
+ggml_tensor * pyqsa_qsa_positional_top_k(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input *& inp, int il,
+                                         uint32_t r, ggml_tensor * k_raw, ggml_tensor * q,
+                                         const pyqsa_qsa_rope & rope, int64_t budget, ggml_tensor ** score_out);

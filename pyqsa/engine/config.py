@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from .context import ContextConfig
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class EngineConfig:
     max_batch_tokens: int = 256
     max_waiting: int = 64
     n_threads: int = 0  # 0: all cores
+    kv_type: str = "f16"  # K/V cache of the indexed layers: f32, f16 or q8_0
     seed: int = 0  # seeds requests that give no seed of their own, in arrival order
 
     def __post_init__(self) -> None:
@@ -39,14 +41,14 @@ class EngineConfig:
             )
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
-        if self.n_threads < 0:
-            raise ValueError(f"n_threads must be >= 0, got {self.n_threads}")
+        self.context_config()  # raises ValueError for settings the context refuses
 
-    @property
-    def threads(self) -> int:
-        return self.n_threads or os.cpu_count() or 1
-
-    @property
-    def n_ctx(self) -> int:
-        """Total context of the llama context: one `ctx_per_slot` stream per slot."""
-        return self.n_slots * self.ctx_per_slot
+    def context_config(self) -> ContextConfig:
+        """The llama context the engine runs on: a KV stream of `ctx_per_slot` per slot."""
+        return ContextConfig(
+            n_seqs=self.n_slots,
+            ctx_per_seq=self.ctx_per_slot,
+            n_batch=self.max_batch_tokens,
+            n_threads=self.n_threads,
+            kv_type=self.kv_type,
+        )

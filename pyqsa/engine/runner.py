@@ -17,8 +17,9 @@ from typing import Protocol
 
 import numpy as np
 
-from ..convert.names import PYQSA_TOKENIZER_NORMALIZER
+from ..gguf_keys import PYQSA_TOKENIZER_NORMALIZER
 from .config import EngineConfig
+from .context import ContextError, load_model, open_context
 from .scheduler import Chunk
 
 
@@ -78,13 +79,11 @@ class LlamaModel:
     def __init__(self, path: str) -> None:
         _init_backend()
         L = _llama()
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"model file not found: {path}")
-        params = L.llama_model_default_params()
         self.path = path
-        self.ptr = L.llama_model_load_from_file(path.encode(), params)
-        if not self.ptr:
-            raise RunnerError(f"llama.cpp could not load {path}")
+        try:
+            self.ptr = load_model(path)
+        except ContextError as e:
+            raise RunnerError(str(e)) from None
         self.vocab = L.llama_model_get_vocab(self.ptr)
         self.n_vocab: int = L.llama_vocab_n_tokens(self.vocab)
         self.eos: int = L.llama_vocab_eos(self.vocab)
@@ -148,20 +147,10 @@ class LlamaRunner:
         L = _llama()
         self.model = model
         self.n_vocab = model.n_vocab
-        p = L.llama_context_default_params()
-        p.n_ctx = config.n_ctx
-        p.n_batch = p.n_ubatch = config.max_batch_tokens
-        p.n_seq_max = config.n_slots
-        p.kv_unified = False
-        p.n_threads = p.n_threads_batch = config.threads
-        self.ctx = L.llama_init_from_model(model.ptr, p)
-        if not self.ctx:
-            raise RunnerError("llama.cpp could not create a context (out of memory?)")
-        if L.llama_n_ctx_seq(self.ctx) < config.ctx_per_slot:
-            raise RunnerError(
-                f"context per slot is {L.llama_n_ctx_seq(self.ctx)}, "
-                f"asked for {config.ctx_per_slot}"
-            )
+        try:
+            self.ctx = open_context(model.ptr, config.context_config())
+        except ContextError as e:
+            raise RunnerError(str(e)) from None
         self.mem = L.llama_get_memory(self.ctx)
         self.max_tokens = config.max_batch_tokens
         self.batch = L.llama_batch_init(self.max_tokens, 0, 1)

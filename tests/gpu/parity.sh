@@ -25,7 +25,7 @@ grep -E "CUDA vs CPU|Error|error" "$out/model_cuda_vs_cpu.log" | tail -n 6
 echo "demo model CUDA vs CPU: $([ $status = 0 ] && echo PASS || echo FAIL) ($(( $(date +%s) - t0 )) s)"
 # Upstream runs f32 matrix products in TF32 (cuBLAS math mode, ggml's f32 mma kernels), about
 # 1e-3 relative error each. The gate: the tests with those products held to f32
-# (PYQSA_CUDA_STRICT_F32, ggml_patches/0007), at the CPU's tolerance. Then the same tests at
+# (PYQSA_CUDA_STRICT_F32, ggml_patches/0008), at the CPU's tolerance. Then the same tests at
 # upstream's precision, for the numbers users get (their tolerances are the CPU's: not a gate).
 t0=$(date +%s)
 PYQSA_CUDA_STRICT_F32=1 PYQSA_TEST_N_GPU_LAYERS=999 python3 -m pytest -q -p no:cacheprovider \

@@ -13,8 +13,8 @@ import llama_cpp
 import numpy as np
 
 from pyqsa.debug import TensorCapture
+from pyqsa.engine.context import ContextConfig, load_model, open_context
 
-KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml_type
 _SELECTION = re.compile(r"qsa_(mask|cells)-(\d+)")
 
 
@@ -40,11 +40,10 @@ class LlamaRuntime:
     """One model + one context with f32 KV (for parity; kv_type f16 or q8_0 for the quantized
     cache), n_seq sequences in separate streams.
 
-    attn: how the QSA layers attend (PYQSA_QSA_ATTN, read at every graph build, so it is set
-    before each decode). "positional": block keys kept in the indexer cache, per-step inputs
-    O(n_tokens); "sparse": the selection mask of upstream's per-step pooling, then the same
-    sparse attention; both need the V cache in rows, which llama.cpp keeps when flash attention
-    is on. "masked": upstream's dense attention under the selection mask.
+    attn: the context's QSA mode (pyqsa.engine.context.ContextConfig.qsa_mode). "positional":
+    block keys kept in the indexer cache, per-step inputs O(n_tokens); "sparse": the selection
+    mask of upstream's per-step pooling, then the same sparse attention; both need the V cache
+    in rows (flash attention on). "masked": upstream's dense attention under the selection mask.
     """
 
     def __init__(
@@ -56,38 +55,27 @@ class LlamaRuntime:
         attn: str = "positional",
         kv_type: str = "f32",
     ):
-        self.attn = attn
-        os.environ["PYQSA_QSA_ATTN"] = attn
         llama_cpp.llama_backend_init()
-        mparams = llama_cpp.llama_model_default_params()
         # the GPU machine runs the same tests with every layer offloaded (tests/gpu/parity.sh)
         n_gpu_layers = int(os.environ.get("PYQSA_TEST_N_GPU_LAYERS", "0"))
-        mparams.n_gpu_layers = n_gpu_layers
-        self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
-        assert self.model, f"failed to load {path}"
+        self.model = load_model(path, gpu_layers=n_gpu_layers)
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.selections = Selections()
         self._capture = TensorCapture(r"qsa_(mask|cells)-\d+", self.selections.on_tensor)
-        cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = n_ctx * n_seq
-        cparams.n_batch = n_batch
-        cparams.n_ubatch = n_batch
-        cparams.n_seq_max = n_seq
-        cparams.kv_unified = False
-        cparams.type_k = cparams.type_v = KV_TYPES[kv_type]
-        cparams.flash_attn_type = (
-            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-            if attn != "masked"
-            else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cfg = ContextConfig(
+            n_seqs=n_seq,
+            ctx_per_seq=n_ctx,
+            n_batch=n_batch,
+            n_threads=2,
+            kv_type=kv_type,
+            qsa_mode=attn,
+            flash_attn=attn != "masked",
+            # with weights on the host, a CUDA build still runs batches of 32+ tokens on the
+            # GPU (op offload); a run asked to stay on the CPU must really stay there
+            op_offload=n_gpu_layers > 0,
         )
-        cparams.n_threads = cparams.n_threads_batch = 2
-        # with weights on the host, a CUDA build still runs batches of 32+ tokens on the GPU
-        # (op offload); a run asked to stay on the CPU must really stay there
-        cparams.op_offload = n_gpu_layers > 0
-        self._capture.install(cparams)
-        self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
-        assert self.ctx, "failed to create a context"
+        self.ctx = open_context(self.model, cfg, cb_eval=self._capture.callback)
 
     def close(self) -> None:
         llama_cpp.llama_free(self.ctx)
@@ -112,7 +100,6 @@ class LlamaRuntime:
                     rows[seq].append(i)
                     i += 1
             batch.n_tokens = n
-            os.environ["PYQSA_QSA_ATTN"] = self.attn
             rc = llama_cpp.llama_decode(self.ctx, batch)
             self._capture.raise_pending()
             assert rc == 0, f"llama_decode returned {rc}"

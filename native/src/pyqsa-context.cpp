@@ -1,0 +1,52 @@
+// pyqsa's per-context settings (see pyqsa-context.h).
+#include "pyqsa-context.h"
+
+#include "llama-context.h"
+
+namespace {
+
+thread_local pyqsa_context_config parked = pyqsa_context_config_default();
+
+bool valid(const pyqsa_context_config & cfg) {
+    return cfg.qsa_mode == PYQSA_QSA_POSITIONAL || cfg.qsa_mode == PYQSA_QSA_SPARSE ||
+           cfg.qsa_mode == PYQSA_QSA_MASKED;
+}
+
+}  // namespace
+
+pyqsa_context_config pyqsa_context_config_default(void) {
+    pyqsa_context_config cfg{};
+    cfg.qsa_mode = PYQSA_QSA_POSITIONAL;
+    return cfg;
+}
+
+pyqsa_context_config pyqsa_context_config_take() {
+    const pyqsa_context_config cfg = parked;
+    parked = pyqsa_context_config_default();
+    return cfg;
+}
+
+void * pyqsa_init_from_model(void * model, const void * params, const pyqsa_context_config * cfg, int32_t * err) {
+    int32_t rc = PYQSA_OK;
+    llama_context * ctx = nullptr;
+    if (model == nullptr || params == nullptr || cfg == nullptr || !valid(*cfg)) {
+        rc = PYQSA_ERR_INVALID_ARG;
+    } else {
+        parked = *cfg;
+        ctx = llama_init_from_model(static_cast<llama_model *>(model), *static_cast<const llama_context_params *>(params));
+        parked = pyqsa_context_config_default();  // also when construction failed before taking them
+        rc = ctx ? PYQSA_OK : PYQSA_ERR_UNSUPPORTED;
+    }
+    if (err != nullptr) {
+        *err = rc;
+    }
+    return ctx;
+}
+
+int32_t pyqsa_context_config_get(const void * ctx, pyqsa_context_config * out) {
+    if (ctx == nullptr || out == nullptr) {
+        return PYQSA_ERR_INVALID_ARG;
+    }
+    *out = static_cast<const llama_context *>(ctx)->get_cparams().pyqsa;
+    return PYQSA_OK;
+}

@@ -1,0 +1,117 @@
+"""The one place that loads models and opens llama contexts with pyqsa's settings.
+
+The engine's runner, calibration, the benchmark and the parity harness all open their
+contexts here, so a benchmark or a parity run measures the settings the engine serves with
+(KV type, flash attention, QSA mode, one KV stream per sequence) rather than its own copy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+
+from .. import native
+
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml_type
+
+
+class ContextError(RuntimeError):
+    """llama.cpp could not load a model or create a context."""
+
+
+def _llama():
+    import llama_cpp
+
+    return llama_cpp
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    """One llama context: `n_seqs` sequences, each in its own KV stream of `ctx_per_seq` cells.
+
+    `n_batch` is the most tokens one llama_decode takes, and its ubatch size. `qsa_mode`:
+    "positional" (the engine's path), or "sparse" / "masked" (upstream's per-step pooling, for
+    comparison; see pyqsa.h). The positional and sparse paths need flash attention (the V
+    cache in rows); without it the QSA layers run upstream's masked attention.
+    `op_offload` lets a GPU build run large batches of host-resident weights on the GPU.
+    """
+
+    n_seqs: int = 1
+    ctx_per_seq: int = 4096
+    n_batch: int = 256
+    n_threads: int = 0  # 0: all cores
+    kv_type: str = "f16"
+    qsa_mode: str = "positional"
+    flash_attn: bool = True
+    op_offload: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("n_seqs", "ctx_per_seq", "n_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.n_threads < 0:
+            raise ValueError(f"n_threads must be >= 0, got {self.n_threads}")
+        if self.kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}")
+        if self.qsa_mode not in native.QSA_MODES:
+            modes = ", ".join(native.QSA_MODES)
+            raise ValueError(f"qsa_mode must be one of {modes}, got {self.qsa_mode!r}")
+
+    @property
+    def threads(self) -> int:
+        return self.n_threads or os.cpu_count() or 1
+
+
+def load_model(path: str, gpu_layers: int | None = None, extra_bufts: bool = True) -> int:
+    """A llama_model pointer for the GGUF at `path`; `gpu_layers` None keeps llama.cpp's
+    default (every layer on the GPU when there is one)."""
+    L = _llama()
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"model file not found: {path}")
+    p = L.llama_model_default_params()
+    if gpu_layers is not None:
+        p.n_gpu_layers = gpu_layers
+    p.use_extra_bufts = extra_bufts
+    model = L.llama_model_load_from_file(path.encode(), p)
+    if not model:
+        raise ContextError(f"llama.cpp could not load {path}")
+    return model
+
+
+def open_context(model: int, cfg: ContextConfig, cb_eval=None, upstream: bool = False) -> int:
+    """A llama_context pointer for `model` with `cfg`. cb_eval: a
+    ggml_backend_sched_eval_callback (kept alive by the caller) to observe tensors.
+    upstream: the loaded library is an unpatched llama.cpp (the benchmark's baseline), which
+    has no pyqsa settings: qsa_mode does not apply."""
+    L = _llama()
+    p = L.llama_context_default_params()
+    p.n_ctx = cfg.n_seqs * cfg.ctx_per_seq
+    p.n_batch = p.n_ubatch = cfg.n_batch
+    p.n_seq_max = cfg.n_seqs
+    p.kv_unified = False  # a stream per sequence: a slot never runs another out of cells
+    p.type_k = p.type_v = KV_TYPES[cfg.kv_type]
+    p.flash_attn_type = (
+        L.LLAMA_FLASH_ATTN_TYPE_ENABLED if cfg.flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    )
+    p.n_threads = p.n_threads_batch = cfg.threads
+    p.op_offload = cfg.op_offload
+    if cb_eval is not None:
+        p.cb_eval = cb_eval
+        p.cb_eval_user_data = None
+    what = f"a context of {cfg.n_seqs} x {cfg.ctx_per_seq} cells"
+    if upstream:
+        ctx = L.llama_init_from_model(model, p)
+        if not ctx:
+            raise ContextError(f"llama.cpp could not create {what} (out of memory?)")
+    else:
+        try:
+            ctx = native.init_from_model(model, ctypes.addressof(p), cfg.qsa_mode)
+        except native.NativeError as e:
+            raise ContextError(f"llama.cpp could not create {what} (out of memory?): {e}") from None
+    if L.llama_n_ctx_seq(ctx) < cfg.ctx_per_seq:
+        L.llama_free(ctx)
+        raise ContextError(
+            f"context per sequence is {L.llama_n_ctx_seq(ctx)}, asked for {cfg.ctx_per_seq}"
+        )
+    return ctx

@@ -1,0 +1,69 @@
+"""pyqsa.engine.context: the QSA mode is a setting of each llama context, not of the process."""
+
+from __future__ import annotations
+
+import ctypes
+
+import llama_cpp
+import pytest
+
+from pyqsa import native
+from pyqsa.debug import TensorCapture
+from pyqsa.engine.context import ContextConfig, load_model, open_context
+
+
+@pytest.fixture(scope="module")
+def model(tiny_gguf):
+    llama_cpp.llama_backend_init()
+    m = load_model(str(tiny_gguf), gpu_layers=0)
+    yield m
+    llama_cpp.llama_model_free(m)
+
+
+def graph_names(model, mode: str) -> set[str]:
+    """The QSA tensor kinds the graph of a `mode` context computes in one decode."""
+    seen: set[str] = set()
+    cap = TensorCapture(r"qsa_(cells|mask)-\d+", lambda name, _t: seen.add(name.split("-")[0]))
+    cfg = ContextConfig(ctx_per_seq=256, n_batch=64, n_threads=2, qsa_mode=mode)
+    ctx = open_context(model, cfg, cb_eval=cap.callback)
+    try:
+        assert native.context_qsa_mode(ctx) == mode
+        toks = (llama_cpp.llama_token * 40)(*range(100, 140))
+        assert llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(toks, 40)) == 0
+        cap.raise_pending()
+    finally:
+        llama_cpp.llama_free(ctx)
+    return seen
+
+
+def test_each_context_runs_its_own_qsa_mode(model):
+    # positional selects cells directly; sparse and masked build a selection mask first
+    assert graph_names(model, "positional") == {"qsa_cells"}
+    assert graph_names(model, "masked") == {"qsa_mask"}
+    assert graph_names(model, "sparse") == {"qsa_mask"}
+    assert graph_names(model, "positional") == {"qsa_cells"}  # nothing process-wide was left
+
+
+def test_a_context_made_without_settings_gets_the_defaults(model):
+    ctx = llama_cpp.llama_init_from_model(model, llama_cpp.llama_context_default_params())
+    try:
+        assert native.context_qsa_mode(ctx) == "positional"
+    finally:
+        llama_cpp.llama_free(ctx)
+
+
+def test_bad_settings_are_refused(model):
+    with pytest.raises(ValueError, match="qsa_mode must be one of"):
+        ContextConfig(qsa_mode="dense")
+    with pytest.raises(ValueError, match="kv_type must be one of"):
+        ContextConfig(kv_type="q4_0")
+    ffi, lib = native.raw()
+    cfg = ffi.new("pyqsa_context_config *", {"qsa_mode": 7})
+    err = ffi.new("int32_t *")
+    params = llama_cpp.llama_context_default_params()
+    ctx = lib.pyqsa_init_from_model(
+        ffi.cast("void *", model), ffi.cast("void *", ctypes.addressof(params)), cfg, err
+    )
+    assert ctx == ffi.NULL and err[0] == lib.PYQSA_ERR_INVALID_ARG
+    out = ffi.new("pyqsa_context_config *")
+    assert lib.pyqsa_context_config_get(ffi.NULL, out) == lib.PYQSA_ERR_INVALID_ARG
