@@ -32,6 +32,10 @@ endif()
 add_executable(test-qsa-ops ${CMAKE_CURRENT_LIST_DIR}/tests/test-qsa-ops.cpp)
 target_link_libraries(test-qsa-ops PRIVATE ggml)
 target_compile_features(test-qsa-ops PRIVATE cxx_std_17)
+# the paging op over multi-step scenarios: test-qsa-page [test|perf|trace] [-b BACKEND]
+add_executable(test-qsa-page ${CMAKE_CURRENT_LIST_DIR}/tests/test-qsa-page.cpp)
+target_link_libraries(test-qsa-page PRIVATE ggml)
+target_compile_features(test-qsa-page PRIVATE cxx_std_17)
 
 # Each shared library keeps the symbols of the static archives it links to itself. The CUDA image's
 # toolchain links a static libstdc++ into the libraries; exported, one library's copy interposed

@@ -88,3 +88,42 @@ struct ggml_tensor * pyqsa_ggml_qsa_block_cells(struct ggml_context * ctx, struc
     result->src[2] = pos;
     return result;
 }
+
+struct ggml_tensor * pyqsa_ggml_qsa_page_resolve(struct ggml_context * ctx, struct ggml_tensor * blocks,
+                                                 struct ggml_tensor * n_vis, struct ggml_tensor * table,
+                                                 struct ggml_tensor * owner, struct ggml_tensor * stamp,
+                                                 struct ggml_tensor * step, struct ggml_tensor * stats,
+                                                 struct ggml_tensor * hot, const void * store, int64_t n_store) {
+    const int64_t kb = blocks->ne[0], n_q = blocks->ne[1], ns = blocks->ne[2];
+    const int64_t H  = owner->ne[0];
+    for (const ggml_tensor * t : { blocks, n_vis, table, owner, stamp, step }) {
+        GGML_ASSERT(t->type == GGML_TYPE_I32 && ggml_is_contiguous(t));
+    }
+    GGML_ASSERT(stats->type == GGML_TYPE_I64 && ggml_is_contiguous(stats));
+    GGML_ASSERT(blocks->ne[3] == 1 && ggml_nelements(n_vis) == n_q * ns && ggml_nelements(step) == 1);
+    GGML_ASSERT(table->ne[1] == ns && owner->ne[1] == ns && stamp->ne[0] == H && stamp->ne[1] == ns);
+    GGML_ASSERT(stats->ne[0] == 2 && stats->ne[1] == ns);
+    GGML_ASSERT(hot->ne[1] == H && hot->ne[2] == ns && ggml_is_contiguous(hot));
+    GGML_ASSERT(H >= kb * n_q && "pyqsa: the hot cache must hold every block one step selects");
+    GGML_ASSERT(store != nullptr && table->ne[0] <= n_store && n_store <= INT32_MAX);
+
+    struct ggml_tensor * result = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, kb, n_q, ns);
+    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_PAGE_RESOLVE);
+    const uint64_t addr = (uint64_t) (uintptr_t) store;
+    ggml_set_op_params_i32(result, 1, (int32_t) (uint32_t) (addr & 0xffffffffu));
+    ggml_set_op_params_i32(result, 2, (int32_t) (uint32_t) (addr >> 32));
+    ggml_set_op_params_i32(result, 3, (int32_t) n_store);
+    result->op = GGML_OP_PYQSA;
+    ggml_tensor * srcs[] = { blocks, n_vis, table, owner, stamp, step, stats, hot };
+    for (int i = 0; i < 8; ++i) {
+        result->src[i] = srcs[i];
+    }
+    return result;
+}
+
+const void * pyqsa_ggml_qsa_page_store(const struct ggml_tensor * op, int64_t * n_store) {
+    const uint64_t lo = (uint32_t) ggml_get_op_params_i32(op, 1);
+    const uint64_t hi = (uint32_t) ggml_get_op_params_i32(op, 2);
+    *n_store = ggml_get_op_params_i32(op, 3);
+    return (const void *) (uintptr_t) (lo | (hi << 32));
+}

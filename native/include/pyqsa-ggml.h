@@ -16,6 +16,7 @@ enum pyqsa_ggml_op {
     PYQSA_GGML_OP_QSA_TOPK       = 3,
     PYQSA_GGML_OP_QSA_BLOCK_CELLS = 4,
     PYQSA_GGML_OP_QSA_SCORE      = 5,
+    PYQSA_GGML_OP_QSA_PAGE_RESOLVE = 6,
 };
 
 // Sparse attention: every query attends only to the KV cells listed for it (QSA: the selected
@@ -79,6 +80,43 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_block_cells(struct ggml_context * c
                                                          struct ggml_tensor * n_vis,
                                                          struct ggml_tensor * pos,
                                                          int32_t r);
+
+// Host-backed KV paging, one step of one indexed layer: maps every selected block to a slot of
+// its stream's hot cache (a small device copy of the blocks in use), fetching the blocks that
+// are not resident from the host store. Eviction is LRU with the step's own selection pinned:
+// the misses, in increasing block order, take the unpinned slots in increasing (last use,
+// slot) order, free slots first, which is what evicting one least-recently-used slot per miss
+// would do. State lives in the src tensors and is updated in place, on the device, so a step
+// needs no host sync.
+//   blocks: I32 [kb, n_q, n_stream] selected block ids (pyqsa_ggml_qsa_topk)
+//   n_vis:  I32 [n_q * n_stream] visible complete blocks per query; blocks >= n_vis are not
+//           selected (top-k pads with them) and map to -1
+//   table:  I32 [n_blocks, n_stream] (state) logical block -> hot slot, -1 = not resident
+//   owner:  I32 [H, n_stream] (state) hot slot -> logical block, -1 = free
+//   stamp:  I32 [H, n_stream] (state) step of the slot's last use, -1 = never
+//   step:   I32 [1] this step's number, larger than every earlier call's
+//   stats:  I64 [2, n_stream] (state) hits, misses: selected entries whose block was resident,
+//           and blocks fetched
+//   hot:    [E, H, n_stream] any type, one contiguous row of B = nb[1] bytes per block (state)
+//   store:  host memory the kernel reads directly (pinned, zero-copy on CUDA): block b of stream
+//           s is the B bytes at store + (s * n_store + b) * B; not a graph tensor, so no
+//           backend copies it. The caller keeps it written before the step that reads it.
+// H must hold every distinct block one step selects (H >= kb * n_q); n_blocks <= n_store.
+// returns I32 [kb, n_q, n_stream]: the hot slot of every selected block, -1 where not visible
+GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_resolve(struct ggml_context * ctx,
+                                                          struct ggml_tensor * blocks,
+                                                          struct ggml_tensor * n_vis,
+                                                          struct ggml_tensor * table,
+                                                          struct ggml_tensor * owner,
+                                                          struct ggml_tensor * stamp,
+                                                          struct ggml_tensor * step,
+                                                          struct ggml_tensor * stats,
+                                                          struct ggml_tensor * hot,
+                                                          const void * store,
+                                                          int64_t n_store);
+
+// The store address and its blocks per stream, as a page-resolve node holds them.
+GGML_API const void * pyqsa_ggml_qsa_page_store(const struct ggml_tensor * op, int64_t * n_store);
 
 #ifdef __cplusplus
 }

@@ -33,4 +33,8 @@ if .build/cmake-cuda/bin/test-qsa-ops test -b CUDA0 > "$out/test-qsa-ops.log" 2>
 echo "pyqsa ops: $r ($(tail -n 1 "$out/test-qsa-ops.log"))"
 grep -E "FAIL" "$out/test-qsa-ops.log" | head -n 20 || true
 .build/cmake-cuda/bin/test-qsa-ops perf 2>&1 | tee "$out/perf-qsa-ops.log"
+if .build/cmake-cuda/bin/test-qsa-page test -b CUDA0 > "$out/test-qsa-page.log" 2>&1; then r=PASS; else r=FAIL; status=1; fi
+echo "pyqsa paging op: $r ($(tail -n 1 "$out/test-qsa-page.log"))"
+grep -E "FAIL" "$out/test-qsa-page.log" | head -n 20 || true
+.build/cmake-cuda/bin/test-qsa-page perf 2>&1 | tee "$out/perf-qsa-page.log"
 exit $status

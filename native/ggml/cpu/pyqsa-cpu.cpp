@@ -6,6 +6,7 @@
 #include "qsa-attn.h"
 #include "qsa-block-cells.h"
 #include "qsa-mask-cells.h"
+#include "qsa-page.h"
 #include "qsa-score.h"
 #include "qsa-topk.h"
 
@@ -25,6 +26,9 @@ void pyqsa_cpu_forward(const struct ggml_compute_params * params, struct ggml_te
             break;
         case PYQSA_GGML_OP_QSA_SCORE:
             pyqsa_cpu_qsa_score(params, dst);
+            break;
+        case PYQSA_GGML_OP_QSA_PAGE_RESOLVE:
+            pyqsa_cpu_qsa_page_resolve(params, dst);
             break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));

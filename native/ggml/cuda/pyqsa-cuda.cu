@@ -6,6 +6,7 @@
 #include "qsa-attn.cuh"
 #include "qsa-block-cells.cuh"
 #include "qsa-mask-cells.cuh"
+#include "qsa-page.cuh"
 #include "qsa-score.cuh"
 #include "qsa-topk.cuh"
 
@@ -29,6 +30,9 @@ void pyqsa_cuda_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         case PYQSA_GGML_OP_QSA_SCORE:
             pyqsa_cuda_qsa_score(ctx, dst);
             break;
+        case PYQSA_GGML_OP_QSA_PAGE_RESOLVE:
+            pyqsa_cuda_qsa_page_resolve(ctx, dst);
+            break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));
     }
@@ -42,6 +46,8 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
             return op->src[0]->ne[1] * op->src[0]->ne[3] <= 65535;
         case PYQSA_GGML_OP_QSA_SCORE:
             return pyqsa_cuda_qsa_score_supported(op);
+        case PYQSA_GGML_OP_QSA_PAGE_RESOLVE:
+            return pyqsa_cuda_qsa_page_resolve_supported(op);
         case PYQSA_GGML_OP_QSA_TOPK:
         case PYQSA_GGML_OP_QSA_BLOCK_CELLS:
             return ggml_nrows(op->src[0]) <= 65535;

@@ -1,0 +1,114 @@
+// CPU kernel of PYQSA_GGML_OP_QSA_PAGE_RESOLVE: one stream per work item. The "device" hot
+// cache is a separate buffer here too, so CPU runs exercise the same paging as CUDA ones.
+#include "qsa-page.h"
+
+#include "ggml-cpu/ggml-cpu-impl.h"
+#include "ggml-impl.h"
+#include "pyqsa-ggml.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+struct page_args {
+    const int32_t * blocks;  // [kb, n_q] of the stream
+    const int32_t * n_vis;   // [n_q]
+    int32_t *       table;   // [n_blocks]
+    int32_t *       owner;   // [H]
+    int32_t *       stamp;   // [H]
+    int64_t *       stats;   // [2]
+    char *          hot;     // [H] rows of B bytes
+    const char *    store;   // [n_store] rows of B bytes
+    int32_t *       out;     // [kb, n_q]
+    int64_t kb, n_q, H, n_blocks;
+    size_t  B;
+    int32_t step;
+};
+
+void resolve_stream(const page_args & a) {
+    // hits pin their slot for this step; misses are the distinct blocks not resident
+    int64_t              hits = 0;
+    std::vector<int32_t> miss;
+    for (int64_t q = 0; q < a.n_q; ++q) {
+        for (int64_t j = 0; j < a.kb; ++j) {
+            const int32_t b = a.blocks[q * a.kb + j];
+            if (b >= a.n_vis[q]) {
+                continue;
+            }
+            GGML_ASSERT(b >= 0 && b < a.n_blocks);
+            const int32_t slot = a.table[b];
+            if (slot >= 0) {
+                a.stamp[slot] = a.step;
+                ++hits;
+            } else {
+                miss.push_back(b);
+            }
+        }
+    }
+    std::sort(miss.begin(), miss.end());
+    miss.erase(std::unique(miss.begin(), miss.end()), miss.end());
+
+    // victims: unpinned slots, least recently used first (free slots have stamp -1), then slot
+    std::vector<int32_t> victims;
+    for (int32_t h = 0; h < (int32_t) a.H; ++h) {
+        if (a.stamp[h] != a.step) {
+            victims.push_back(h);
+        }
+    }
+    std::sort(victims.begin(), victims.end(), [&](int32_t x, int32_t y) {
+        return a.stamp[x] != a.stamp[y] ? a.stamp[x] < a.stamp[y] : x < y;
+    });
+    GGML_ASSERT(miss.size() <= victims.size());
+    for (size_t i = 0; i < miss.size(); ++i) {
+        const int32_t slot = victims[i];
+        if (a.owner[slot] >= 0) {
+            a.table[a.owner[slot]] = -1;
+        }
+        a.owner[slot]     = miss[i];
+        a.stamp[slot]     = a.step;
+        a.table[miss[i]]  = slot;
+        std::memcpy(a.hot + slot * a.B, a.store + miss[i] * a.B, a.B);
+    }
+    a.stats[0] += hits;
+    a.stats[1] += (int64_t) miss.size();
+
+    for (int64_t q = 0; q < a.n_q; ++q) {
+        for (int64_t j = 0; j < a.kb; ++j) {
+            const int32_t b = a.blocks[q * a.kb + j];
+            a.out[q * a.kb + j] = b < a.n_vis[q] ? a.table[b] : -1;
+        }
+    }
+}
+
+}  // namespace
+
+void pyqsa_cpu_qsa_page_resolve(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    const ggml_tensor * blocks = dst->src[0];
+    const ggml_tensor * table  = dst->src[2];
+    const ggml_tensor * hot    = dst->src[7];
+    int64_t             n_store = 0;
+    const char *        store   = (const char *) pyqsa_ggml_qsa_page_store(dst, &n_store);
+
+    page_args a;
+    a.kb       = blocks->ne[0];
+    a.n_q      = blocks->ne[1];
+    a.H        = hot->ne[1];
+    a.n_blocks = table->ne[0];
+    a.B        = hot->nb[1];
+    a.step     = *(const int32_t *) dst->src[5]->data;
+    const int64_t ns = blocks->ne[2];
+    for (int64_t s = params->ith; s < ns; s += params->nth) {
+        a.blocks = (const int32_t *) blocks->data + s * a.kb * a.n_q;
+        a.n_vis  = (const int32_t *) dst->src[1]->data + s * a.n_q;
+        a.table  = (int32_t *) table->data + s * a.n_blocks;
+        a.owner  = (int32_t *) dst->src[3]->data + s * a.H;
+        a.stamp  = (int32_t *) dst->src[4]->data + s * a.H;
+        a.stats  = (int64_t *) dst->src[6]->data + s * 2;
+        a.hot    = (char *) hot->data + s * a.H * a.B;
+        a.store  = store + s * n_store * a.B;
+        a.out    = (int32_t *) dst->data + s * a.kb * a.n_q;
+        resolve_stream(a);
+    }
+}

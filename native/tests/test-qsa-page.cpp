@@ -1,0 +1,426 @@
+// Checks PYQSA_GGML_OP_QSA_PAGE_RESOLVE over multi-step scenarios: the CPU backend against a
+// sequential LRU model written here (every output and all state after every step), every other
+// backend against the CPU. `trace` runs a scenario read from stdin on the CPU backend and prints
+// each step, for the Python model of the policy (tests/unit/test_page_policy.py); `perf` times
+// decode-shaped steps at 256K context.
+//
+//   test-qsa-page [test|perf] [-b BACKEND]      exit code 0 when every case passed
+//   test-qsa-page trace < scenario              see read_scenario() for the format
+#include "pyqsa-ggml.h"
+
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct page_shape {
+    int64_t   ns, H, n_blocks, kb, n_q, E;
+    ggml_type type;  // of the hot cache rows (E elements, B bytes)
+
+    size_t B() const { return ggml_row_size(type, E); }
+
+    std::string name() const {
+        char buf[160];
+        std::snprintf(buf, sizeof(buf), "QSA_PAGE_RESOLVE(ns=%lld,H=%lld,n_blocks=%lld,kb=%lld,n_q=%lld,B=%zu)",
+                      (long long) ns, (long long) H, (long long) n_blocks, (long long) kb, (long long) n_q, B());
+        return buf;
+    }
+};
+
+struct page_step {
+    std::vector<int32_t> blocks;  // [kb, n_q, ns]
+    std::vector<int32_t> n_vis;   // [n_q * ns]
+    int32_t              step;
+};
+
+struct page_state {
+    std::vector<int32_t> table, owner, stamp, out;
+    std::vector<int64_t> stats;
+    std::vector<uint8_t> hot;
+
+    bool operator==(const page_state & o) const {
+        return table == o.table && owner == o.owner && stamp == o.stamp && out == o.out && stats == o.stats &&
+               hot == o.hot;
+    }
+};
+
+page_state empty_state(const page_shape & c) {
+    page_state m;
+    m.table.assign(c.n_blocks * c.ns, -1);
+    m.owner.assign(c.H * c.ns, -1);
+    m.stamp.assign(c.H * c.ns, -1);
+    m.out.assign(c.kb * c.n_q * c.ns, -1);
+    m.stats.assign(2 * c.ns, 0);
+    m.hot.assign(c.B() * c.H * c.ns, 0);
+    return m;
+}
+
+// The policy, one missed block at a time: each distinct missed block, in increasing order,
+// evicts the unpinned slot used least recently (lowest slot on ties; never-used slots first).
+void model_step(const page_shape & c, const page_step & st, const uint8_t * store, page_state & m) {
+    const size_t B = c.B();
+    for (int64_t s = 0; s < c.ns; ++s) {
+        int32_t * table = m.table.data() + s * c.n_blocks;
+        int32_t * owner = m.owner.data() + s * c.H;
+        int32_t * stamp = m.stamp.data() + s * c.H;
+        std::set<int32_t> missed;
+        for (int64_t q = 0; q < c.n_q; ++q) {
+            for (int64_t j = 0; j < c.kb; ++j) {
+                const int32_t b = st.blocks[(s * c.n_q + q) * c.kb + j];
+                if (b >= st.n_vis[s * c.n_q + q]) continue;
+                if (table[b] >= 0) {
+                    stamp[table[b]] = st.step;
+                    ++m.stats[2 * s];
+                } else {
+                    missed.insert(b);
+                }
+            }
+        }
+        for (int32_t b : missed) {
+            int32_t victim = -1;
+            for (int32_t h = 0; h < c.H; ++h) {
+                if (stamp[h] == st.step) continue;
+                if (victim < 0 || stamp[h] < stamp[victim]) victim = h;
+            }
+            if (owner[victim] >= 0) table[owner[victim]] = -1;
+            owner[victim] = b;
+            stamp[victim] = st.step;
+            table[b]      = victim;
+            std::memcpy(m.hot.data() + (s * c.H + victim) * B, store + (s * c.n_blocks + b) * B, B);
+            ++m.stats[2 * s + 1];
+        }
+        for (int64_t e = 0; e < c.kb * c.n_q; ++e) {
+            const int32_t b = st.blocks[s * c.kb * c.n_q + e];
+            m.out[s * c.kb * c.n_q + e] = b < st.n_vis[s * c.n_q + e / c.kb] ? table[b] : -1;
+        }
+    }
+}
+
+// One backend holding the paging state across steps; the graph is built once and rerun.
+class page_runner {
+public:
+    page_runner(ggml_backend_t backend, const page_shape & c, const void * store) : backend(backend), c(c) {
+        ggml_init_params ip = { ggml_tensor_overhead() * 16 + ggml_graph_overhead(), nullptr, true };
+        ctx    = ggml_init(ip);
+        blocks = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, c.kb, c.n_q, c.ns);
+        n_vis  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, c.n_q * c.ns);
+        table  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, c.n_blocks, c.ns);
+        owner  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, c.H, c.ns);
+        stamp  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, c.H, c.ns);
+        step   = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1);
+        stats  = ggml_new_tensor_2d(ctx, GGML_TYPE_I64, 2, c.ns);
+        hot    = ggml_new_tensor_3d(ctx, c.type, c.E, c.H, c.ns);
+        out    = pyqsa_ggml_qsa_page_resolve(ctx, blocks, n_vis, table, owner, stamp, step, stats, hot, store, c.n_blocks);
+        supported = ggml_backend_supports_op(backend, out);
+        if (!supported) return;
+        gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, out);
+        buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+        const page_state m = empty_state(c);
+        ggml_backend_tensor_set(table, m.table.data(), 0, ggml_nbytes(table));
+        ggml_backend_tensor_set(owner, m.owner.data(), 0, ggml_nbytes(owner));
+        ggml_backend_tensor_set(stamp, m.stamp.data(), 0, ggml_nbytes(stamp));
+        ggml_backend_tensor_set(stats, m.stats.data(), 0, ggml_nbytes(stats));
+        ggml_backend_tensor_set(hot, m.hot.data(), 0, ggml_nbytes(hot));
+    }
+
+    ~page_runner() {
+        if (buf) ggml_backend_buffer_free(buf);
+        ggml_free(ctx);
+    }
+
+    void run(const page_step & st) {
+        ggml_backend_tensor_set(blocks, st.blocks.data(), 0, ggml_nbytes(blocks));
+        ggml_backend_tensor_set(n_vis, st.n_vis.data(), 0, ggml_nbytes(n_vis));
+        ggml_backend_tensor_set(step, &st.step, 0, sizeof(int32_t));
+        if (ggml_backend_graph_compute(backend, gf) != GGML_STATUS_SUCCESS) {
+            std::fprintf(stderr, "compute failed\n");
+            std::exit(2);
+        }
+    }
+
+    page_state read() const {
+        page_state m = empty_state(c);
+        ggml_backend_tensor_get(table, m.table.data(), 0, ggml_nbytes(table));
+        ggml_backend_tensor_get(owner, m.owner.data(), 0, ggml_nbytes(owner));
+        ggml_backend_tensor_get(stamp, m.stamp.data(), 0, ggml_nbytes(stamp));
+        ggml_backend_tensor_get(out, m.out.data(), 0, ggml_nbytes(out));
+        ggml_backend_tensor_get(stats, m.stats.data(), 0, ggml_nbytes(stats));
+        ggml_backend_tensor_get(hot, m.hot.data(), 0, ggml_nbytes(hot));
+        return m;
+    }
+
+    bool supported = false;
+
+private:
+    ggml_backend_t        backend;
+    page_shape            c;
+    ggml_context *        ctx = nullptr;
+    ggml_backend_buffer_t buf = nullptr;
+    ggml_cgraph *         gf  = nullptr;
+    ggml_tensor *blocks, *n_vis, *table, *owner, *stamp, *step, *stats, *hot, *out;
+};
+
+// Host memory for the store: pinned through the first GPU's host buffer type when there is one
+// (its kernels read the store in place), else plain memory.
+class host_store {
+public:
+    explicit host_store(size_t bytes) {
+        for (size_t i = 0; i < ggml_backend_dev_count() && !buf; ++i) {
+            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+            if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;
+            if (ggml_backend_buffer_type_t bt = ggml_backend_dev_host_buffer_type(dev)) {
+                buf = ggml_backend_buft_alloc_buffer(bt, bytes);
+            }
+        }
+        if (buf) {
+            data = (uint8_t *) ggml_backend_buffer_get_base(buf);
+        } else {
+            plain.resize(bytes);
+            data = plain.data();
+        }
+    }
+
+    ~host_store() {
+        if (buf) ggml_backend_buffer_free(buf);
+    }
+
+    uint8_t * data = nullptr;
+
+private:
+    ggml_backend_buffer_t buf = nullptr;
+    std::vector<uint8_t>  plain;
+};
+
+// Decode-like selections: visibility grows, most picks come from a drifting working set.
+std::vector<page_step> scenario(const page_shape & c, int n_steps, std::mt19937 & rng) {
+    std::vector<page_step> steps;
+    std::vector<int32_t>   pick;
+    for (int t = 0; t < n_steps; ++t) {
+        page_step st;
+        st.step = 3 * t + 1;  // increasing, not consecutive
+        for (int64_t s = 0; s < c.ns; ++s) {
+            for (int64_t q = 0; q < c.n_q; ++q) {
+                const int32_t vis = (int32_t) std::min<int64_t>(c.n_blocks, c.kb / 2 + (t + 1) * c.n_blocks / n_steps);
+                const int32_t hot_lo = std::max<int32_t>(0, vis - (int32_t) (2 * c.kb) - t);
+                std::set<int32_t> chosen;
+                while ((int64_t) chosen.size() < std::min<int64_t>(c.kb, vis)) {
+                    const bool from_hot = rng() % 10 < 7;
+                    const int32_t lo = from_hot ? hot_lo : 0;
+                    chosen.insert(lo + (int32_t) (rng() % (vis - lo)));
+                }
+                for (int32_t pad = vis; (int64_t) chosen.size() < c.kb; ++pad) {
+                    chosen.insert(pad);  // top-k pads with blocks past n_vis
+                }
+                st.blocks.insert(st.blocks.end(), chosen.begin(), chosen.end());
+                st.n_vis.push_back(vis);
+            }
+        }
+        steps.push_back(std::move(st));
+    }
+    return steps;
+}
+
+void report(const std::string & name, const char * backend, const std::string & detail, bool ok, int & n_ok, int & n_fail) {
+    std::printf("  %s %s: %s%s\n", name.c_str(), backend, detail.c_str(), ok ? "OK" : "FAIL");
+    ok ? ++n_ok : ++n_fail;
+}
+
+int cmd_test(const char * only_backend) {
+    std::mt19937 rng(4321);
+    int n_ok = 0, n_fail = 0;
+    ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    ggml_backend_cpu_set_n_threads(cpu, 4);
+    const page_shape cases[] = {
+        { 2, 12, 40, 4, 2, 5, GGML_TYPE_I32 },          // odd rows (20 bytes), two queries per stream
+        { 3, 1024, 4096, 512, 1, 1024, GGML_TYPE_F16 },  // decode: 2 KiB blocks, H = 2 kb
+        { 1, 8, 8, 8, 1, 16, GGML_TYPE_F32 },           // everything resident: H == n_blocks == kb
+        { 2, 40, 300, 16, 2, 64, GGML_TYPE_Q8_0 },      // quantized rows
+    };
+    for (const page_shape & c : cases) {
+        const size_t B = c.B();
+        host_store   store(B * c.n_blocks * c.ns);
+        for (size_t i = 0; i < B * c.n_blocks * c.ns; ++i) store.data[i] = (uint8_t) rng();
+        const std::vector<page_step> steps = scenario(c, 24, rng);
+
+        page_state model = empty_state(c);
+        page_runner on_cpu(cpu, c, store.data);
+        std::vector<page_state> cpu_states;
+        int bad_step = -1;
+        for (size_t t = 0; t < steps.size(); ++t) {
+            model_step(c, steps[t], store.data, model);
+            on_cpu.run(steps[t]);
+            cpu_states.push_back(on_cpu.read());
+            if (bad_step < 0 && !(cpu_states.back() == model)) bad_step = (int) t;
+        }
+        int64_t hits = 0, misses = 0;
+        for (int64_t s = 0; s < c.ns; ++s) {
+            hits += model.stats[2 * s];
+            misses += model.stats[2 * s + 1];
+        }
+        char detail[128];
+        std::snprintf(detail, sizeof(detail), "vs model over %zu steps (%lld hits, %lld misses%s) ", steps.size(),
+                      (long long) hits, (long long) misses,
+                      bad_step < 0 ? "" : (", first difference at step " + std::to_string(bad_step)).c_str());
+        report(c.name(), "CPU", detail, on_cpu.supported && bad_step < 0 && misses > 0, n_ok, n_fail);
+
+        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+            if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;
+            if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
+            ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
+            {
+                page_runner other(be, c, store.data);
+                int diff = -1;
+                for (size_t t = 0; other.supported && t < steps.size() && diff < 0; ++t) {
+                    other.run(steps[t]);
+                    if (!(other.read() == cpu_states[t])) diff = (int) t;
+                }
+                const std::string d = !other.supported ? "not supported "
+                                      : diff < 0      ? "vs CPU, every step: "
+                                                      : "vs CPU: first difference at step " + std::to_string(diff) + " ";
+                report(c.name(), ggml_backend_dev_name(dev), d, other.supported && diff < 0, n_ok, n_fail);
+            }
+            ggml_backend_free(be);
+        }
+    }
+    ggml_backend_free(cpu);
+    std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
+    return n_fail == 0 ? 0 : 1;
+}
+
+// stdin: "ns H n_blocks kb n_q n_steps", then per step its number and, per stream and query,
+// n_vis and kb block ids. stdout, per step and stream: "out" kb*n_q slots, "owner" H blocks,
+// "stats" hits misses. Blocks hold 4 bytes: the store row of block b of stream s is s*n_blocks + b.
+int cmd_trace() {
+    page_shape c{};
+    int n_steps = 0;
+    std::cin >> c.ns >> c.H >> c.n_blocks >> c.kb >> c.n_q >> n_steps;
+    if (!std::cin || c.ns < 1 || c.H < c.kb * c.n_q || c.n_blocks < 1 || n_steps < 0) {
+        std::fprintf(stderr, "trace: bad header\n");
+        return 2;
+    }
+    c.E = 1;
+    c.type = GGML_TYPE_I32;
+    std::vector<int32_t> store(c.n_blocks * c.ns);
+    for (size_t i = 0; i < store.size(); ++i) store[i] = (int32_t) i;
+    ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    int rc = 0;
+    {
+        page_runner r(cpu, c, store.data());
+        for (int t = 0; t < n_steps && rc == 0; ++t) {
+            page_step st;
+            st.blocks.resize(c.kb * c.n_q * c.ns);
+            st.n_vis.resize(c.n_q * c.ns);
+            std::cin >> st.step;
+            for (int64_t sq = 0; sq < c.n_q * c.ns; ++sq) {
+                std::cin >> st.n_vis[sq];
+                for (int64_t j = 0; j < c.kb; ++j) std::cin >> st.blocks[sq * c.kb + j];
+            }
+            if (!std::cin) {
+                std::fprintf(stderr, "trace: short input at step %d\n", t);
+                rc = 2;
+                break;
+            }
+            r.run(st);
+            const page_state m = r.read();
+            for (int64_t s = 0; s < c.ns; ++s) {
+                // the hot rows must hold the store rows of their owners
+                for (int64_t h = 0; h < c.H; ++h) {
+                    const int32_t b = m.owner[s * c.H + h];
+                    int32_t row;
+                    std::memcpy(&row, m.hot.data() + (s * c.H + h) * 4, 4);
+                    if (b >= 0 && row != store[s * c.n_blocks + b]) {
+                        std::fprintf(stderr, "trace: step %d stream %lld slot %lld holds the wrong row\n", t, (long long) s, (long long) h);
+                        rc = 1;
+                    }
+                }
+                std::printf("out");
+                for (int64_t e = 0; e < c.kb * c.n_q; ++e) std::printf(" %d", m.out[s * c.kb * c.n_q + e]);
+                std::printf("\nowner");
+                for (int64_t h = 0; h < c.H; ++h) std::printf(" %d", m.owner[s * c.H + h]);
+                std::printf("\nstats %lld %lld\n", (long long) m.stats[2 * s], (long long) m.stats[2 * s + 1]);
+            }
+        }
+    }
+    ggml_backend_free(cpu);
+    return rc;
+}
+
+// decode steps at 256K context: 8 streams, 512 selected blocks each, 8 KiB blocks (4 cells of
+// f16 K and V, 2 heads x 256), a hot cache of 1024 slots; steps that miss 0%, ~6% and 100%
+int cmd_perf(const char * only_backend) {
+    const page_shape c = { 8, 1024, 65536, 512, 1, 4096, GGML_TYPE_F16 };
+    host_store store(c.B() * c.n_blocks * c.ns);
+    std::memset(store.data, 1, c.B() * c.n_blocks * c.ns);
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
+        ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
+        {
+            page_runner r(be, c, store.data);
+            if (!r.supported) {
+                std::printf("  %s %s: not supported\n", c.name().c_str(), ggml_backend_dev_name(dev));
+            }
+            for (int miss_every : { 0, 16, 1 }) {  // 0: no misses after the first step
+                if (!r.supported) break;
+                int32_t step = 1000 * (miss_every + 1);
+                page_step st;
+                st.n_vis.assign(c.ns, (int32_t) c.n_blocks);
+                int32_t shift = 0;
+                double total_us = 0.0;
+                const int reps = 20;
+                for (int rep = -1; rep < reps; ++rep) {
+                    st.step = ++step;
+                    st.blocks.clear();
+                    // the selection moves by one block in every miss_every, i.e. 1/miss_every misses
+                    shift += miss_every == 1 ? (int32_t) c.kb : miss_every ? (int32_t) (c.kb / miss_every) : 0;
+                    for (int64_t s = 0; s < c.ns; ++s)
+                        for (int64_t j = 0; j < c.kb; ++j) st.blocks.push_back((int32_t) ((shift + j) % c.n_blocks));
+                    const auto t0 = std::chrono::steady_clock::now();
+                    r.run(st);
+                    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+                    if (rep >= 0) total_us += us;  // rep -1 fills the cache
+                }
+                const double misses = miss_every ? (double) c.kb / miss_every * c.ns : 0.0;
+                std::printf("  %s %s: %.1f us/step, %.0f misses/step (%.1f MiB fetched, %.1f GB/s)\n", c.name().c_str(),
+                            ggml_backend_dev_name(dev), total_us / reps, misses, misses * c.B() / 1048576.0,
+                            misses * c.B() / (total_us / reps) / 1e3);
+            }
+        }
+        ggml_backend_free(be);
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    const char * mode    = "test";
+    const char * backend = nullptr;
+    for (int i = 1; i < argc; ++i) {
+        if (std::strcmp(argv[i], "-b") == 0 && i + 1 < argc) {
+            backend = argv[++i];
+        } else if (!std::strcmp(argv[i], "test") || !std::strcmp(argv[i], "perf") || !std::strcmp(argv[i], "trace")) {
+            mode = argv[i];
+        } else {
+            std::fprintf(stderr, "usage: %s [test|perf|trace] [-b BACKEND]\n", argv[0]);
+            return 2;
+        }
+    }
+    ggml_backend_load_all();
+    if (std::strcmp(mode, "trace") == 0) return cmd_trace();
+    return std::strcmp(mode, "perf") == 0 ? cmd_perf(backend) : cmd_test(backend);
+}
