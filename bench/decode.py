@@ -139,7 +139,8 @@ class Bench:
         t0 = time.perf_counter()
         try:
             self.model = load_model(
-                str(model), gpu_layers=args.gpu_layers if self.gpu else 0,
+                str(model),
+                gpu_layers=args.gpu_layers if self.gpu else 0,
                 extra_bufts=not args.no_extra_bufts,
             )
         except ContextError as e:

@@ -63,7 +63,9 @@ def test_transforms_match_hf(converted):
     np.testing.assert_array_equal(t["blk.0.attn_gate.weight"], z)
     a = hf[la + "A_log"].reshape(2, 2).T.ravel()
     # exp's last bit depends on numpy's build and SIMD path: a float64 reference, a 1-ULP bound
-    np.testing.assert_array_max_ulp(t["blk.0.ssm_a"], -np.exp(a.astype(np.float64)).astype(np.float32), 1)
+    np.testing.assert_array_max_ulp(
+        t["blk.0.ssm_a"], -np.exp(a.astype(np.float64)).astype(np.float32), 1
+    )
     gate = np.stack([hf[f"model.layers.0.mlp.experts.{e}.gate_proj.weight"] for e in range(4)])
     np.testing.assert_array_equal(t["blk.0.ffn_gate_exps.weight"], gate)
     if name == "tiny_ple":

@@ -66,7 +66,10 @@ def trace(ns: int, slots: int, n_blocks: int, kb: int, n_q: int, steps) -> list[
             for n_vis, blocks in queries:
                 lines.append(" ".join(map(str, [n_vis, *blocks])))
     proc = subprocess.run(
-        [str(binary), "trace"], input="\n".join(lines) + "\n", capture_output=True, text=True,
+        [str(binary), "trace"],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
@@ -124,6 +127,7 @@ def test_native_op_follows_the_policy(ns, slots, n_blocks, kb, n_q):
     models = [HotCache(slots) for _ in range(ns)]
     for t, (number, per_stream) in enumerate(steps):
         for s, queries in enumerate(per_stream):
-            out = models[s].step(number, queries)
-            assert native[t][s] == (out, models[s].owner, (models[s].hits, models[s].misses)), (t, s)
+            m = models[s]
+            out = m.step(number, queries)
+            assert native[t][s] == (out, m.owner, (m.hits, m.misses)), (t, s)
     assert all(m.misses > slots and m.hits > 0 for m in models)  # the run really evicted
