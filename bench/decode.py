@@ -187,6 +187,15 @@ class Bench:
             "qsa_mode": cfg.qsa_mode if a.variant == "pyqsa" else "upstream (masked dense)",
         }
 
+    def ledger(self) -> dict[str, Any]:
+        """pyqsa's bytes by category for the open context (capacity evidence, pyqsa.native);
+        nothing for upstream's library, which has no ledger."""
+        if self.args.variant != "pyqsa":
+            return {}
+        from pyqsa import native
+
+        return {"ledger": native.ledger(self.ctx)}
+
     def close(self) -> None:
         if self.ctx:
             self.L.llama_batch_free(self.batch)
@@ -319,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
                     "tok_s": n_fill / secs,
                     "model_load_s": bench.load_s,
                     "flags": flags,
+                    **bench.ledger(),
                 }
             )
             for n in args.seqs:

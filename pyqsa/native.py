@@ -139,6 +139,21 @@ def context_qsa_mode(ctx: int) -> str:
     return QSA_MODES[out.qsa_mode]
 
 
+LEDGER_FIELDS = ("weights", "kv", "indexer", "recurrent", "compute")
+
+
+def ledger(ctx: int) -> dict[str, int]:
+    """Bytes a llama context holds by category, as "device.<field>" and "host.<field>"."""
+    ffi, lib = _api()
+    device, host = ffi.new("pyqsa_ledger *"), ffi.new("pyqsa_ledger *")
+    _check(lib.pyqsa_ledger_get(ffi.cast("void *", ctx), device, host), "pyqsa_ledger_get")
+    return {
+        f"{where}.{f}": int(getattr(led, f))
+        for where, led in (("device", device), ("host", host))
+        for f in LEDGER_FIELDS
+    }
+
+
 def raw():
     """(ffi, lib) for callers that need the raw cffi objects (tests of return codes)."""
     return _api()

@@ -35,7 +35,18 @@ def _load(
         n_threads=threads,
     )
     engine, llama_model = load_engine(config)
+    click.echo(f"pyqsa: memory {_ledger_line(engine.stats().ledger)}", err=True)
     return engine, llama_model, name
+
+
+def _ledger_line(ledger: dict[str, int]) -> str:
+    """'device: weights 9.8 GiB, kv 2.0 GiB, ...; host: ...', categories that hold bytes."""
+    parts = []
+    for where in ("device", "host"):
+        held = [(k.split(".", 1)[1], v) for k, v in ledger.items() if k.startswith(where) and v]
+        if held:
+            parts.append(f"{where}: " + ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in held))
+    return "; ".join(parts) or "(no ledger)"
 
 
 def _template(llama_model, override: str | None):

@@ -97,6 +97,20 @@ PYQSA_API void * pyqsa_init_from_model(void * model, const void * params,
 // PYQSA_ERR_INVALID_ARG when ctx or out is NULL.
 PYQSA_API int32_t pyqsa_context_config_get(const void * ctx, pyqsa_context_config * out);
 
+// Bytes a context holds, by category, in one kind of memory (device or host).
+typedef struct pyqsa_ledger {
+    uint64_t weights;    // model tensors
+    uint64_t kv;         // K/V cache of the indexed (QSA) attention layers
+    uint64_t indexer;    // indexer key cache (raw keys of the tail, block keys)
+    uint64_t recurrent;  // Gated DeltaNet (recurrent) state of every sequence
+    uint64_t compute;    // compute buffers of the graph scheduler
+} pyqsa_ledger;
+
+// Fills *device with the bytes ctx (a struct llama_context *) holds in device buffers and
+// *host with those in host buffers (the CPU backend's included). Returns PYQSA_OK, or
+// PYQSA_ERR_INVALID_ARG when an argument is NULL.
+PYQSA_API int32_t pyqsa_ledger_get(const void * ctx, pyqsa_ledger * device, pyqsa_ledger * host);
+
 // cffi-end
 
 #ifdef __cplusplus

@@ -17,6 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .. import native
 from ..gguf_keys import PYQSA_TOKENIZER_NORMALIZER
 from .config import EngineConfig
 from .context import ContextError, load_model, open_context
@@ -186,9 +187,7 @@ class LlamaRunner:
         _llama().llama_memory_seq_rm(self.mem, slot, -1, -1)
 
     def ledger(self) -> dict[str, int]:
-        # NOTE: upstream's masked QSA path keeps no ledger; the paging backend will report
-        # its regions here (see DESIGN.md 3.3).
-        return {}
+        return native.ledger(self.ctx)
 
     def close(self) -> None:
         L = _llama()

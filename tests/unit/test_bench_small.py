@@ -53,6 +53,7 @@ def test_decode_records(small_gguf, tmp_path):
     ]
     pre, one, eight = recs
     assert pre["context"] == 256 and pre["tokens"] == 256 - 3 * 2 and pre["tok_s"] > 0
+    assert pre["ledger"]["host.kv"] > 0 and pre["ledger"]["host.weights"] > 0  # CPU: all host
     for r in recs:
         assert r["variant"] == "pyqsa" and r["pyqsa_version"].startswith("pyqsa")
         assert r["upstream_commit"] and r["lib"] == str((LIB / "libllama.so").resolve())

@@ -67,3 +67,24 @@ def test_bad_settings_are_refused(model):
     assert ctx == ffi.NULL and err[0] == lib.PYQSA_ERR_INVALID_ARG
     out = ffi.new("pyqsa_context_config *")
     assert lib.pyqsa_context_config_get(ffi.NULL, out) == lib.PYQSA_ERR_INVALID_ARG
+
+
+def test_ledger_splits_a_context_by_category(model):
+    def held(ctx_per_seq: int) -> dict[str, int]:
+        cfg = ContextConfig(n_seqs=2, ctx_per_seq=ctx_per_seq, n_batch=64, n_threads=2)
+        ctx = open_context(model, cfg)
+        try:
+            return native.ledger(ctx)
+        finally:
+            llama_cpp.llama_free(ctx)
+
+    small, large = held(256), held(1024)
+    # a CPU model: everything on the host; the indexed layers' K/V and indexer rows scale with
+    # the cells, the weights and the recurrent state (one per sequence) do not
+    assert all(v == 0 for k, v in small.items() if k.startswith("device."))
+    for part in ("weights", "kv", "indexer", "recurrent", "compute"):
+        assert small[f"host.{part}"] > 0, part
+    assert large["host.kv"] == 4 * small["host.kv"]
+    assert large["host.indexer"] == 4 * small["host.indexer"]
+    assert large["host.weights"] == small["host.weights"]
+    assert large["host.recurrent"] == small["host.recurrent"]
