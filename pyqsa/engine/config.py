@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .scheduler import PREFILL_POLICIES
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -12,7 +14,8 @@ class EngineConfig:
 
     `n_slots` sequences run at once, each with room for `ctx_per_slot` tokens (prompt plus
     output); `max_batch_tokens` is the token budget of one step (decode tokens first, then
-    prefill chunks); `max_waiting` bounds the queue of requests waiting for a slot, beyond
+    prefill chunks shared by `prefill_policy`, "fair" or "fcfs": see scheduler.py);
+    `max_waiting` bounds the queue of requests waiting for a slot, beyond
     which submissions are refused rather than buffered without limit.
     """
 
@@ -23,6 +26,7 @@ class EngineConfig:
     max_waiting: int = 64
     n_threads: int = 0  # 0: all cores
     seed: int = 0  # seeds requests that give no seed of their own, in arrival order
+    prefill_policy: str = "fair"
 
     def __post_init__(self) -> None:
         if not self.model_path:
@@ -39,6 +43,11 @@ class EngineConfig:
             )
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        if self.prefill_policy not in PREFILL_POLICIES:
+            raise ValueError(
+                f"prefill_policy must be one of {', '.join(PREFILL_POLICIES)}, "
+                f"got {self.prefill_policy!r}"
+            )
         if self.n_threads < 0:
             raise ValueError(f"n_threads must be >= 0, got {self.n_threads}")
 
