@@ -4,6 +4,7 @@
 // PYQSA_ERR_* listed here; the comment of each function says which it can return.
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -69,6 +70,13 @@ PYQSA_API int32_t pyqsa_tensor_view_get(const void * t, pyqsa_tensor_view * out)
 // or t is not contiguous, PYQSA_ERR_OUT_OF_RANGE when n is smaller than the element count,
 // PYQSA_ERR_UNSUPPORTED for other types.
 PYQSA_API int32_t pyqsa_tensor_read_f32(const void * t, float * dst, int64_t n);
+
+// An abort callback for llama_set_abort_callback (a ggml_abort_callback): true while the
+// int32_t at `flag` is nonzero, false for a NULL flag. Another thread stops a llama_decode by
+// setting the flag; the compute loop checks it after every graph node without calling into
+// Python (a ctypes callback would take the GIL there). Only backends that implement the abort
+// callback check it: CPU and Metal in the pinned upstream, not CUDA.
+PYQSA_API bool pyqsa_abort_flag_is_set(void * flag);
 
 // cffi-end
 

@@ -30,7 +30,7 @@ from .request import (
     RequestState,
     SamplingParams,
 )
-from .runner import LlamaModel, LlamaRunner, Runner, RunnerError
+from .runner import LlamaModel, LlamaRunner, Runner, RunnerAborted, RunnerError
 from .sampler import Sampler
 from .scheduler import Chunk, Scheduler
 from .slots import SlotTable
@@ -103,6 +103,8 @@ class Engine:
         self._waiting = 0
         self._ledger: dict[str, int] = {}
         self._stopped = False
+        # ids of the requests in the forward pass in flight not cancelled yet; None between passes
+        self._pass_uncancelled: set[str] | None = None
         self._thread = threading.Thread(target=self._loop, name="pyqsa-engine", daemon=True)
 
     # -- API for other threads -------------------------------------------------------------
@@ -116,6 +118,8 @@ class Engine:
         """Cancel everything, stop the thread; idempotent."""
         with self._lock:
             self._stopped = True
+            if self._pass_uncancelled is not None:
+                self.runner.request_abort()  # everything in it is being cancelled
         self._inbox.put(("stop", None))
         if self._thread.is_alive():
             self._thread.join()
@@ -153,7 +157,18 @@ class Engine:
         return rid
 
     def cancel(self, request_id: str) -> None:
-        """Cancel a queued or running request; unknown or finished ids are ignored."""
+        """Cancel a queued or running request; unknown or finished ids are ignored. A forward
+        pass in flight is aborted once every request in it is cancelled."""
+        # NOTE: only then. When llama_decode aborts, upstream removes the aborted ubatch's
+        # positions from each of its sequences, which a recurrent (GDN) state cannot undo past
+        # position 0 (llama_memory_recurrent::seq_rm refuses; the state stays half-updated):
+        # any other sequence in the pass would be corrupted, and cannot be re-run.
+        with self._lock:
+            uncancelled = self._pass_uncancelled
+            if uncancelled is not None and request_id in uncancelled:
+                uncancelled.remove(request_id)
+                if not uncancelled:
+                    self.runner.request_abort()
         self._inbox.put(("cancel", request_id))
 
     def stats(self) -> EngineStats:
@@ -208,13 +223,23 @@ class Engine:
             self._publish()
             if not chunks:
                 continue
+            with self._lock:
+                self._pass_uncancelled = {c.request.request_id for c in chunks}
             try:
                 logits = self.runner.run(chunks)
+            except RunnerAborted:  # every request in the pass was cancelled (see cancel)
+                for c in chunks:
+                    self._finish(c.request, FinishReason.CANCELLED)
+                continue
             except RunnerError as e:
                 log.error("step failed: %s", e)
                 for c in chunks:
                     self._finish(c.request, FinishReason.ERROR, error=str(e))
                 continue
+            finally:
+                with self._lock:
+                    self._pass_uncancelled = None
+                    self.runner.clear_abort()
             # NOTE: cancels that arrived during the forward pass free their slots now; the
             # rows of those requests then carry stale leases and are dropped below.
             if not self._drain(block=False):
