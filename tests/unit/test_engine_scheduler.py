@@ -138,13 +138,6 @@ def test_chunks_are_in_slot_order_and_equal_one_ubatch_for_the_prompts():
     assert split_equal(batch, 64) == [[(0, 1), (1, 1), (2, 1), (3, 1)], [(1, 20), (2, 20), (3, 20)]]
 
 
-def test_split_equal_mirror():
-    # llama.cpp's sequential split: consecutive seq ids in batch order, equal tokens per seq
-    assert split_equal([(2, 3), (0, 1), (1, 2)], 64) == [[(2, 3)], [(0, 1), (1, 1)], [(1, 1)]]
-    assert split_equal([(0, 4), (2, 4)], 64) == [[(0, 4)], [(2, 4)]]
-    assert split_equal([(0, 40), (1, 40)], 64) == [[(0, 32), (1, 32)], [(0, 8), (1, 8)]]
-
-
 @pytest.mark.parametrize("policy", list(PREFILL_POLICIES))
 def test_a_short_prompt_behind_long_ones_gets_its_first_token_within_a_few_steps(policy):
     n_slots, budget = 8, 64
