@@ -33,7 +33,7 @@ from .request import (
 from .runner import LlamaModel, LlamaRunner, Runner, RunnerAborted, RunnerError
 from .sampler import Sampler
 from .scheduler import Chunk, Scheduler
-from .slots import SlotTable
+from .slots import SlotLease, SlotTable
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,10 @@ class EngineStats:
     finished: dict[str, int]  # by finish reason
     tokens_per_second: float  # generated, over the last few seconds
     ledger: dict[str, int]  # the runner's bytes by category, as of the last step
+    steps: int  # forward passes run, since start
+    # their seconds since start: "forward" in the runner, "host" the rest of each step
+    # (scheduling, sampling, detokenization, events)
+    step_seconds: dict[str, float]
 
 
 @dataclass(eq=False)
@@ -102,6 +106,8 @@ class Engine:
         self._busy = 0
         self._waiting = 0
         self._ledger: dict[str, int] = {}
+        self._steps_run = 0
+        self._step_seconds = {"forward": 0.0, "host": 0.0}
         self._stopped = False
         # ids of the requests in the forward pass in flight not cancelled yet; None between passes
         self._pass_uncancelled: set[str] | None = None
@@ -187,6 +193,8 @@ class Engine:
                 finished=dict(self._finished),
                 tokens_per_second=recent / _TPS_WINDOW_S,
                 ledger=dict(self._ledger),
+                steps=self._steps_run,
+                step_seconds=dict(self._step_seconds),
             )
 
     # -- engine thread ---------------------------------------------------------------------
@@ -219,6 +227,7 @@ class Engine:
             idle = not self.scheduler.running and not self.scheduler.waiting
             if not self._drain(block=idle):
                 return
+            started = time.perf_counter()
             chunks = self.scheduler.schedule()
             self._publish()
             if not chunks:
@@ -226,7 +235,9 @@ class Engine:
             with self._lock:
                 self._pass_uncancelled = {c.request.request_id for c in chunks}
             try:
+                ran = time.perf_counter()
                 logits = self.runner.run(chunks)
+                forward = time.perf_counter() - ran
             except RunnerAborted:  # every request in the pass was cancelled (see cancel)
                 for c in chunks:
                     self._finish(c.request, FinishReason.CANCELLED)
@@ -246,6 +257,10 @@ class Engine:
                 return
             self._postprocess(chunks, logits)
             self._publish()
+            with self._lock:
+                self._steps_run += 1
+                self._step_seconds["forward"] += forward
+                self._step_seconds["host"] += time.perf_counter() - started - forward
 
     def _drain(self, block: bool) -> bool:
         """Apply queued commands; False when asked to stop."""
@@ -350,7 +365,19 @@ class Engine:
 
 
 def load_engine(config: EngineConfig) -> tuple[Engine, LlamaModel]:
-    """Load the model, create its context and start the engine thread."""
+    """Load the model, create its context, warm it up and start the engine thread."""
     model = LlamaModel(config.model_path)
     runner = LlamaRunner(model, config)
+    warm_up(runner, model.eos)
     return Engine(config, runner, model).start(), model
+
+
+def warm_up(runner: Runner, token: int) -> None:
+    """One forward pass and one sampled token, on slot 0, released after: the first request
+    then does not pay for what runs once (on CPU with the demo model: numpy's lazily imported
+    modules, ~30 ms before its first pass and ~10 ms after it; llama.cpp's first decode, ~25
+    ms; on CUDA also kernel loading and library handles)."""
+    req = Request("warm-up", [token], SamplingParams(), lambda ev: None, max_len=2)
+    logits = runner.run([Chunk(req, SlotLease(0, 0, 2), 0, (token,))])
+    Sampler(req.params, seed=0)(logits[0], req.tokens, 1)
+    runner.release(0)
