@@ -1,8 +1,9 @@
 """Time to first token of one short request at a time on an idle `pyqsa serve`, over HTTP.
 
 Each run streams a completion and times from sending the request to the first streamed
-token: median, min and max of the runs, per endpoint (text with a token-id prompt: no
-template, no tokenizer; chat: template and tokenizer). Start the server first, e.g.
+token: median, min and max of the runs after the warm-up ones, per endpoint (text with a
+token-id prompt: no template, no tokenizer; chat: template and tokenizer), and the very first
+request on its own (on a fresh server: what its first user waits). Start the server first, e.g.
 
     pyqsa serve --port 8000 --threads 1 &
     python bench/serve_ttft.py http://127.0.0.1:8000 --runs 30
@@ -54,7 +55,8 @@ def main() -> None:
             ms = sorted(1e3 * t for t in times[args.warmup :])
             print(
                 f"{name}: ttft median {statistics.median(ms):.1f} ms, "
-                f"min {ms[0]:.1f}, max {ms[-1]:.1f} ({args.runs} runs)"
+                f"min {ms[0]:.1f}, max {ms[-1]:.1f} ({args.runs} runs; "
+                f"the first request: {1e3 * times[0]:.1f} ms)"
             )
 
 

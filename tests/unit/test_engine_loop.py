@@ -271,6 +271,19 @@ def until(cond, timeout: float = 5.0) -> None:
         time.sleep(0.005)
 
 
+def test_step_time_is_split_into_forward_and_host(stop_after):
+    runner = FakeRunner(hook=lambda chunks: time.sleep(0.01))
+    e = engine(runner)
+    stop_after(e)
+    sink = Collector()
+    e.submit([1, 2], GREEDY, sink)
+    sink.wait()
+    until(lambda: e.stats().steps == 5)  # counted after the step's events
+    s = e.stats()
+    assert len(runner.batches) == 5
+    assert s.step_seconds["forward"] >= 0.05 and s.step_seconds["host"] > 0
+
+
 def test_a_bad_request_fails_alone(stop_after):
     e = engine()
     stop_after(e)
