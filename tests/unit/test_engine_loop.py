@@ -16,6 +16,7 @@ from pyqsa.engine import (
     QueueFull,
     SamplingParams,
 )
+from pyqsa.engine.engine import warm_up
 
 GREEDY = SamplingParams(temperature=0, max_tokens=5)
 
@@ -282,6 +283,13 @@ def test_step_time_is_split_into_forward_and_host(stop_after):
     s = e.stats()
     assert len(runner.batches) == 5
     assert s.step_seconds["forward"] >= 0.05 and s.step_seconds["host"] > 0
+
+
+def test_warm_up_runs_one_pass_and_leaves_the_slot_empty():
+    runner = FakeRunner()
+    warm_up(runner, 5)
+    assert runner.batches == [[(0, 0, (5,))]]
+    assert runner.released == [0] and runner.cached == {}
 
 
 def test_a_bad_request_fails_alone(stop_after):
