@@ -125,6 +125,8 @@ def workloads(seed: int) -> dict[str, list[Arrival]]:
         "8 x 32K prompts, 192 out": [Arrival(0, 32000, 192) for _ in range(8)],
         "7 x 32K, then 64 tokens at 2 s": [Arrival(0, 32000, 192) for _ in range(7)]
         + [Arrival(2.0, 64, 16)],
+        "8 x 32K (every slot), then 64 at 2 s": [Arrival(0, 32000, 192) for _ in range(8)]
+        + [Arrival(2.0, 64, 16)],
         "7 x 4K, then 64 tokens at 0.1 s": [Arrival(0, 4000, 192) for _ in range(7)]
         + [Arrival(0.1, 64, 16)],
         "200 mixed (16-16K prompts, 1/s)": mixed,

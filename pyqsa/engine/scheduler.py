@@ -21,6 +21,8 @@ request sent 2 s after 7 x 32K prompts: first token after 0.19 s (fair) against 
 first tokens every ~10 s from 9 s to 79 s and never 8 decoding at once (fcfs). 200 mixed
 requests (16-16K-token prompts, 1/s): median first token 0.4 s (<= 256 tokens) and 3.2 s
 (longer) against 3.5 s and 5.6 s, at the price of the long tail (p99 15.5 s against 12.1 s).
+A short request that finds every slot taken waits under both (75 s and 77 s behind 8 x 32K):
+the policy shares steps, not slots.
 
 NOTE: chunk shapes decide how many passes a step costs. With one KV stream per sequence
 (`kv_unified` off) llama_decode splits a batch with `split_equal(sequential)`: one ubatch takes
