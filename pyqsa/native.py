@@ -154,6 +154,12 @@ def ledger(ctx: int) -> dict[str, int]:
     }
 
 
+def abort_flag_callback() -> int:
+    """Address of pyqsa_abort_flag_is_set, an abort callback for llama_set_abort_callback."""
+    ffi, lib = _api()
+    return int(ffi.cast("uintptr_t", lib.pyqsa_abort_flag_is_set))
+
+
 def raw():
     """(ffi, lib) for callers that need the raw cffi objects (tests of return codes)."""
     return _api()

@@ -9,11 +9,19 @@ from pathlib import Path
 
 import click
 
+from pyqsa.engine.scheduler import PREFILL_POLICIES
+
 DEFAULT_PORT = 8000
 
 
 def _load(
-    model: str | None, slots: int, ctx: int, batch_tokens: int, max_waiting: int, threads: int
+    model: str | None,
+    slots: int,
+    ctx: int,
+    batch_tokens: int,
+    prefill_policy: str,
+    max_waiting: int,
+    threads: int,
 ):
     """Start an engine on MODEL (the embedded demo model when None)."""
     from pyqsa.demo_model import demo_model_path
@@ -31,6 +39,7 @@ def _load(
         n_slots=slots,
         ctx_per_slot=ctx,
         max_batch_tokens=batch_tokens,
+        prefill_policy=prefill_policy,
         max_waiting=max_waiting,
         n_threads=threads,
     )
@@ -98,6 +107,13 @@ def _engine_options(f):
             help="Token budget of one step (decode first, then prompt chunks).",
         ),
         click.option(
+            "--prefill-policy",
+            type=click.Choice(list(PREFILL_POLICIES)),
+            default="fair",
+            show_default=True,
+            help="How prompts share a step: fair shares, or the oldest prompt first (fcfs).",
+        ),
+        click.option(
             "--max-waiting",
             default=64,
             show_default=True,
@@ -133,6 +149,7 @@ def serve(
     slots,
     ctx,
     batch_tokens,
+    prefill_policy,
     max_waiting,
     threads,
     chat_template,
@@ -140,7 +157,9 @@ def serve(
     """Serve MODEL (a qwen4exp GGUF; default: the embedded demo) over an OpenAI API."""
     from .app import create_app
 
-    engine, llama_model, name = _load(model, slots, ctx, batch_tokens, max_waiting, threads)
+    engine, llama_model, name = _load(
+        model, slots, ctx, batch_tokens, prefill_policy, max_waiting, threads
+    )
     try:
         app = create_app(
             engine,
@@ -180,6 +199,7 @@ def chat(
     slots,
     ctx,
     batch_tokens,
+    prefill_policy,
     max_waiting,
     threads,
     chat_template,
@@ -198,7 +218,9 @@ def chat(
         return
     from .app import create_app
 
-    engine, llama_model, name = _load(model, slots, ctx, batch_tokens, max_waiting, threads)
+    engine, llama_model, name = _load(
+        model, slots, ctx, batch_tokens, prefill_policy, max_waiting, threads
+    )
     app = create_app(engine, llama_model, name, _template(llama_model, chat_template), None)
     ready = threading.Event()
     urls: list[str] = []

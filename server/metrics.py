@@ -38,6 +38,15 @@ class _EngineCollector(Collector):
         for reason, n in s.finished.items():
             finished.add_metric([reason], n)
         yield finished
+        yield CounterMetricFamily("pyqsa_engine_steps", "Forward passes run", value=s.steps)
+        step_seconds = CounterMetricFamily(
+            "pyqsa_engine_step_seconds",
+            "Engine step time: forward (the model) or host (scheduling, sampling, events)",
+            labels=["part"],
+        )
+        for part, seconds in s.step_seconds.items():
+            step_seconds.add_metric([part], seconds)
+        yield step_seconds
         if s.ledger:
             ledger = GaugeMetricFamily(
                 "pyqsa_ledger_bytes", "Memory held by category (paging ledger)", labels=["category"]

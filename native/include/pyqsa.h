@@ -4,6 +4,7 @@
 // PYQSA_ERR_* listed here; the comment of each function says which it can return.
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -110,6 +111,13 @@ typedef struct pyqsa_ledger {
 // *host with those in host buffers (the CPU backend's included). Returns PYQSA_OK, or
 // PYQSA_ERR_INVALID_ARG when an argument is NULL.
 PYQSA_API int32_t pyqsa_ledger_get(const void * ctx, pyqsa_ledger * device, pyqsa_ledger * host);
+
+// An abort callback for llama_set_abort_callback (a ggml_abort_callback): true while the
+// int32_t at `flag` is nonzero, false for a NULL flag. Another thread stops a llama_decode by
+// setting the flag; the compute loop checks it after every graph node without calling into
+// Python (a ctypes callback would take the GIL there). Only backends that implement the abort
+// callback check it: CPU and Metal in the pinned upstream, not CUDA.
+PYQSA_API bool pyqsa_abort_flag_is_set(void * flag);
 
 // cffi-end
 

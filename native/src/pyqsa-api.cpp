@@ -59,3 +59,9 @@ int32_t pyqsa_device_info_get(int32_t i, pyqsa_device_info * out) {
     out->memory_total = total_b;
     return PYQSA_OK;
 }
+
+bool pyqsa_abort_flag_is_set(void * flag) {
+    // relaxed: the flag only asks the compute loop to stop; it orders no other memory
+    return flag != nullptr &&
+           __atomic_load_n(static_cast<const int32_t *>(flag), __ATOMIC_RELAXED) != 0;
+}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .context import ContextConfig
+from .scheduler import PREFILL_POLICIES
 
 
 @dataclass(frozen=True)
@@ -13,7 +14,8 @@ class EngineConfig:
 
     `n_slots` sequences run at once, each with room for `ctx_per_slot` tokens (prompt plus
     output); `max_batch_tokens` is the token budget of one step (decode tokens first, then
-    prefill chunks); `max_waiting` bounds the queue of requests waiting for a slot, beyond
+    prefill chunks shared by `prefill_policy`, "fair" or "fcfs": see scheduler.py);
+    `max_waiting` bounds the queue of requests waiting for a slot, beyond
     which submissions are refused rather than buffered without limit.
     """
 
@@ -25,6 +27,7 @@ class EngineConfig:
     n_threads: int = 0  # 0: all cores
     kv_type: str = "f16"  # K/V cache of the indexed layers: f32, f16 or q8_0
     seed: int = 0  # seeds requests that give no seed of their own, in arrival order
+    prefill_policy: str = "fair"
 
     def __post_init__(self) -> None:
         if not self.model_path:
@@ -41,6 +44,11 @@ class EngineConfig:
             )
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        if self.prefill_policy not in PREFILL_POLICIES:
+            raise ValueError(
+                f"prefill_policy must be one of {', '.join(PREFILL_POLICIES)}, "
+                f"got {self.prefill_policy!r}"
+            )
         self.context_config()  # raises ValueError for settings the context refuses
 
     def context_config(self) -> ContextConfig:

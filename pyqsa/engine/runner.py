@@ -28,6 +28,10 @@ class RunnerError(RuntimeError):
     pass
 
 
+class RunnerAborted(RunnerError):
+    """The forward pass stopped early because `request_abort` was called."""
+
+
 class Runner(Protocol):
     """What the engine needs from a model: a forward pass over a batch and slot cleanup."""
 
@@ -41,6 +45,14 @@ class Runner(Protocol):
     def release(self, slot: int) -> None:
         """Forget everything the slot's sequence holds (KV cells and recurrent state)."""
         ...
+
+    def request_abort(self) -> None:
+        """Stop the forward pass in flight early (any thread): `run` then raises RunnerAborted,
+        and every sequence in that pass is left half-computed, to be released. The request
+        stands until `clear_abort` (a pass that starts before then is aborted too)."""
+        ...
+
+    def clear_abort(self) -> None: ...
 
     def ledger(self) -> dict[str, int]:
         """Bytes held by category (weights, KV, recurrent state, paging regions...); called
@@ -155,6 +167,21 @@ class LlamaRunner:
         self.mem = L.llama_get_memory(self.ctx)
         self.max_tokens = config.max_batch_tokens
         self.batch = L.llama_batch_init(self.max_tokens, 0, 1)
+        self._install_abort()
+
+    def _install_abort(self) -> None:
+        # NOTE: the callback is pyqsa's C function reading _abort_flag, not a Python callable:
+        # llama.cpp calls it after every graph node, and a ctypes callback takes the GIL there.
+        L = _llama()
+        self._abort_flag = ctypes.c_int32(0)
+        self._abort_cb = L.ggml_abort_callback(native.abort_flag_callback())
+        L.llama_set_abort_callback(self.ctx, self._abort_cb, ctypes.addressof(self._abort_flag))
+
+    def request_abort(self) -> None:
+        self._abort_flag.value = 1
+
+    def clear_abort(self) -> None:
+        self._abort_flag.value = 0
 
     def run(self, chunks: Sequence[Chunk]) -> np.ndarray:
         L = _llama()
@@ -175,6 +202,8 @@ class LlamaRunner:
             raise RunnerError(f"batch of {i} tokens exceeds {self.max_tokens}")
         b.n_tokens = i
         rc = L.llama_decode(self.ctx, b)
+        if rc == 2:
+            raise RunnerAborted("the forward pass was aborted")
         if rc != 0:
             raise RunnerError(f"llama_decode failed with code {rc}")
         out = np.empty((len(rows), self.n_vocab), dtype=np.float32)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from pyqsa.engine import Delta, Event, Finished
+from pyqsa.engine.runner import RunnerAborted
 from pyqsa.engine.scheduler import Chunk
 
 N_VOCAB = 64
@@ -20,7 +21,8 @@ BYTES_PER_TOKEN = 100
 
 class FakeRunner:
     """Greedy next token = last token + 1 (mod N_VOCAB); records batches and releases; its
-    ledger counts BYTES_PER_TOKEN per cached token, as a paging backend would count KV."""
+    ledger counts BYTES_PER_TOKEN per cached token, as a paging backend would count KV. A pass
+    whose hook returns with an abort requested ends in RunnerAborted."""
 
     def __init__(self, hook: Callable[[Sequence[Chunk]], None] | None = None) -> None:
         self.n_vocab = N_VOCAB
@@ -28,6 +30,8 @@ class FakeRunner:
         self.released: list[int] = []
         self.hook = hook
         self.cached: dict[int, int] = {}  # slot -> tokens in its cache
+        self.abort = threading.Event()  # set by request_abort, cleared by clear_abort
+        self.aborted = 0  # passes that ended in RunnerAborted
 
     def run(self, chunks: Sequence[Chunk]) -> np.ndarray:
         self.batches.append([(c.lease.slot, c.start, c.tokens) for c in chunks])
@@ -35,6 +39,9 @@ class FakeRunner:
             self.cached[c.lease.slot] = c.start + len(c.tokens)
         if self.hook:
             self.hook(chunks)
+        if self.abort.is_set():
+            self.aborted += 1
+            raise RunnerAborted("aborted")
         rows = []
         for c in chunks:
             if c.sample:
@@ -46,6 +53,12 @@ class FakeRunner:
     def release(self, slot: int) -> None:
         self.released.append(slot)
         self.cached.pop(slot, None)
+
+    def request_abort(self) -> None:
+        self.abort.set()
+
+    def clear_abort(self) -> None:
+        self.abort.clear()
 
     def ledger(self) -> dict[str, int]:
         return {"weights": 5000, "kv": BYTES_PER_TOKEN * sum(self.cached.values())}

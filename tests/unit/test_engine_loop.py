@@ -16,6 +16,7 @@ from pyqsa.engine import (
     QueueFull,
     SamplingParams,
 )
+from pyqsa.engine.engine import warm_up
 
 GREEDY = SamplingParams(temperature=0, max_tokens=5)
 
@@ -167,6 +168,55 @@ def test_cancel_while_decoding_frees_the_slot(stop_after):
     assert e.stats().finished["cancelled"] == 1
 
 
+def test_cancel_aborts_a_pass_of_only_cancelled_requests(stop_after):
+    in_pass = threading.Event()
+
+    def hook(chunks):
+        if len(runner.batches) == 1:
+            in_pass.set()
+            runner.abort.wait(5)  # the pass "computes" until the abort comes
+
+    runner = FakeRunner(hook=hook)
+    e = engine(runner, n_slots=2, max_batch_tokens=4)
+    stop_after(e)
+    sink = Collector()
+    rid = e.submit(list(range(1, 21)), GREEDY, sink)
+    assert in_pass.wait(5)
+    e.cancel(rid)
+    fin = sink.wait()
+    assert (fin.reason, fin.completion_tokens) == (FinishReason.CANCELLED, 0)
+    assert runner.aborted == 1 and runner.released == [0]
+    assert e.stats().busy_slots == 0
+    # the abort ended with its pass: the next request runs whole
+    after = Collector()
+    e.submit([5], SamplingParams(temperature=0, max_tokens=2), after)
+    assert after.wait().reason is FinishReason.LENGTH and after.tokens == [6, 7]
+    assert runner.aborted == 1
+
+
+def test_cancel_does_not_abort_a_pass_shared_with_a_live_request(stop_after):
+    in_pass, proceed = threading.Event(), threading.Event()
+
+    def hook(chunks):
+        if len(chunks) == 2 and not in_pass.is_set():
+            in_pass.set()
+            proceed.wait(5)
+
+    runner = FakeRunner(hook=hook)
+    e = engine(runner, n_slots=2)
+    stop_after(e)
+    a, b = Collector(), Collector()
+    e.submit([1], SamplingParams(temperature=0, max_tokens=5), a)
+    rid_b = e.submit([30], SamplingParams(temperature=0, max_tokens=5), b)
+    assert in_pass.wait(5)
+    e.cancel(rid_b)
+    assert not runner.abort.is_set()  # a's work in the pass is worth keeping
+    proceed.set()
+    assert b.wait().reason is FinishReason.CANCELLED
+    assert a.wait().reason is FinishReason.LENGTH and a.tokens == [2, 3, 4, 5, 6]
+    assert runner.aborted == 0
+
+
 def test_a_failing_sink_cancels_only_its_request(stop_after):
     e = engine()
     stop_after(e)
@@ -220,6 +270,26 @@ def until(cond, timeout: float = 5.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.005)
+
+
+def test_step_time_is_split_into_forward_and_host(stop_after):
+    runner = FakeRunner(hook=lambda chunks: time.sleep(0.01))
+    e = engine(runner)
+    stop_after(e)
+    sink = Collector()
+    e.submit([1, 2], GREEDY, sink)
+    sink.wait()
+    until(lambda: e.stats().steps == 5)  # counted after the step's events
+    s = e.stats()
+    assert len(runner.batches) == 5
+    assert s.step_seconds["forward"] >= 0.05 and s.step_seconds["host"] > 0
+
+
+def test_warm_up_runs_one_pass_and_leaves_the_slot_empty():
+    runner = FakeRunner()
+    warm_up(runner, 5)
+    assert runner.batches == [[(0, 0, (5,))]]
+    assert runner.released == [0] and runner.cached == {}
 
 
 def test_a_bad_request_fails_alone(stop_after):

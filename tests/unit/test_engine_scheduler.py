@@ -1,11 +1,21 @@
+import math
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
 from pyqsa.engine import SamplingParams
 from pyqsa.engine.request import Request, RequestState
-from pyqsa.engine.scheduler import Scheduler
+from pyqsa.engine.scheduler import PREFILL_POLICIES, Scheduler, fair_shares, fcfs_shares
 from pyqsa.engine.slots import SlotTable
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from prefill_sim import split_equal  # noqa: E402
 
-def req(rid: str, n_prompt: int) -> Request:
-    return Request(rid, list(range(1, n_prompt + 1)), SamplingParams(), lambda ev: None, 100)
+
+def req(rid: str, n_prompt: int, max_len: int = 100) -> Request:
+    return Request(rid, list(range(1, n_prompt + 1)), SamplingParams(), lambda ev: None, max_len)
 
 
 def plan(chunks):
@@ -20,9 +30,9 @@ def advance(chunks, new_token: int = 7):
             c.request.tokens.append(new_token)
 
 
-def test_decode_first_then_prompt_chunks_within_budget():
+def test_fcfs_decode_first_then_the_oldest_prompt_takes_the_rest():
     released: list[int] = []
-    s = Scheduler(SlotTable(3, 100, released.append), max_batch_tokens=8)
+    s = Scheduler(SlotTable(3, 100, released.append), max_batch_tokens=8, policy="fcfs")
     a, b = req("a", 3), req("b", 20)
     s.add(a)
     s.add(b)
@@ -61,3 +71,130 @@ def test_waiting_requests_get_slots_in_arrival_order_as_slots_free():
     assert released == [0] and not s.waiting
     s.finish(c)  # idempotent
     assert released == [0]
+
+
+def test_shares():
+    # 3 fits an equal share of 50 and gets it all; the others split the 47 left equally,
+    # the odd token stays unused (equal chunks make one ubatch)
+    assert fair_shares([100, 3, 100], 50) == [23, 3, 23]
+    assert fair_shares([10, 10], 50) == [10, 10]
+    assert fair_shares([1000] * 3, 250) == [83, 83, 83]
+    assert fair_shares([5, 40, 9], 30) == [5, 16, 9]
+    assert fcfs_shares([30, 100, 5], 50) == [30, 20, 0]
+
+
+def test_fair_every_prompt_progresses_and_decode_goes_first():
+    s = Scheduler(SlotTable(4, 100, lambda slot: None), max_batch_tokens=16)
+    a, b, c = req("a", 40), req("b", 2), req("c", 30)
+    for r in (a, b, c):
+        s.add(r)
+    step = s.schedule()
+    assert plan(step) == [("a", 0, 0, 7, False), ("b", 1, 0, 2, True), ("c", 2, 0, 7, False)]
+    advance(step)
+    d = req("d", 3)
+    s.add(d)
+    step = s.schedule()  # b decodes; d's 3 fit an equal share of 15; a and c split the 12 left
+    assert plan(step) == [
+        ("a", 0, 7, 6, False),
+        ("b", 1, 2, 1, True),
+        ("c", 2, 7, 6, False),
+        ("d", 3, 0, 3, True),
+    ]
+
+
+@pytest.mark.parametrize("policy", list(PREFILL_POLICIES))
+def test_decode_first_for_a_younger_request_while_an_older_prompt_fills_the_step(policy):
+    s = Scheduler(SlotTable(2, 1000, lambda slot: None), max_batch_tokens=8, policy=policy)
+    old, young = req("old", 500, 1000), req("young", 2, 1000)
+    s.add(old)
+    s.add(young)
+    s.schedule()  # both get slots; young's prompt was computed earlier, as with a shorter old
+    young.num_computed_tokens = 2
+    young.tokens.append(7)
+    for _ in range(20):
+        step = s.schedule()
+        assert plan(step)[1] == ("young", 1, young.num_computed_tokens, 1, True)
+        assert plan(step)[0][3] == 7  # the older prompt gets all the rest
+        advance(step)
+
+
+def test_chunks_are_in_slot_order_and_equal_one_ubatch_for_the_prompts():
+    s = Scheduler(SlotTable(4, 1000, lambda slot: None), max_batch_tokens=64)
+    reqs = [req(str(i), 500, 1000) for i in range(4)]
+    for r in reqs:
+        s.add(r)
+    step = s.schedule()
+    assert [c.lease.slot for c in step] == [0, 1, 2, 3]
+    batch = [(c.lease.slot, len(c.tokens)) for c in step]
+    assert split_equal(batch, 64) == [[(0, 16), (1, 16), (2, 16), (3, 16)]]
+    s.finish(reqs[0])
+    s.add(req("new", 1))  # takes slot 0, decodes from the next step on
+    advance(step)
+    advance(s.schedule())
+    step = s.schedule()
+    batch = [(c.lease.slot, len(c.tokens)) for c in step]
+    assert batch == [(0, 1), (1, 21), (2, 21), (3, 21)]
+    # the decode token's pass, then one pass for the three prompts
+    assert split_equal(batch, 64) == [[(0, 1), (1, 1), (2, 1), (3, 1)], [(1, 20), (2, 20), (3, 20)]]
+
+
+@pytest.mark.parametrize("policy", list(PREFILL_POLICIES))
+def test_a_short_prompt_behind_long_ones_gets_its_first_token_within_a_few_steps(policy):
+    n_slots, budget = 8, 64
+    s = Scheduler(SlotTable(n_slots, 10_000, lambda slot: None), budget, policy)
+    for i in range(7):
+        s.add(req(f"long{i}", 2000, 3000))
+    for _ in range(5):
+        advance(s.schedule())
+    short = req("short", 20)
+    s.add(short)
+    steps = 0
+    while short.num_output_tokens == 0:
+        advance(s.schedule())
+        steps += 1
+    bound = math.ceil(20 / (budget // n_slots))  # see the scheduler's docstring
+    if policy == "fair":
+        assert steps <= bound
+    else:  # the oldest prompts take the whole budget until their prefill is done
+        assert steps > 7 * 2000 // budget - 5
+
+
+@pytest.mark.parametrize("policy", list(PREFILL_POLICIES))
+def test_no_starvation_over_a_long_mixed_run(policy):
+    rng = random.Random(11)
+    n_slots, budget = 4, 16
+    s = Scheduler(SlotTable(n_slots, 10_000, lambda slot: None), budget, policy)
+    reqs: list[Request] = []
+    arrived: dict[str, int] = {}
+    admitted: dict[str, int] = {}
+    done: dict[str, int] = {}
+    for i in range(3000):
+        if rng.random() < 0.15:  # ~12 tokens of work a step against a budget of 16
+            r = req(f"r{i}", rng.choice([1, 2, 5, 30, 300]), 0)
+            r.max_len = len(r.prompt) + rng.randint(1, 20)
+            s.add(r)
+            reqs.append(r)
+            arrived[r.request_id] = i
+        step = s.schedule()
+        planned = {c.request.request_id: len(c.tokens) for c in step}
+        assert sum(planned.values()) <= budget
+        running = list(s.running)
+        for r in running:
+            admitted.setdefault(r.request_id, i)
+            if r.num_pending == 1:
+                assert planned[r.request_id] == 1  # decode first, every step, any age
+            elif policy == "fair":
+                assert planned[r.request_id] >= min(r.num_pending, budget // n_slots)
+        advance(step)
+        for r in running:
+            if len(r.tokens) >= r.max_len:
+                s.finish(r)
+                done[r.request_id] = i
+    assert all(r.request_id in done for r in reqs if arrived[r.request_id] < 2000)
+    assert len(done) > 300
+    if policy == "fair":  # from its slot: the prompt at >= budget // slots a step, then decode
+        for r in reqs:
+            if r.request_id in done:
+                n_out = r.max_len - len(r.prompt)
+                bound = math.ceil(len(r.prompt) / (budget // n_slots)) + n_out - 1
+                assert done[r.request_id] - admitted[r.request_id] + 1 <= bound
