@@ -109,16 +109,30 @@ def _engine_options(f):
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=DEFAULT_PORT, show_default=True, help="0: any free port.")
 @click.option("--api-key", envvar="PYQSA_API_KEY", help="Require this Bearer key on /v1.")
+@click.option(
+    "--api-key-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Read the key from this file instead (it does not show in ps).",
+)
 @click.option("--model-name", help="Model id clients send (default: the file name).")
 @click.option("--max-body-bytes", default=8 << 20, show_default=True)
+@click.option(
+    "--default-max-tokens",
+    default=1024,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Output limit of a request that sets no max_tokens.",
+)
 @_engine_options
 def serve(
     model,
     host,
     port,
     api_key,
+    api_key_file,
     model_name,
     max_body_bytes,
+    default_max_tokens,
     slots,
     ctx,
     batch_tokens,
@@ -129,6 +143,12 @@ def serve(
     """Serve MODEL (a qwen4exp GGUF; default: the embedded demo) over an OpenAI API."""
     from .app import create_app
 
+    if api_key_file:
+        if api_key:
+            raise click.UsageError("give --api-key (or PYQSA_API_KEY) or --api-key-file, not both")
+        api_key = Path(api_key_file).read_text().strip()
+        if not api_key:
+            raise click.UsageError(f"{api_key_file} holds no key")
     engine, llama_model, name = _load(model, slots, ctx, batch_tokens, max_waiting, threads)
     try:
         app = create_app(
@@ -138,6 +158,7 @@ def serve(
             _template(llama_model, chat_template),
             api_key,
             max_body_bytes,
+            default_max_tokens,
         )
 
         def ready(url: str) -> None:
