@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from pyqsa.engine import Delta, Engine, Finished, FinishReason, TokenLogprob
 
 from . import errors
-from .chat_prompt import ChatPrompt
+from .chat_prompt import ChatPrompt, PlainTokenizer
 from .chat_template import ChatTemplate, ParsedToolCall, ToolCallStream, parse_tool_calls
 from .errors import APIError
 from .metrics import Metrics
@@ -32,14 +32,10 @@ from .protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, Sha
 from .streams import EngineStream, WholeReply, sse_response
 
 
-class Tokenizer(Protocol):
+class Tokenizer(PlainTokenizer, Protocol):
     n_vocab: int
 
-    def tokenize(self, text: str, special: bool = True) -> list[int]: ...
-
     def token_bytes(self, token: int) -> bytes: ...
-
-    def control_tokens(self) -> dict[str, int]: ...
 
 
 def _template_message(m: ChatMessage) -> dict:
