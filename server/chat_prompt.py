@@ -42,6 +42,7 @@ class ChatPrompt:
         self.controls = tokenizer.control_tokens()
         longest_first = sorted(self.controls, key=len, reverse=True)
         self._control = re.compile("|".join(map(re.escape, longest_first)) or "(?!)")
+        self._template_chars = set(template.source)
 
     def tokens(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         """Render the conversation and tokenize it (steps 1 and 2 above)."""
@@ -58,7 +59,7 @@ class ChatPrompt:
         return ids + self._plain(text[pos:], mark)
 
     def _free_mark(self, client_text: str) -> str:
-        used = set(client_text) | set(self.template.source)
+        used = set(client_text) | self._template_chars
         for c in itertools.chain(*_MARKS):
             if chr(c) not in used:
                 return chr(c)
