@@ -105,6 +105,7 @@ class _Sampling(_Model):
             raise PydanticCustomError(
                 "invalid_unicode",
                 "the string at {where} holds a lone UTF-16 surrogate; text must be valid Unicode",
+                # NOTE: pydantic renders messages as UTF-8: the path's surrogate is escaped
                 {"where": where.encode("utf-8", "backslashreplace").decode()},
             )
         return value
