@@ -6,8 +6,10 @@ temperature -> top_k -> min_p -> top_p -> a draw from the request's own seeded g
 A seeded request samples the same tokens whatever else shares its batch, although batched
 logits differ from a lone request's by ~1e-6: the draw is Gumbel-max keyed by token id (see
 `draw`), whose result moves only when such noise decides a near-tie between the two best
-candidates or at a cutoff, about once in a million draws; tests/unit/test_engine_sampler.py
-measures it. Greedy picks the argmax, identical unless the two best logits are that close.
+candidates, or swaps near-tied tokens at a cutoff and the swapped one wins.
+tests/unit/test_engine_sampler.py measures it: of 2,400 draws on rows perturbed by 1e-6, none
+changed (the inverse-CDF draw this replaced: 22). Greedy picks the argmax, identical unless
+the two best logits are that close.
 """
 
 from __future__ import annotations
