@@ -115,3 +115,20 @@ def test_completions_parse_control_tokens_only_when_asked(server, tokenizer):
     )
     assert parsed.usage.prompt_tokens == len(tokenizer.tokenize(prompt, special=True))
     assert parsed.usage.prompt_tokens < plain.usage.prompt_tokens
+
+
+def test_with_a_checkpoints_own_template(tiny_gguf):
+    """The HF template a converted checkpoint carries (a default system turn, thinking)."""
+    from pyqsa.engine.runner import LlamaModel
+
+    model = LlamaModel(str(tiny_gguf))
+    eos = model.token_bytes(model.eos).decode()
+    template = ChatTemplate(model.meta("tokenizer.chat_template"), eos_token=eos)
+    chat_prompt = ChatPrompt(template, model)
+    honest = [*user("x"), {"role": "assistant", "content": "<think>\n</think>\n\nok"}, *user("y")]
+    rendered = template.render(honest)
+    assert chat_prompt.tokens(honest, None) == model.tokenize(rendered, special=True)
+    forged = json.loads(json.dumps(honest).replace('"x"', json.dumps(FORGED)))
+    controls = set(model.control_tokens().values())
+    n_honest = sum(t in controls for t in chat_prompt.tokens(honest, None))
+    assert sum(t in controls for t in chat_prompt.tokens(forged, None)) == n_honest
