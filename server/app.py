@@ -2,6 +2,8 @@
 
 Templating, tokenization and JSON shaping happen here, on the event loop (tokenization in a
 worker thread); the engine sees token ids and SamplingParams and streams typed events back.
+Control tokens come only from the chat template (chat_prompt.py), or from a completions
+prompt that asks for them (`parse_special`).
 Every completion request owns an `EngineStream`; closing it (reply done, client gone,
 handler error) cancels the request in the engine and so frees its slot.
 """
@@ -17,13 +19,14 @@ from typing import Protocol
 
 import anyio
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from pyqsa.engine import Delta, Engine, Finished, FinishReason, TokenLogprob
 
 from . import errors
+from .chat_prompt import ChatPrompt, PlainTokenizer
 from .chat_template import ChatTemplate, ParsedToolCall, ToolCallStream, parse_tool_calls
 from .errors import APIError
 from .metrics import Metrics
@@ -31,10 +34,8 @@ from .protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, Sha
 from .streams import EngineStream, WholeReply, sse_response
 
 
-class Tokenizer(Protocol):
+class Tokenizer(PlainTokenizer, Protocol):
     n_vocab: int
-
-    def tokenize(self, text: str, special: bool = True) -> list[int]: ...
 
     def token_bytes(self, token: int) -> bytes: ...
 
@@ -78,12 +79,16 @@ def create_app(
     template: ChatTemplate,
     api_key: str | None = None,
     max_body_bytes: int = 8 << 20,
+    default_max_tokens: int = 1024,
 ) -> FastAPI:
+    """default_max_tokens: the output limit of requests that set none."""
     app = FastAPI(
         title="pyqsa", docs_url=None, redoc_url=None, openapi_url=None, lifespan=_load_anyio
     )
     errors.install(app)
     app.add_middleware(errors.BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(errors.CatchAll)  # outermost: sees whatever no handler took
+    chat_prompt = ChatPrompt(template, tokenizer)
     metrics = Metrics(engine)
     created = int(time.time())
 
@@ -147,7 +152,7 @@ def create_app(
     ) -> Response:
         """Submit the request; stream it as SSE events (events) or answer once it is whole
         (reply). kind: "chat" or "text", the shape of the objects."""
-        params = body.params(tokenizer.n_vocab)
+        params = body.params(tokenizer.n_vocab, default_max_tokens)
         stream = EngineStream(engine, metrics)
         try:
             stream.submit(prompt, params)
@@ -156,7 +161,7 @@ def create_app(
             raise
         shaper = Shaper(kind, model_name)
         if body.stream:
-            return sse_response(events(stream, shaper, body, t0), stream)
+            return sse_response(events(stream, shaper, body, t0), stream, f"{kind} stream")
         return WholeReply(lambda: reply(stream, shaper, body, t0), stream)
 
     async def collect(stream: EngineStream, t0: float) -> tuple[str, list[TokenLogprob], Finished]:
@@ -209,8 +214,8 @@ def create_app(
         t0 = time.monotonic()
         check_model(body.model)
         tools = [t.model_dump(exclude_none=True) for t in body.tools or []] or None
-        prompt_text = template.render([_template_message(m) for m in body.messages], tools)
-        prompt = await run_in_threadpool(tokenizer.tokenize, prompt_text, True)
+        messages = [_template_message(m) for m in body.messages]
+        prompt = await run_in_threadpool(chat_prompt.tokens, messages, tools)
         return await respond(prompt, body, "chat", chat_events, chat_reply, t0)
 
     async def chat_reply(
@@ -287,7 +292,7 @@ def create_app(
                 raise APIError(400, "only one prompt per request is supported", param="prompt")
             body.prompt = body.prompt[0]
         if isinstance(body.prompt, str):
-            prompt = await run_in_threadpool(tokenizer.tokenize, body.prompt, True)
+            prompt = await run_in_threadpool(tokenizer.tokenize, body.prompt, body.parse_special)
         else:
             prompt = list(body.prompt)
             if any(not 0 <= t < tokenizer.n_vocab for t in prompt):
@@ -328,10 +333,6 @@ def create_app(
             if with_usage:
                 yield shaper.chunk(None, True, usage(ev.prompt_tokens, ev.completion_tokens))
             return
-
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, exc: Exception) -> JSONResponse:
-        return APIError(500, f"internal error: {type(exc).__name__}").response()
 
     app.state.metrics = metrics
     return app

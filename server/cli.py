@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from pyqsa.engine.context import KV_TYPES
 from pyqsa.engine.scheduler import PREFILL_POLICIES
 
 DEFAULT_PORT = 8000
@@ -22,6 +23,8 @@ def _load(
     prefill_policy: str,
     max_waiting: int,
     threads: int,
+    kv_type: str,
+    gpu_layers: int | None,
 ):
     """Start an engine on MODEL (the embedded demo model when None)."""
     from pyqsa.demo_model import demo_model_path
@@ -42,6 +45,8 @@ def _load(
         prefill_policy=prefill_policy,
         max_waiting=max_waiting,
         n_threads=threads,
+        kv_type=kv_type,
+        gpu_layers=gpu_layers,
     )
     engine, llama_model = load_engine(config)
     click.echo(f"pyqsa: memory {_ledger_line(engine.stats().ledger)}", err=True)
@@ -121,6 +126,18 @@ def _engine_options(f):
         ),
         click.option("--threads", default=0, help="CPU threads (0: all cores)."),
         click.option(
+            "--kv-type",
+            type=click.Choice(list(KV_TYPES)),
+            default="f16",
+            show_default=True,
+            help="K/V cache type of the indexed (QSA) layers.",
+        ),
+        click.option(
+            "--gpu-layers",
+            type=click.IntRange(min=0),
+            help="Layers whose weights go to the GPU (default: all; 0 keeps them on the host).",
+        ),
+        click.option(
             "--chat-template",
             type=click.Path(exists=True, dir_okay=False),
             help="Jinja chat template file, instead of the model's own.",
@@ -136,29 +153,51 @@ def _engine_options(f):
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=DEFAULT_PORT, show_default=True, help="0: any free port.")
 @click.option("--api-key", envvar="PYQSA_API_KEY", help="Require this Bearer key on /v1.")
+@click.option(
+    "--api-key-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Read the key from this file instead (it does not show in ps).",
+)
 @click.option("--model-name", help="Model id clients send (default: the file name).")
 @click.option("--max-body-bytes", default=8 << 20, show_default=True)
+@click.option(
+    "--default-max-tokens",
+    default=1024,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Output limit of a request that sets no max_tokens.",
+)
 @_engine_options
 def serve(
     model,
     host,
     port,
     api_key,
+    api_key_file,
     model_name,
     max_body_bytes,
+    default_max_tokens,
     slots,
     ctx,
     batch_tokens,
     prefill_policy,
     max_waiting,
     threads,
+    kv_type,
+    gpu_layers,
     chat_template,
 ) -> None:
     """Serve MODEL (a qwen4exp GGUF; default: the embedded demo) over an OpenAI API."""
     from .app import create_app
 
+    if api_key_file:
+        if api_key:
+            raise click.UsageError("give --api-key (or PYQSA_API_KEY) or --api-key-file, not both")
+        api_key = Path(api_key_file).read_text().strip()
+        if not api_key:
+            raise click.UsageError(f"{api_key_file} holds no key")
     engine, llama_model, name = _load(
-        model, slots, ctx, batch_tokens, prefill_policy, max_waiting, threads
+        model, slots, ctx, batch_tokens, prefill_policy, max_waiting, threads, kv_type, gpu_layers
     )
     try:
         app = create_app(
@@ -168,6 +207,7 @@ def serve(
             _template(llama_model, chat_template),
             api_key,
             max_body_bytes,
+            default_max_tokens,
         )
 
         def ready(url: str) -> None:
@@ -202,6 +242,8 @@ def chat(
     prefill_policy,
     max_waiting,
     threads,
+    kv_type,
+    gpu_layers,
     chat_template,
 ) -> None:
     """Chat in the terminal with MODEL (default: the embedded demo) or a server at --url.
@@ -219,7 +261,7 @@ def chat(
     from .app import create_app
 
     engine, llama_model, name = _load(
-        model, slots, ctx, batch_tokens, prefill_policy, max_waiting, threads
+        model, slots, ctx, batch_tokens, prefill_policy, max_waiting, threads, kv_type, gpu_layers
     )
     app = create_app(engine, llama_model, name, _template(llama_model, chat_template), None)
     ready = threading.Event()

@@ -6,12 +6,15 @@ Bad input of any kind maps to a 4xx with one of the types below; a 500 means a b
 from __future__ import annotations
 
 import json
+import logging
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("pyqsa.server")
 
 INVALID_REQUEST = "invalid_request_error"  # 400
 AUTHENTICATION = "authentication_error"  # 401
@@ -28,6 +31,12 @@ _TYPE_BY_STATUS = {
     413: REQUEST_TOO_LARGE,
     429: RATE_LIMIT,
 }
+# seconds a client refused with 429 should wait before it tries again
+RETRY_AFTER_S = 1
+
+
+def _encodable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode()
 
 
 class APIError(Exception):
@@ -41,9 +50,11 @@ class APIError(Exception):
     ) -> None:
         super().__init__(message)
         self.status = status
-        self.message = message
+        # NOTE: a message or param may quote the request, and a lone surrogate in it would
+        # make the error itself unencodable
+        self.message = _encodable(message)
         self.type = type or _TYPE_BY_STATUS.get(status, SERVER)
-        self.param = param
+        self.param = None if param is None else _encodable(param)
         self.code = code
 
     def body(self) -> dict:
@@ -56,8 +67,12 @@ class APIError(Exception):
             }
         }
 
-    def response(self) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
+        headers = dict(headers or {})
+        if self.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
+        if self.status == 429:
+            headers["Retry-After"] = str(RETRY_AFTER_S)
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
@@ -125,3 +140,42 @@ class BodyLimit:
             return msg
 
         await self.app(scope, limited, send)
+
+
+class CatchAll:
+    """ASGI middleware: an exception no handler took (a bug) is logged once, with its traceback
+    and without the request body, and answered with an OpenAI-shaped 500 that closes the
+    connection.
+
+    NOTE: Starlette's own handler for Exception re-raises after answering, so uvicorn logs the
+    error again and drops the keep-alive connection without `Connection: close`: the client's
+    next request on it is reset.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(msg: Message) -> None:
+            nonlocal started
+            started = started or msg["type"] == "http.response.start"
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as e:
+            bug = internal_error(e, f"{scope['method']} {scope['path']}")
+            if started:
+                return  # mid-reply: uvicorn closes the connection, the only honest end
+            await bug.response({"Connection": "close"})(scope, receive, send)
+
+
+def internal_error(exc: Exception, where: str) -> APIError:
+    """Log a bug once (traceback, no request body) and describe it to the client."""
+    log.error("internal error in %s", where, exc_info=exc)
+    return APIError(500, f"internal error: {type(exc).__name__}")

@@ -2,21 +2,48 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
-from pyqsa.engine import SamplingParams
+from pyqsa.engine import InvalidSamplingParam, SamplingParams
 
 from .errors import APIError
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate_at(value: Any, path: str) -> str | None:
+    """Where in JSON data `value` a string (or key) holds a lone UTF-16 surrogate, or None.
+
+    JSON's "\\ud800" escape, or the raw bytes ED A0 80 (Python's json decodes both the same
+    way), gives a str that cannot be encoded as UTF-8, so it could never be tokenized.
+    """
+    if isinstance(value, str):
+        return path if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            where = f"{path}.{k}"
+            if (hit := _lone_surrogate_at(k, where + " (a key)")) or (
+                hit := _lone_surrogate_at(v, where)
+            ):
+                return hit
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            if hit := _lone_surrogate_at(v, f"{path}.{i}"):
+                return hit
+    return None
 
 
 class _Model(BaseModel):
     # NOTE: strict: "1" is not an int and "true" not a bool, as in OpenAI's API; unknown
-    # fields are accepted and ignored, as clients send vendor extras.
-    model_config = ConfigDict(strict=True, extra="ignore")
+    # fields are accepted and ignored, as clients send vendor extras. JSON's NaN and
+    # Infinity literals, which Python's json accepts, are no numbers here.
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
 class TextPart(_Model):
@@ -71,6 +98,18 @@ class _Sampling(_Model):
     """Fields shared by both endpoints; top_k, min_p, repetition_penalty, ignore_eos and
     stop_token_ids are the usual vLLM / llama-server extensions."""
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_unicode(cls, value: Any, info: Any) -> Any:
+        if where := _lone_surrogate_at(value, info.field_name):
+            raise PydanticCustomError(
+                "invalid_unicode",
+                "the string at {where} holds a lone UTF-16 surrogate; text must be valid Unicode",
+                # NOTE: pydantic renders messages as UTF-8: the path's surrogate is escaped
+                {"where": where.encode("utf-8", "backslashreplace").decode()},
+            )
+        return value
+
     model: str
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
@@ -93,18 +132,22 @@ class _Sampling(_Model):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
-    def sampling(self, n_vocab: int, max_tokens: int | None, logprobs: int | None):
+    def sampling(self, n_vocab: int, max_tokens: int, logprobs: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stop) > 4 or any(not s for s in stop):
             raise APIError(400, "'stop' takes up to 4 non-empty strings", param="stop")
         bias: dict[int, float] = {}
         for key, value in (self.logit_bias or {}).items():
-            if not key.lstrip("-").isdigit() or not 0 <= int(key) < n_vocab:
+            # NOTE: ASCII digits only (int() also takes "+5", " 5", "5_0" and "٣", Arabic 3),
+            # and not many (int() refuses over 4300 digits)
+            if not (key.isascii() and key.isdigit() and len(key) < 10) or int(key) >= n_vocab:
                 raise APIError(400, f"logit_bias: {key!r} is not a token id", param="logit_bias")
             bias[int(key)] = value
         for t in self.stop_token_ids or []:
             if not 0 <= t < n_vocab:
-                raise APIError(400, f"stop_token_ids: {t} is not a token id")
+                raise APIError(
+                    400, f"stop_token_ids: {t} is not a token id", param="stop_token_ids"
+                )
         try:
             return SamplingParams(
                 max_tokens=max_tokens,
@@ -122,8 +165,8 @@ class _Sampling(_Model):
                 ignore_eos=self.ignore_eos,
                 logprobs=logprobs,
             )
-        except ValueError as e:
-            raise APIError(400, str(e)) from e
+        except InvalidSamplingParam as e:
+            raise APIError(400, str(e), param=e.param) from e
 
 
 class ChatCompletionRequest(_Sampling):
@@ -134,8 +177,8 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
 
-    def params(self, n_vocab: int) -> SamplingParams:
-        limit = self.max_completion_tokens or self.max_tokens
+    def params(self, n_vocab: int, default_max_tokens: int) -> SamplingParams:
+        limit = self.max_completion_tokens or self.max_tokens or default_max_tokens
         return self.sampling(n_vocab, limit, (self.top_logprobs or 0) if self.logprobs else None)
 
     def use_tools(self) -> bool:
@@ -148,9 +191,12 @@ class CompletionRequest(_Sampling):
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: Literal[False] = False
     suffix: None = None
+    # extension: parse control tokens (<|im_start|>...) in a string prompt; off, so text from
+    # an untrusted source cannot forge turns unless the caller says it is trusted
+    parse_special: bool = False
 
-    def params(self, n_vocab: int) -> SamplingParams:
-        return self.sampling(n_vocab, self.max_tokens, self.logprobs)
+    def params(self, n_vocab: int, default_max_tokens: int) -> SamplingParams:
+        return self.sampling(n_vocab, self.max_tokens or default_max_tokens, self.logprobs)
 
 
 # -- responses -------------------------------------------------------------------------------

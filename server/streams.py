@@ -23,7 +23,7 @@ from pyqsa.engine import (
     SamplingParams,
 )
 
-from .errors import APIError
+from .errors import APIError, internal_error
 from .metrics import Metrics
 
 
@@ -111,9 +111,12 @@ class WholeReply(Response):
             await result(scope, receive, send)
 
 
-def sse_response(events: AsyncIterator[dict], stream: EngineStream) -> EventSourceResponse:
+def sse_response(
+    events: AsyncIterator[dict], stream: EngineStream, where: str
+) -> EventSourceResponse:
     """Server-sent events of JSON objects, then [DONE]; the stream is closed however it ends
-    (sse-starlette cancels the generator when the client disconnects)."""
+    (sse-starlette cancels the generator when the client disconnects). An error after the
+    first event ends the stream with an error event and no [DONE]."""
 
     async def body() -> AsyncIterator[dict]:
         try:
@@ -122,6 +125,8 @@ def sse_response(events: AsyncIterator[dict], stream: EngineStream) -> EventSour
             yield {"data": "[DONE]"}
         except APIError as e:
             yield {"data": json.dumps(e.body())}
+        except Exception as e:
+            yield {"data": json.dumps(internal_error(e, where).body())}
         finally:
             stream.close()
 

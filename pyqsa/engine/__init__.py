@@ -19,7 +19,15 @@ from .engine import (
     QueueFull,
     load_engine,
 )
-from .request import Delta, Event, Finished, FinishReason, SamplingParams, TokenLogprob
+from .request import (
+    Delta,
+    Event,
+    Finished,
+    FinishReason,
+    InvalidSamplingParam,
+    SamplingParams,
+    TokenLogprob,
+)
 
 __all__ = [
     "AdmissionError",
@@ -31,6 +39,7 @@ __all__ = [
     "Event",
     "FinishReason",
     "Finished",
+    "InvalidSamplingParam",
     "PromptTooLong",
     "QueueFull",
     "SamplingParams",

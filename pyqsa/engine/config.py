@@ -26,6 +26,7 @@ class EngineConfig:
     max_waiting: int = 64
     n_threads: int = 0  # 0: all cores
     kv_type: str = "f16"  # K/V cache of the indexed layers: f32, f16 or q8_0
+    gpu_layers: int | None = None  # layers whose weights go to the GPU; None: all
     seed: int = 0  # seeds requests that give no seed of their own, in arrival order
     prefill_policy: str = "fair"
 
@@ -49,6 +50,8 @@ class EngineConfig:
                 f"prefill_policy must be one of {', '.join(PREFILL_POLICIES)}, "
                 f"got {self.prefill_policy!r}"
             )
+        if self.gpu_layers is not None and self.gpu_layers < 0:
+            raise ValueError(f"gpu_layers must be >= 0, got {self.gpu_layers}")
         self.context_config()  # raises ValueError for settings the context refuses
 
     def context_config(self) -> ContextConfig:

@@ -366,7 +366,7 @@ class Engine:
 
 def load_engine(config: EngineConfig) -> tuple[Engine, LlamaModel]:
     """Load the model, create its context, warm it up and start the engine thread."""
-    model = LlamaModel(config.model_path)
+    model = LlamaModel(config.model_path, config.gpu_layers)
     runner = LlamaRunner(model, config)
     warm_up(runner, model.eos)
     return Engine(config, runner, model).start(), model

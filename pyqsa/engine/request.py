@@ -28,6 +28,20 @@ class RequestState(enum.Enum):
     FINISHED = "finished"
 
 
+# NOTE: below these (and above 0) a logit divided or multiplied by the value can overflow to
+# inf, and the draw to NaN; nothing useful lies beyond them anyway.
+MIN_TEMPERATURE = 1e-3
+REPETITION_PENALTY_RANGE = (1e-2, 1e2)
+
+
+class InvalidSamplingParam(ValueError):
+    """A SamplingParams field out of range; `param` names it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param} {message}")
+        self.param = param
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling; temperature 0 is greedy. Checked on construction."""
@@ -48,27 +62,28 @@ class SamplingParams:
     logprobs: int | None = None  # None: off; n: the chosen token plus the top n
 
     def __post_init__(self) -> None:
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        def check(ok: bool, param: str, rule: str) -> None:
+            if not ok:
+                raise InvalidSamplingParam(param, f"must be {rule}, got {getattr(self, param)}")
+
+        lo, hi = REPETITION_PENALTY_RANGE
+        check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", ">= 1")
+        check(
+            self.temperature == 0 or MIN_TEMPERATURE <= self.temperature < math.inf,
+            "temperature",
+            f"0 or at least {MIN_TEMPERATURE}",
+        )
+        check(0 < self.top_p <= 1, "top_p", "in (0, 1]")
+        check(self.top_k >= 0, "top_k", ">= 0")
+        check(0 <= self.min_p <= 1, "min_p", "in [0, 1]")
+        check(lo <= self.repetition_penalty <= hi, "repetition_penalty", f"in [{lo}, {hi}]")
         for name in ("presence_penalty", "frequency_penalty"):
-            if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{name} must be finite")
+            check(math.isfinite(getattr(self, name)), name, "finite")
         if any(not math.isfinite(b) for b in self.logit_bias.values()):
-            raise ValueError("logit_bias values must be finite")
+            raise InvalidSamplingParam("logit_bias", "values must be finite")
         if any(s == "" for s in self.stop):
-            raise ValueError("stop strings must not be empty")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
+            raise InvalidSamplingParam("stop", "strings must not be empty")
+        check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "in [0, 20]")
 
     @property
     def greedy(self) -> bool:

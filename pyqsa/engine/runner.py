@@ -89,12 +89,12 @@ def _init_backend() -> None:
 class LlamaModel:
     """Loaded weights + vocabulary. Tokenization is thread-safe (llama.h says so)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, gpu_layers: int | None = None) -> None:
         _init_backend()
         L = _llama()
         self.path = path
         try:
-            self.ptr = load_model(path)
+            self.ptr = load_model(path, gpu_layers=gpu_layers)
         except ContextError as e:
             raise RunnerError(str(e)) from None
         self.vocab = L.llama_model_get_vocab(self.ptr)
@@ -135,14 +135,28 @@ class LlamaModel:
         """Raw bytes of one token as text (control tokens render as nothing)."""
         piece = self._pieces.get(token)
         if piece is None:
-            L = _llama()
-            buf = ctypes.create_string_buffer(64)
-            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-            piece = self._pieces[token] = buf.raw[:n]
+            piece = self._pieces[token] = self._piece(token, special=False)
         return piece
+
+    def control_tokens(self) -> dict[str, int]:
+        """Text -> id of the tokens only `tokenize(special=True)` parses, such as <|im_start|>."""
+        L = _llama()
+        special_only = L.LLAMA_TOKEN_ATTR_CONTROL | L.LLAMA_TOKEN_ATTR_UNKNOWN
+        out = {}
+        for t in range(self.n_vocab):
+            if L.llama_vocab_get_attr(self.vocab, t) & special_only:
+                if text := self._piece(t, special=True).decode("utf-8", errors="replace"):
+                    out[text] = t
+        return out
+
+    def _piece(self, token: int, special: bool) -> bytes:
+        L = _llama()
+        buf = ctypes.create_string_buffer(64)
+        n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
 
     def is_eog(self, token: int) -> bool:
         return bool(_llama().llama_vocab_is_eog(self.vocab, token))

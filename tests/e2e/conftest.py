@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 API_KEY = "test-key"
+DEFAULT_MAX_TOKENS = 40
 HERE = Path(__file__).resolve().parent
 # NOTE: one compute thread per server: the CI machine has 2 cores shared by the server's event
 # loop, the test clients and llama.cpp, whose worker threads spin while waiting for each other
@@ -102,8 +103,11 @@ def stop_server(s: Server) -> None:
 
 
 @pytest.fixture(scope="session")
-def server(demo_gguf, cache_dir):
-    """8 slots of 512 tokens, an API key, a 1 MiB body limit."""
+def server(demo_gguf, cache_dir, tmp_path_factory):
+    """8 slots of 512 tokens, an API key (from a file), a 1 MiB body limit, requests without
+    max_tokens capped at DEFAULT_MAX_TOKENS."""
+    key_file = tmp_path_factory.mktemp("key") / "api-key"
+    key_file.write_text(API_KEY + "\n")
     s = start_server(
         [
             str(demo_gguf),
@@ -113,10 +117,12 @@ def server(demo_gguf, cache_dir):
             "8",
             "--ctx",
             "512",
-            "--api-key",
-            API_KEY,
+            "--api-key-file",
+            str(key_file),
             "--max-body-bytes",
             str(1 << 20),
+            "--default-max-tokens",
+            str(DEFAULT_MAX_TOKENS),
         ],
         cache_dir,
     )

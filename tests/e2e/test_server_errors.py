@@ -7,7 +7,7 @@ import threading
 import httpx
 import openai
 import pytest
-from conftest import wait_idle
+from conftest import API_KEY, DEFAULT_MAX_TOKENS, wait_idle
 
 CHAT = {"model": "pyqsa-demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
@@ -54,11 +54,90 @@ def test_malformed_bodies(server, content):
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"logit_bias": {"not-a-token": 1}}, "logit_bias"),
         ({"logit_bias": {"999999999": 1}}, "logit_bias"),
+        ({"logit_bias": {"--5": 1}}, "logit_bias"),
+        ({"logit_bias": {"-5": 1}}, "logit_bias"),
+        ({"logit_bias": {"+5": 1}}, "logit_bias"),
+        ({"logit_bias": {" 5": 1}}, "logit_bias"),
+        ({"logit_bias": {"5_0": 1}}, "logit_bias"),
+        ({"logit_bias": {"²": 1}}, "logit_bias"),  # superscript two: isdigit(), not int()
+        ({"logit_bias": {"٣": 1}}, "logit_bias"),  # Arabic three: int() takes it as 3
+        ({"logit_bias": {"9" * 5000: 1}}, "logit_bias"),  # more digits than int() reads
+        ({"logit_bias": {"5": 101}}, "logit_bias.5"),
+        ({"temperature": 1e-310}, "temperature"),  # subnormal: sampling would give NaN
+        ({"temperature": 1e-4}, "temperature"),
+        ({"temperature": 2.5}, "temperature"),
+        ({"repetition_penalty": 1e-310}, "repetition_penalty"),
+        ({"repetition_penalty": 1000}, "repetition_penalty"),
+        ({"top_p": 0}, "top_p"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"presence_penalty": 3}, "presence_penalty"),
+        ({"stop_token_ids": [10**9]}, "stop_token_ids"),
+        ({"temperature": 1e-310, "stream": True}, "temperature"),  # refused before streaming
         ({"model": 5}, "model"),
     ],
 )
 def test_wrong_types_and_values(server, patch, param):
     check(post(server, {**CHAT, **patch}), 400, "invalid_request_error", param)
+
+
+@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e999"])
+@pytest.mark.parametrize("field", ["temperature", "top_p", "min_p", "repetition_penalty"])
+def test_non_finite_numbers(server, field, literal):
+    body = f'{{"model": "pyqsa-demo", "prompt": "a", "{field}": '.encode() + literal + b"}"
+    check(post(server, content=body, path="/completions"), 400, "invalid_request_error", field)
+
+
+SURROGATE_ESCAPE = b'"a\\ud800b"'  # JSON text "a\ud800b"
+SURROGATE_BYTES = b'"a\xed\xa0\x80b"'  # UTF-8-style bytes of U+D800, which json accepts
+
+
+@pytest.mark.parametrize("text", [SURROGATE_ESCAPE, SURROGATE_BYTES], ids=["escape", "bytes"])
+@pytest.mark.parametrize(
+    "template, path, param",
+    [
+        (b'{"model": "pyqsa-demo", "prompt": %s}', "/completions", "prompt"),
+        (b'{"model": "pyqsa-demo", "prompt": ["x", %s]}', "/completions", "prompt"),
+        (b'{"model": "pyqsa-demo", "prompt": "x", "stop": [%s]}', "/completions", "stop"),
+        (b'{"model": %s, "prompt": "x"}', "/completions", "model"),
+        (b'{"model": "pyqsa-demo", "messages": [{"role": "user", "content": %s}]}', "", "messages"),
+        (
+            b'{"model": "pyqsa-demo", "messages": [{"role": "user", "content": '
+            b'[{"type": "text", "text": %s}]}]}',
+            "",
+            "messages",
+        ),
+        (
+            b'{"model": "pyqsa-demo", "messages": [{"role": "user", "content": "x", "name": %s}]}',
+            "",
+            "messages",
+        ),
+        (
+            b'{"model": "pyqsa-demo", "messages": [{"role": "user", "content": "x"}], '
+            b'"tools": [{"type": "function", "function": {"name": "f", '
+            b'"parameters": {"properties": {%s: {"type": "string"}}}}}]}',
+            "",
+            "tools",
+        ),
+        (
+            b'{"model": "pyqsa-demo", "messages": [{"role": "user", "content": "x"}], '
+            b'"logit_bias": {%s: 1}}',
+            "",
+            "logit_bias",
+        ),
+    ],
+    ids=["prompt", "prompt-list", "stop", "model", "content", "part", "name", "tool-key", "bias"],
+)
+def test_lone_surrogates_are_refused(server, template, path, param, text):
+    """JSON can spell a lone UTF-16 surrogate, which UTF-8 (and so the tokenizer) cannot."""
+    r = post(server, content=template % text, path=path or "/chat/completions")
+    check(r, 400, "invalid_request_error", param)
+    assert "surrogate" in r.json()["error"]["message"]
+
+
+def test_a_paired_surrogate_escape_is_fine(server):
+    body = b'{"model": "pyqsa-demo", "prompt": "a\\ud83d\\ude42b", "max_tokens": 1}'
+    assert post(server, content=body, path="/completions").status_code == 200
 
 
 def test_missing_fields(server):
@@ -84,6 +163,8 @@ def test_unknown_model_and_route(server):
         server.openai().completions.create(model="gpt-9", prompt="x", max_tokens=1)
     r = httpx.get(server.v1 + "/nothing-here", headers=server.headers())
     check(r, 404, "not_found_error")
+    r = httpx.get(server.v1 + "/chat/completions", headers=server.headers())
+    check(r, 405, "invalid_request_error")
 
 
 def test_context_overflow(server, tokenizer):
@@ -102,17 +183,37 @@ def test_context_overflow(server, tokenizer):
     check(r, 400, "invalid_request_error")
 
 
-def test_api_key_required(server):
-    r = httpx.post(server.v1 + "/chat/completions", json=CHAT)
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("POST", "/chat/completions"),
+        ("POST", "/completions"),
+        ("GET", "/models"),
+        ("GET", "/models/pyqsa-demo"),
+    ],
+)
+def test_api_key_required(server, method, path):
+    """tests/unit/test_server_app.py checks every /v1 route of the app; this, the real server."""
+    body = {**CHAT, "prompt": "x"}
+    r = httpx.request(method, server.v1 + path, json=body)
     check(r, 401, "authentication_error")
-    r = httpx.post(
-        server.v1 + "/chat/completions", json=CHAT, headers={"Authorization": "Bearer wrong"}
-    )
+    r = httpx.request(method, server.v1 + path, json=body, headers={"Authorization": "Bearer no"})
     assert check(r, 401, "authentication_error")["code"] == "invalid_api_key"
-    check(httpx.get(server.v1 + "/models"), 401, "authentication_error")
+
+
+def test_api_key_from_a_file_is_not_in_the_command_line(server):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.v1, api_key="wrong").models.list()
+    assert server.openai().models.list().data
+    assert API_KEY not in " ".join(server.proc.args)
     assert httpx.get(server.url + "/health").status_code == 200  # probes need no key
+
+
+def test_chat_without_max_tokens_gets_the_default_cap(server):
+    body = {"model": "pyqsa-demo", "messages": CHAT["messages"], "ignore_eos": True}
+    r = post(server, body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == DEFAULT_MAX_TOKENS
 
 
 def test_oversized_body(server):
@@ -149,6 +250,7 @@ def test_queue_full_is_429(small_server):
         r = httpx.post(s.v1 + "/completions", json={"model": s.model, "prompt": "b"})
         err = check(r, 429, "rate_limit_error")
         assert err["code"] == "queue_full"
+        assert int(r.headers["retry-after"]) >= 1
     finally:
         done.set()
         t.join(60)

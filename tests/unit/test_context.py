@@ -88,3 +88,17 @@ def test_ledger_splits_a_context_by_category(model):
     assert large["host.indexer"] == 4 * small["host.indexer"]
     assert large["host.weights"] == small["host.weights"]
     assert large["host.recurrent"] == small["host.recurrent"]
+
+
+def test_kv_type_sets_the_indexed_layers_cache(model):
+    def kv_bytes(kv_type: str) -> int:
+        cfg = ContextConfig(ctx_per_seq=256, n_batch=64, n_threads=2, kv_type=kv_type)
+        ctx = open_context(model, cfg)
+        try:
+            return native.ledger(ctx)["host.kv"]
+        finally:
+            llama_cpp.llama_free(ctx)
+
+    f16, q8 = kv_bytes("f16"), kv_bytes("q8_0")
+    assert kv_bytes("f32") == 2 * f16
+    assert q8 * 64 == f16 * 34  # q8_0: 34 bytes per 32 values, f16: 64

@@ -87,3 +87,40 @@ def test_stream_releases_text_that_is_not_a_tag():
     assert s.feed("<tool_call>{bad}</tool_call>") == ["<tool_call>{bad}</tool_call>"]
     assert s.feed("<tool_call>{unfinished") == []
     assert s.flush() == "<tool_call>{unfinished"
+
+
+REPLIES = [
+    "plain text, no call at all",
+    "Let me check. " + CALL,
+    CALL + " then text < tool " + CALL,
+    "before <tool_call>{bad}</tool_call> after",
+    "text <tool_call>{unfinished",
+    "a < b and <tool_ and <tool_call",
+    '<tool_call>{"name": "f", "arguments": "raw"}</tool_call>',
+]
+
+
+def streamed(pieces: list[str]) -> tuple[str, list[tuple[str, str]]]:
+    """Content and (name, arguments) of calls, as the server streams them."""
+    s = ToolCallStream()
+    out = [x for p in pieces for x in s.feed(p)] + [s.flush()]
+    content = "".join(x for x in out if isinstance(x, str))
+    return content, [(c.name, c.arguments) for c in out if isinstance(c, ParsedToolCall)]
+
+
+def whole(text: str) -> tuple[str, list[tuple[str, str]]]:
+    content, calls = parse_tool_calls(text)
+    return content, [(c.name, c.arguments) for c in calls]
+
+
+@pytest.mark.parametrize("reply", REPLIES, ids=range(len(REPLIES)))
+def test_stream_split_anywhere_parses_as_the_whole_reply(reply):
+    """Split at every character position (two pieces), and one character per piece."""
+    content, calls = whole(reply)
+    splits = [[reply[:i], reply[i:]] for i in range(len(reply) + 1)] + [list(reply)]
+    for pieces in splits:
+        got_content, got_calls = streamed(pieces)
+        assert got_calls == calls, pieces
+        # the whole-reply parse strips content around calls; a stream cannot take back
+        # what it sent, so only the stripped text must agree
+        assert got_content.strip() == content.strip(), pieces
