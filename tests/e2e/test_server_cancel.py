@@ -111,7 +111,9 @@ def test_disconnect_frees_the_slot_at_once(server):
                 server.v1 + "/completions",
                 json={**body, "stream": stream},
                 headers=server.headers(),
-                timeout=httpx.Timeout(30, read=0.3),
+                # a stream's first line may be slow on a loaded machine; a non-streamed
+                # reply never comes within 0.3 s, so that client gives up mid-reply
+                timeout=httpx.Timeout(30, read=30 if stream else 0.3),
             ) as r:
                 for _ in r.iter_lines():  # a non-streamed reply times out instead
                     break
