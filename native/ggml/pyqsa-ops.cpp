@@ -89,11 +89,28 @@ struct ggml_tensor * pyqsa_ggml_qsa_block_cells(struct ggml_context * ctx, struc
     return result;
 }
 
+struct ggml_tensor * pyqsa_ggml_qsa_block_cells_paged(struct ggml_context * ctx, struct ggml_tensor * blocks,
+                                                      struct ggml_tensor * slots, struct ggml_tensor * n_vis,
+                                                      struct ggml_tensor * n_paged, struct ggml_tensor * pos,
+                                                      int32_t r, int32_t hot_cells, int32_t ring) {
+    GGML_ASSERT(slots->type == GGML_TYPE_I32 && ggml_are_same_shape(slots, blocks) && ggml_is_contiguous(slots));
+    GGML_ASSERT(n_paged->type == GGML_TYPE_I32 && ggml_nelements(n_paged) == ggml_nrows(blocks));
+    GGML_ASSERT(hot_cells >= 0 && hot_cells % r == 0 && ring >= r);
+
+    struct ggml_tensor * result = pyqsa_ggml_qsa_block_cells(ctx, blocks, n_vis, pos, r);
+    ggml_set_op_params_i32(result, 2, hot_cells);
+    ggml_set_op_params_i32(result, 3, ring);
+    result->src[3] = slots;
+    result->src[4] = n_paged;
+    return result;
+}
+
 struct ggml_tensor * pyqsa_ggml_qsa_page_resolve(struct ggml_context * ctx, struct ggml_tensor * blocks,
                                                  struct ggml_tensor * n_vis, struct ggml_tensor * table,
                                                  struct ggml_tensor * owner, struct ggml_tensor * stamp,
                                                  struct ggml_tensor * step, struct ggml_tensor * stats,
-                                                 struct ggml_tensor * hot, const void * store, int64_t n_store) {
+                                                 struct ggml_tensor * hot, const void * store,
+                                                 struct ggml_tensor * hot_v, const void * store_v, int64_t n_store) {
     const int64_t kb = blocks->ne[0], n_q = blocks->ne[1], ns = blocks->ne[2];
     const int64_t H  = owner->ne[0];
     for (const ggml_tensor * t : { blocks, n_vis, table, owner, stamp, step }) {
@@ -103,27 +120,34 @@ struct ggml_tensor * pyqsa_ggml_qsa_page_resolve(struct ggml_context * ctx, stru
     GGML_ASSERT(blocks->ne[3] == 1 && ggml_nelements(n_vis) == n_q * ns && ggml_nelements(step) == 1);
     GGML_ASSERT(table->ne[1] == ns && owner->ne[1] == ns && stamp->ne[0] == H && stamp->ne[1] == ns);
     GGML_ASSERT(stats->ne[0] == 2 && stats->ne[1] == ns);
-    GGML_ASSERT(hot->ne[1] == H && hot->ne[2] == ns && ggml_is_contiguous(hot));
+    // a block is one contiguous row; streams may sit further apart (a view of a larger cache)
+    GGML_ASSERT(hot->ne[1] == H && hot->ne[2] == ns && hot->nb[1] == ggml_row_size(hot->type, hot->ne[0]));
     GGML_ASSERT(H >= kb * n_q && "pyqsa: the hot cache must hold every block one step selects");
     GGML_ASSERT(store != nullptr && table->ne[0] <= n_store && n_store <= INT32_MAX);
+    GGML_ASSERT((hot_v == nullptr) == (store_v == nullptr));
+    GGML_ASSERT(hot_v == nullptr || (ggml_are_same_shape(hot_v, hot) && hot_v->nb[1] == hot->nb[1] &&
+                                     hot_v->nb[2] == hot->nb[2]));
 
     struct ggml_tensor * result = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, kb, n_q, ns);
     ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_PAGE_RESOLVE);
-    const uint64_t addr = (uint64_t) (uintptr_t) store;
-    ggml_set_op_params_i32(result, 1, (int32_t) (uint32_t) (addr & 0xffffffffu));
-    ggml_set_op_params_i32(result, 2, (int32_t) (uint32_t) (addr >> 32));
-    ggml_set_op_params_i32(result, 3, (int32_t) n_store);
+    ggml_set_op_params_i32(result, 1, (int32_t) n_store);
+    const void * stores[] = { store, store_v };
+    for (int i = 0; i < 2; ++i) {  // each address as two 32-bit halves: params 2, 3 and 4, 5
+        const uint64_t addr = (uint64_t) (uintptr_t) stores[i];
+        ggml_set_op_params_i32(result, 2 + 2 * i, (int32_t) (uint32_t) (addr & 0xffffffffu));
+        ggml_set_op_params_i32(result, 3 + 2 * i, (int32_t) (uint32_t) (addr >> 32));
+    }
     result->op = GGML_OP_PYQSA;
-    ggml_tensor * srcs[] = { blocks, n_vis, table, owner, stamp, step, stats, hot };
-    for (int i = 0; i < 8; ++i) {
+    ggml_tensor * srcs[] = { blocks, n_vis, table, owner, stamp, step, stats, hot, hot_v };
+    for (int i = 0; i < 9; ++i) {
         result->src[i] = srcs[i];
     }
     return result;
 }
 
-const void * pyqsa_ggml_qsa_page_store(const struct ggml_tensor * op, int64_t * n_store) {
-    const uint64_t lo = (uint32_t) ggml_get_op_params_i32(op, 1);
-    const uint64_t hi = (uint32_t) ggml_get_op_params_i32(op, 2);
-    *n_store = ggml_get_op_params_i32(op, 3);
+const void * pyqsa_ggml_qsa_page_store(const struct ggml_tensor * op, int i, int64_t * n_store) {
+    const uint64_t lo = (uint32_t) ggml_get_op_params_i32(op, 2 + 2 * i);
+    const uint64_t hi = (uint32_t) ggml_get_op_params_i32(op, 3 + 2 * i);
+    *n_store = ggml_get_op_params_i32(op, 1);
     return (const void *) (uintptr_t) (lo | (hi << 32));
 }

@@ -81,6 +81,25 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_block_cells(struct ggml_context * c
                                                          struct ggml_tensor * pos,
                                                          int32_t r);
 
+// pyqsa_ggml_qsa_block_cells for a paged KV cache whose device copy is a hot cache of
+// hot_cells / r block slots followed by a ring of `ring` cells holding the newest positions
+// (position p at row hot_cells + p % ring): blocks below n_paged (written to the host store
+// before this step) are read from their hot slot, cell slot*r + t; later blocks and the tail
+// from the ring. The ring must hold every position from n_paged*r to the query.
+//   slots:   I32 [kb, n_q, n_stream] hot slot of each selected block (pyqsa_ggml_qsa_page_resolve
+//            with n_paged as its n_vis)
+//   n_paged: I32 [n_q * n_stream] blocks of each query's stream in the host store
+// returns I32 [kb * r + r - 1, n_q, n_stream] rows of the device cache, padded with -1
+GGML_API struct ggml_tensor * pyqsa_ggml_qsa_block_cells_paged(struct ggml_context * ctx,
+                                                               struct ggml_tensor * blocks,
+                                                               struct ggml_tensor * slots,
+                                                               struct ggml_tensor * n_vis,
+                                                               struct ggml_tensor * n_paged,
+                                                               struct ggml_tensor * pos,
+                                                               int32_t r,
+                                                               int32_t hot_cells,
+                                                               int32_t ring);
+
 // Host-backed KV paging, one step of one indexed layer: maps every selected block to a slot of
 // its stream's hot cache (a small device copy of the blocks in use), fetching the blocks that
 // are not resident from the host store. Eviction is LRU with the step's own selection pinned:
@@ -97,10 +116,13 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_block_cells(struct ggml_context * c
 //   step:   I32 [1] this step's number, larger than every earlier call's
 //   stats:  I64 [2, n_stream] (state) hits, misses: selected entries whose block was resident,
 //           and blocks fetched
-//   hot:    [E, H, n_stream] any type, one contiguous row of B = nb[1] bytes per block (state)
+//   hot:    [E, H, n_stream] any type, one contiguous row of B = nb[1] bytes per block, streams
+//           nb[2] apart (a view of a larger device cache may be given) (state)
 //   store:  host memory the kernel reads directly (pinned, zero-copy on CUDA): block b of stream
 //           s is the B bytes at store + (s * n_store + b) * B; not a graph tensor, so no
 //           backend copies it. The caller keeps it written before the step that reads it.
+//   hot_v, store_v: optional second pair (a block's V rows, kept apart from its K rows as
+//           llama.cpp's caches keep them), fetched with the first; NULL for none
 // H must hold every distinct block one step selects (H >= kb * n_q); n_blocks <= n_store.
 // returns I32 [kb, n_q, n_stream]: the hot slot of every selected block, -1 where not visible
 GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_resolve(struct ggml_context * ctx,
@@ -113,10 +135,12 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_resolve(struct ggml_context * 
                                                           struct ggml_tensor * stats,
                                                           struct ggml_tensor * hot,
                                                           const void * store,
+                                                          struct ggml_tensor * hot_v,
+                                                          const void * store_v,
                                                           int64_t n_store);
 
-// The store address and its blocks per stream, as a page-resolve node holds them.
-GGML_API const void * pyqsa_ggml_qsa_page_store(const struct ggml_tensor * op, int64_t * n_store);
+// Store i (0: store, 1: store_v) of a page-resolve node and its blocks per stream.
+GGML_API const void * pyqsa_ggml_qsa_page_store(const struct ggml_tensor * op, int i, int64_t * n_store);
 
 #ifdef __cplusplus
 }

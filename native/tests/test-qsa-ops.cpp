@@ -428,44 +428,68 @@ void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng
 }
 
 void test_block_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail) {
-    struct bc_case { int64_t kb, n_q, ns; int32_t r; int32_t max_pos; };
-    const bc_case cases[] = { { 4, 5, 2, 4, 80 }, { 512, 3, 2, 4, 262143 }, { 2, 7, 1, 1, 30 }, { 8, 1, 1, 16, 5 } };
+    // hot > 0: the paged variant, with `hot` block slots and a ring of `ring` cells
+    struct bc_case { int64_t kb, n_q, ns; int32_t r; int32_t max_pos; int32_t hot, ring; };
+    const bc_case cases[] = {
+        { 4, 5, 2, 4, 80, 0, 0 },      { 512, 3, 2, 4, 262143, 0, 0 }, { 2, 7, 1, 1, 30, 0, 0 },
+        { 8, 1, 1, 16, 5, 0, 0 },      { 4, 5, 2, 4, 80, 12, 9 },      { 512, 3, 2, 4, 262143, 1024, 515 },
+        { 2, 7, 1, 1, 30, 3, 4 },
+    };
     for (const bc_case & c : cases) {
-        char name[128];
-        std::snprintf(name, sizeof(name), "QSA_BLOCK_CELLS(kb=%lld,n_q=%lld,ns=%lld,r=%d)",
-                      (long long) c.kb, (long long) c.n_q, (long long) c.ns, c.r);
+        char name[160];
+        std::snprintf(name, sizeof(name), "QSA_BLOCK_CELLS(kb=%lld,n_q=%lld,ns=%lld,r=%d%s)", (long long) c.kb,
+                      (long long) c.n_q, (long long) c.ns, c.r,
+                      c.hot ? (",paged,hot=" + std::to_string(c.hot) + ",ring=" + std::to_string(c.ring)).c_str() : "");
+        const bool    paged = c.hot > 0;
         const int64_t rows = c.n_q * c.ns, n_out = c.kb * c.r + c.r - 1;
-        std::vector<int32_t> pos(rows), vis(rows), blocks(c.kb * rows);
+        std::vector<int32_t> pos(rows), vis(rows), blocks(c.kb * rows), slots(c.kb * rows), n_paged(rows, 0);
         for (int64_t i = 0; i < rows; ++i) {
             pos[i] = (int32_t) (rng() % (c.max_pos + 1));
             vis[i] = (pos[i] + 1) / c.r;
+            if (paged) {
+                // the ring must reach back to the first cell not in the host store
+                const int32_t lo = std::max(0, (pos[i] + 1 - c.ring + c.r - 1) / c.r);
+                n_paged[i] = lo + (int32_t) (rng() % (vis[i] - std::min(lo, vis[i]) + 1));
+            }
             // increasing block ids, some past n_vis (as top-k returns when few blocks are visible)
             int32_t b = 0;
             for (int64_t j = 0; j < c.kb; ++j) {
                 b += 1 + (int32_t) (rng() % 3);
                 blocks[i * c.kb + j] = b - 1;
+                slots[i * c.kb + j]  = paged ? (int32_t) (rng() % c.hot) : 0;
             }
         }
+        const auto row_of = [&](int32_t cell) { return paged ? c.hot * c.r + cell % c.ring : cell; };
         std::vector<int32_t> ref(n_out * rows, -1);
         for (int64_t i = 0; i < rows; ++i) {
             for (int64_t j = 0; j < c.kb * c.r; ++j) {
-                const int32_t blk = blocks[i * c.kb + j / c.r];
-                if (blk < vis[i]) ref[i * n_out + j] = blk * c.r + (int32_t) (j % c.r);
+                const int32_t blk = blocks[i * c.kb + j / c.r], t = (int32_t) (j % c.r);
+                if (blk >= vis[i]) continue;
+                ref[i * n_out + j] = blk < n_paged[i] ? slots[i * c.kb + j / c.r] * c.r + t : row_of(blk * c.r + t);
             }
-            for (int32_t t = 0; vis[i] * c.r + t <= pos[i]; ++t) ref[i * n_out + c.kb * c.r + t] = vis[i] * c.r + t;
+            for (int32_t t = 0; vis[i] * c.r + t <= pos[i]; ++t) ref[i * n_out + c.kb * c.r + t] = row_of(vis[i] * c.r + t);
         }
         ggml_tensor * tv = nullptr;
         ggml_tensor * tp = nullptr;
+        ggml_tensor * ts = nullptr;
+        ggml_tensor * tn = nullptr;
         const auto make = [&](ggml_context * ctx) {
             ggml_tensor * tb = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, c.kb, c.n_q, c.ns);
             tv = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, rows);
             tp = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, rows);
-            return std::make_pair(tb, pyqsa_ggml_qsa_block_cells(ctx, tb, tv, tp, c.r));
+            if (!paged) return std::make_pair(tb, pyqsa_ggml_qsa_block_cells(ctx, tb, tv, tp, c.r));
+            ts = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, c.kb, c.n_q, c.ns);
+            tn = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, rows);
+            return std::make_pair(tb, pyqsa_ggml_qsa_block_cells_paged(ctx, tb, ts, tv, tn, tp, c.r, c.hot * c.r, c.ring));
         };
         const auto upload = [&](ggml_tensor * tb) {
             ggml_backend_tensor_set(tb, blocks.data(), 0, ggml_nbytes(tb));
             ggml_backend_tensor_set(tv, vis.data(), 0, ggml_nbytes(tv));
             ggml_backend_tensor_set(tp, pos.data(), 0, ggml_nbytes(tp));
+            if (paged) {
+                ggml_backend_tensor_set(ts, slots.data(), 0, ggml_nbytes(ts));
+                ggml_backend_tensor_set(tn, n_paged.data(), 0, ggml_nbytes(tn));
+            }
         };
         bool supported = false;
         const std::vector<int32_t> out_cpu = run_i32(cpu, make, upload, &supported);

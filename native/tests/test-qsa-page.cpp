@@ -1,6 +1,8 @@
 // Checks PYQSA_GGML_OP_QSA_PAGE_RESOLVE over multi-step scenarios: the CPU backend against a
 // sequential LRU model written here (every output and all state after every step), every other
-// backend against the CPU. `trace` runs a scenario read from stdin on the CPU backend and prints
+// backend against the CPU; and paged decode attention (page resolve -> paged cell lists ->
+// qsa_attn over a hot cache and ring) against qsa_attn over the whole cache, bit for bit, on
+// every backend. `trace` runs a scenario read from stdin on the CPU backend and prints
 // each step, for the Python model of the policy (tests/unit/test_page_policy.py); `perf` times
 // decode-shaped steps at 256K context.
 //
@@ -15,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -122,7 +125,8 @@ public:
         step   = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1);
         stats  = ggml_new_tensor_2d(ctx, GGML_TYPE_I64, 2, c.ns);
         hot    = ggml_new_tensor_3d(ctx, c.type, c.E, c.H, c.ns);
-        out    = pyqsa_ggml_qsa_page_resolve(ctx, blocks, n_vis, table, owner, stamp, step, stats, hot, store, c.n_blocks);
+        out    = pyqsa_ggml_qsa_page_resolve(ctx, blocks, n_vis, table, owner, stamp, step, stats, hot, store, nullptr,
+                                             nullptr, c.n_blocks);
         supported = ggml_backend_supports_op(backend, out);
         if (!supported) return;
         gf = ggml_new_graph(ctx);
@@ -238,6 +242,155 @@ void report(const std::string & name, const char * backend, const std::string & 
     ok ? ++n_ok : ++n_fail;
 }
 
+// Paged decode attention against the unpaged op on one backend, over consecutive decode steps:
+// the whole K/V cache is the host store (pinned); the device holds `hot` block slots and a ring
+// of `ring` cells, to which each step writes the cells past the stored blocks, as the engine's
+// write path will. Returns the first step whose output differs, -1 when none did.
+struct paged_attn_case {
+    int64_t D, Hq, Hkv, ns, n_kv, kb, hot, ring;
+    int32_t r;
+
+    std::string name() const {
+        char buf[160];
+        std::snprintf(buf, sizeof(buf), "PAGED_ATTN(D=%lld,Hq=%lld,Hkv=%lld,ns=%lld,n_kv=%lld,kb=%lld,hot=%lld,ring=%lld,r=%d)",
+                      (long long) D, (long long) Hq, (long long) Hkv, (long long) ns, (long long) n_kv, (long long) kb,
+                      (long long) hot, (long long) ring, r);
+        return buf;
+    }
+};
+
+int paged_attention_diff(ggml_backend_t be, const paged_attn_case & c, const uint8_t * k_host, const uint8_t * v_host,
+                         int n_steps, uint32_t seed, int64_t * misses, bool * supported) {
+    const int64_t n_blocks = c.n_kv / c.r, cells = c.hot * c.r + c.ring;
+    const size_t  row = ggml_row_size(GGML_TYPE_F16, c.D) * c.Hkv;  // one cell's K (or V)
+    ggml_init_params ip = { ggml_tensor_overhead() * 40 + ggml_graph_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(ip);
+    ggml_tensor * q      = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.D, c.Hq, 1, c.ns);
+    ggml_tensor * blocks = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, c.kb, 1, c.ns);
+    ggml_tensor * n_vis  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, c.ns);
+    ggml_tensor * n_pgd  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, c.ns);
+    ggml_tensor * pos    = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, c.ns);
+    ggml_tensor * step   = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1);
+    ggml_tensor * table  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, n_blocks, c.ns);
+    ggml_tensor * owner  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, c.hot, c.ns);
+    ggml_tensor * stamp  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, c.hot, c.ns);
+    ggml_tensor * stats  = ggml_new_tensor_2d(ctx, GGML_TYPE_I64, 2, c.ns);
+    ggml_tensor * k_all  = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, c.D, c.Hkv, c.n_kv, c.ns);
+    ggml_tensor * v_all  = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, c.D, c.Hkv, c.n_kv, c.ns);
+    ggml_tensor * k_dev  = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, c.D, c.Hkv, cells, c.ns);
+    ggml_tensor * v_dev  = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, c.D, c.Hkv, cells, c.ns);
+    // the hot slots as block rows: [r * Hkv * D, hot, ns], streams a whole device cache apart
+    const auto slots_of = [&](ggml_tensor * t) {
+        return ggml_view_3d(ctx, t, c.D * c.Hkv * c.r, c.hot, c.ns, row * c.r, t->nb[3], 0);
+    };
+    ggml_tensor * slots = pyqsa_ggml_qsa_page_resolve(ctx, blocks, n_pgd, table, owner, stamp, step, stats, slots_of(k_dev),
+                                                      k_host, slots_of(v_dev), v_host, n_blocks);
+    ggml_tensor * cells_p = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, slots, n_vis, n_pgd, pos, c.r,
+                                                             (int32_t) (c.hot * c.r), (int32_t) c.ring);
+    ggml_tensor * cells_u = pyqsa_ggml_qsa_block_cells(ctx, blocks, n_vis, pos, c.r);
+    const float   scale   = 1.0f / std::sqrt((float) c.D);
+    ggml_tensor * paged   = pyqsa_ggml_qsa_attn(ctx, q, k_dev, v_dev, cells_p, scale);
+    ggml_tensor * whole   = pyqsa_ggml_qsa_attn(ctx, q, k_all, v_all, cells_u, scale);
+    *supported = ggml_backend_supports_op(be, slots) && ggml_backend_supports_op(be, paged) &&
+                 ggml_backend_supports_op(be, whole) && ggml_backend_supports_op(be, cells_p);
+    int diff = -1;
+    if (*supported) {
+        ggml_cgraph * gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, paged);
+        ggml_build_forward_expand(gf, whole);
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
+        const std::vector<int32_t> none_b(n_blocks * c.ns, -1), none_h(c.hot * c.ns, -1);
+        const std::vector<int64_t> zero(2 * c.ns, 0);
+        ggml_backend_tensor_set(table, none_b.data(), 0, ggml_nbytes(table));
+        ggml_backend_tensor_set(owner, none_h.data(), 0, ggml_nbytes(owner));
+        ggml_backend_tensor_set(stamp, none_h.data(), 0, ggml_nbytes(stamp));
+        ggml_backend_tensor_set(stats, zero.data(), 0, ggml_nbytes(stats));
+        ggml_backend_tensor_set(k_all, k_host, 0, ggml_nbytes(k_all));
+        ggml_backend_tensor_set(v_all, v_host, 0, ggml_nbytes(v_all));
+        std::mt19937 rng(seed);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::vector<float>   qv(ggml_nelements(q));
+        std::vector<int32_t> bl, vis(c.ns), pgd(c.ns), ps(c.ns);
+        for (int t = 0; t < n_steps && diff < 0; ++t) {
+            bl.clear();
+            for (int64_t s = 0; s < c.ns; ++s) {
+                ps[s]  = (int32_t) (c.n_kv - n_steps + t - 7 * s);  // each stream one token further per step
+                vis[s] = (ps[s] + 1) / c.r;
+                pgd[s] = ps[s] / c.r;  // blocks completed before this step's token
+                // the ring gets the cells past the stored blocks, this step's token included
+                for (int32_t p = pgd[s] * c.r; p <= ps[s]; ++p) {
+                    const size_t dst = ((size_t) s * cells + c.hot * c.r + p % c.ring) * row;
+                    const size_t src = ((size_t) s * c.n_kv + p) * row;
+                    ggml_backend_tensor_set(k_dev, k_host + src, dst, row);
+                    ggml_backend_tensor_set(v_dev, v_host + src, dst, row);
+                }
+                std::set<int32_t> pick;
+                while ((int64_t) pick.size() < c.kb) {  // most picks near the end: hits and misses
+                    const int32_t lo = rng() % 4 ? std::max<int32_t>(0, vis[s] - (int32_t) (3 * c.kb)) : 0;
+                    pick.insert(lo + (int32_t) (rng() % (vis[s] - lo)));
+                }
+                bl.insert(bl.end(), pick.begin(), pick.end());
+            }
+            for (float & x : qv) x = nd(rng);
+            const int32_t st = t + 1;
+            ggml_backend_tensor_set(q, qv.data(), 0, ggml_nbytes(q));
+            ggml_backend_tensor_set(blocks, bl.data(), 0, ggml_nbytes(blocks));
+            ggml_backend_tensor_set(n_vis, vis.data(), 0, ggml_nbytes(n_vis));
+            ggml_backend_tensor_set(n_pgd, pgd.data(), 0, ggml_nbytes(n_pgd));
+            ggml_backend_tensor_set(pos, ps.data(), 0, ggml_nbytes(pos));
+            ggml_backend_tensor_set(step, &st, 0, sizeof(st));
+            if (ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
+                std::fprintf(stderr, "compute failed\n");
+                std::exit(2);
+            }
+            std::vector<float> a(ggml_nelements(paged)), b(a.size());
+            ggml_backend_tensor_get(paged, a.data(), 0, ggml_nbytes(paged));
+            ggml_backend_tensor_get(whole, b.data(), 0, ggml_nbytes(whole));
+            if (std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0) diff = t;
+        }
+        std::vector<int64_t> st(2 * c.ns);
+        ggml_backend_tensor_get(stats, st.data(), 0, ggml_nbytes(stats));
+        *misses = 0;
+        for (int64_t s = 0; s < c.ns; ++s) *misses += st[2 * s + 1];
+        ggml_backend_buffer_free(buf);
+    }
+    ggml_free(ctx);
+    return diff;
+}
+
+void test_paged_attention(ggml_backend_t cpu, const char * only_backend, int & n_ok, int & n_fail) {
+    const paged_attn_case cases[] = {
+        { 64, 4, 2, 2, 2048, 16, 32, 7, 4 },     // ring not a multiple of r
+        { 256, 24, 2, 3, 8192, 64, 128, 4, 4 },  // Flash-Next heads; ring == r
+        { 128, 4, 1, 1, 512, 8, 8, 3, 1 },       // r = 1, hot == kb: every unselected slot evicted
+    };
+    for (const paged_attn_case & c : cases) {
+        const size_t bytes = ggml_row_size(GGML_TYPE_F16, c.D) * c.Hkv * c.n_kv * c.ns;
+        host_store   k_host(bytes), v_host(bytes);
+        std::mt19937 rng(99);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::vector<float> x(bytes / 2);
+        for (host_store * h : { &k_host, &v_host }) {
+            for (float & e : x) e = nd(rng);
+            ggml_fp32_to_fp16_row(x.data(), (ggml_fp16_t *) h->data, (int64_t) x.size());
+        }
+        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+            const bool is_cpu = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU;
+            if (!is_cpu && only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
+            ggml_backend_t be = is_cpu ? cpu : ggml_backend_dev_init(dev, nullptr);
+            bool    supported = false;
+            int64_t misses    = 0;
+            const int diff = paged_attention_diff(be, c, k_host.data, v_host.data, 40, 7, &misses, &supported);
+            const std::string d = !supported ? "not supported "
+                                  : diff < 0 ? "equal to unpaged over 40 steps (" + std::to_string(misses) + " misses) "
+                                             : "differs from unpaged at step " + std::to_string(diff) + " ";
+            report(c.name(), ggml_backend_dev_name(dev), d, supported && diff < 0 && misses > c.kb, n_ok, n_fail);
+            if (!is_cpu) ggml_backend_free(be);
+        }
+    }
+}
+
 int cmd_test(const char * only_backend) {
     std::mt19937 rng(4321);
     int n_ok = 0, n_fail = 0;
@@ -296,6 +449,7 @@ int cmd_test(const char * only_backend) {
             ggml_backend_free(be);
         }
     }
+    test_paged_attention(cpu, only_backend, n_ok, n_fail);
     ggml_backend_free(cpu);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
     return n_fail == 0 ? 0 : 1;

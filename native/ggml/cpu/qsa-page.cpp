@@ -19,8 +19,8 @@ struct page_args {
     int32_t *       owner;   // [H]
     int32_t *       stamp;   // [H]
     int64_t *       stats;   // [2]
-    char *          hot;     // [H] rows of B bytes
-    const char *    store;   // [n_store] rows of B bytes
+    char *          hot[2];    // [H] rows of B bytes; [1] null without a second pair
+    const char *    store[2];  // [n_store] rows of B bytes
     int32_t *       out;     // [kb, n_q]
     int64_t kb, n_q, H, n_blocks;
     size_t  B;
@@ -69,7 +69,9 @@ void resolve_stream(const page_args & a) {
         a.owner[slot]     = miss[i];
         a.stamp[slot]     = a.step;
         a.table[miss[i]]  = slot;
-        std::memcpy(a.hot + slot * a.B, a.store + miss[i] * a.B, a.B);
+        for (int k = 0; k < 2 && a.hot[k]; ++k) {
+            std::memcpy(a.hot[k] + slot * a.B, a.store[k] + miss[i] * a.B, a.B);
+        }
     }
     a.stats[0] += hits;
     a.stats[1] += (int64_t) miss.size();
@@ -89,7 +91,10 @@ void pyqsa_cpu_qsa_page_resolve(const struct ggml_compute_params * params, struc
     const ggml_tensor * table  = dst->src[2];
     const ggml_tensor * hot    = dst->src[7];
     int64_t             n_store = 0;
-    const char *        store   = (const char *) pyqsa_ggml_qsa_page_store(dst, &n_store);
+    const char *        store[2];
+    for (int k = 0; k < 2; ++k) {
+        store[k] = (const char *) pyqsa_ggml_qsa_page_store(dst, k, &n_store);
+    }
 
     page_args a;
     a.kb       = blocks->ne[0];
@@ -106,8 +111,11 @@ void pyqsa_cpu_qsa_page_resolve(const struct ggml_compute_params * params, struc
         a.owner  = (int32_t *) dst->src[3]->data + s * a.H;
         a.stamp  = (int32_t *) dst->src[4]->data + s * a.H;
         a.stats  = (int64_t *) dst->src[6]->data + s * 2;
-        a.hot    = (char *) hot->data + s * a.H * a.B;
-        a.store  = store + s * n_store * a.B;
+        for (int k = 0; k < 2; ++k) {
+            const ggml_tensor * h = dst->src[7 + k];
+            a.hot[k]   = h ? (char *) h->data + s * h->nb[2] : nullptr;
+            a.store[k] = h ? store[k] + s * n_store * a.B : nullptr;
+        }
         a.out    = (int32_t *) dst->data + s * a.kb * a.n_q;
         resolve_stream(a);
     }

@@ -111,15 +111,18 @@ __global__ void page_resolve(const int32_t * blocks, const int32_t * n_vis, int3
     }
 }
 
-__global__ void page_fetch(const char * store, char * hot, const int32_t * miss, const int32_t * slot,
-                           const int32_t * n_miss, size_t B, int H, int Hp, long long n_store) {
+__global__ void page_fetch(const char * store0, char * hot0, const char * store1, char * hot1, const int32_t * miss,
+                           const int32_t * slot, const int32_t * n_miss, size_t B, size_t stream_bytes, int Hp,
+                           long long n_store) {
     const int s = blockIdx.y;
     const int i = blockIdx.x;
     if (i >= n_miss[s]) {
         return;
     }
+    const char * store = blockIdx.z == 0 ? store0 : store1;
+    char *       hot   = blockIdx.z == 0 ? hot0 : hot1;
     const char * src = store + ((size_t) s * n_store + miss[(size_t) s * Hp + i]) * B;
-    char *       dst = hot + ((size_t) s * H + slot[(size_t) s * Hp + i]) * B;
+    char *       dst = hot + (size_t) s * stream_bytes + (size_t) slot[(size_t) s * Hp + i] * B;
     if (B % 16 == 0 && ((uintptr_t) src | (uintptr_t) dst) % 16 == 0) {
         for (size_t o = threadIdx.x * 16; o < B; o += blockDim.x * 16) {
             *(int4 *) (dst + o) = *(const int4 *) (src + o);
@@ -148,8 +151,10 @@ void pyqsa_cuda_qsa_page_resolve(ggml_backend_cuda_context & ctx, ggml_tensor * 
     const int kb = (int) blocks->ne[0], n_q = (int) blocks->ne[1], ns = (int) blocks->ne[2];
     const int H  = (int) hot->ne[1];
     const int Hp = pow2_at_least(H);
-    int64_t      n_store = 0;
-    const char * store   = (const char *) pyqsa_ggml_qsa_page_store(dst, &n_store);
+    const ggml_tensor * hot_v   = dst->src[8];
+    int64_t             n_store = 0;
+    const char *        store   = (const char *) pyqsa_ggml_qsa_page_store(dst, 0, &n_store);
+    const char *        store_v = (const char *) pyqsa_ggml_qsa_page_store(dst, 1, &n_store);
 
     ggml_cuda_pool_alloc<int32_t> miss(ctx.pool(), (size_t) ns * Hp);
     ggml_cuda_pool_alloc<int32_t> slot(ctx.pool(), (size_t) ns * Hp);
@@ -161,21 +166,25 @@ void pyqsa_cuda_qsa_page_resolve(ggml_backend_cuda_context & ctx, ggml_tensor * 
         (long long *) dst->src[6]->data, (int32_t *) dst->data, miss.get(), slot.get(), n_miss.get(), kb, n_q, H, Hp,
         (int) table->ne[0]);
     CUDA_CHECK(cudaGetLastError());
-    const dim3 grid(kb * n_q, ns);
-    page_fetch<<<grid, 256, 0, ctx.stream()>>>(store, (char *) hot->data, miss.get(), slot.get(), n_miss.get(),
-                                               hot->nb[1], H, Hp, n_store);
+    const dim3 grid(kb * n_q, ns, hot_v ? 2 : 1);
+    page_fetch<<<grid, 256, 0, ctx.stream()>>>(store, (char *) hot->data, store_v,
+                                               hot_v ? (char *) hot_v->data : nullptr, miss.get(), slot.get(),
+                                               n_miss.get(), hot->nb[1], hot->nb[2], Hp, n_store);
     CUDA_CHECK(cudaGetLastError());
 }
 
 bool pyqsa_cuda_qsa_page_resolve_supported(const ggml_tensor * op) {
-    int64_t              n_store = 0;
-    const void *         store   = pyqsa_ggml_qsa_page_store(op, &n_store);
-    cudaPointerAttributes attr;
-    // the kernel reads the store in place: pinned (or device) memory only, never pageable
-    if (cudaPointerGetAttributes(&attr, store) != cudaSuccess) {
-        (void) cudaGetLastError();
-        return false;
+    // the kernel reads the stores in place: pinned (or device) memory only, never pageable
+    for (int k = 0; k < (op->src[8] ? 2 : 1); ++k) {
+        int64_t               n_store = 0;
+        cudaPointerAttributes attr;
+        if (cudaPointerGetAttributes(&attr, pyqsa_ggml_qsa_page_store(op, k, &n_store)) != cudaSuccess) {
+            (void) cudaGetLastError();
+            return false;
+        }
+        if (attr.type == cudaMemoryTypeUnregistered) {
+            return false;
+        }
     }
-    return attr.type != cudaMemoryTypeUnregistered && op->src[7]->ne[1] <= PYQSA_PAGE_MAX_SLOTS &&
-           op->src[0]->ne[2] <= 65535;
+    return op->src[7]->ne[1] <= PYQSA_PAGE_MAX_SLOTS && op->src[0]->ne[2] <= 65535;
 }
