@@ -5,6 +5,7 @@ target_sources(llama PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-api.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-context.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-debug.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-error.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-ledger.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-mask.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-positional.cpp
@@ -13,6 +14,7 @@ set_source_files_properties(
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-api.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-context.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-debug.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-error.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-ledger.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-mask.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-positional.cpp

@@ -160,6 +160,14 @@ def abort_flag_callback() -> int:
     return int(ffi.cast("uintptr_t", lib.pyqsa_abort_flag_is_set))
 
 
+def take_error() -> str | None:
+    """The calling thread's last error from pyqsa's code inside llama_decode, once; None if none."""
+    ffi, lib = _api()
+    buf = ffi.new("char[]", 1024)
+    n = lib.pyqsa_last_error(buf, len(buf))
+    return ffi.string(buf).decode("utf-8", errors="replace") if n > 0 else None
+
+
 def raw():
     """(ffi, lib) for callers that need the raw cffi objects (tests of return codes)."""
     return _api()

@@ -119,6 +119,13 @@ PYQSA_API int32_t pyqsa_ledger_get(const void * ctx, pyqsa_ledger * device, pyqs
 // callback check it: CPU and Metal in the pinned upstream, not CUDA.
 PYQSA_API bool pyqsa_abort_flag_is_set(void * flag);
 
+// Takes the calling thread's last error from pyqsa's code inside llama_decode (an invariant
+// of the QSA path that a batch broke: the pass ran with safe inputs, and the sequences it named
+// hold wrong state that the caller must discard). Copies it into buf (NUL-terminated, cut to
+// cap) and returns its length, or 0 when there was none; PYQSA_ERR_INVALID_ARG for a NULL or
+// empty buf while an error is pending (the error is kept).
+PYQSA_API int32_t pyqsa_last_error(char * buf, size_t cap);
+
 // cffi-end
 
 #ifdef __cplusplus

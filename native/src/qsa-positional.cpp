@@ -1,6 +1,7 @@
 // The positional QSA path (see qsa-positional.h).
 #include "qsa-positional.h"
 
+#include "pyqsa-error.h"
 #include "pyqsa-ggml.h"
 
 #include "llama-batch.h"
@@ -44,9 +45,17 @@ void pyqsa_qsa_positional_input::set_input(const llama_ubatch * ubatch) {
     for (uint32_t i = 0; i < ubatch->n_tokens; ++i) {
         const llama_pos p    = ubatch->pos[i];
         const int64_t   cell = rows[i] % kv_size;
-        // the whole path rests on this: a cell is found from a position, never by a scan
-        GGML_ASSERT(cell == p && "pyqsa: QSA positional path needs cell index == position in every stream");
-        pos[i] = p;
+        pos[i]               = p;
+        // the whole path rests on this: a cell is found from a position, never by a scan. A batch
+        // that breaks it (a sequence not started at 0, a gap) gets safe inputs for that token, no
+        // visible block and no block key, and an error for the caller instead of an abort.
+        if (cell != p) {
+            pyqsa_error_set("pyqsa: the QSA positional path needs cell index == position: position %d of the "
+                            "batch went to cell %lld (a sequence must start at 0 and grow without gaps)",
+                            (int) p, (long long) cell);
+            vis[i] = 0;
+            continue;
+        }
         vis[i] = (p + 1) / (llama_pos) r;
         const int64_t base = (rows[i] / kv_size - s0) * kv_size;  // the stream's first row in k_all's view
         if (base == base0) {

@@ -216,6 +216,9 @@ class LlamaRunner:
             raise RunnerError(f"batch of {i} tokens exceeds {self.max_tokens}")
         b.n_tokens = i
         rc = L.llama_decode(self.ctx, b)
+        broken = native.take_error()
+        if broken:  # a QSA invariant the batch broke: its sequences hold wrong state now
+            raise RunnerError(broken)
         if rc == 2:
             raise RunnerAborted("the forward pass was aborted")
         if rc != 0:
