@@ -199,6 +199,9 @@ class LlamaRunner:
 
     def run(self, chunks: Sequence[Chunk]) -> np.ndarray:
         L = _llama()
+        n = sum(len(c.tokens) for c in chunks)
+        if n > self.max_tokens:  # before writing: the batch arrays hold max_tokens entries
+            raise RunnerError(f"batch of {n} tokens exceeds {self.max_tokens}")
         b = self.batch
         i = 0
         rows: list[int] = []
@@ -212,8 +215,6 @@ class LlamaRunner:
                 if b.logits[i]:
                     rows.append(i)
                 i += 1
-        if i > self.max_tokens:
-            raise RunnerError(f"batch of {i} tokens exceeds {self.max_tokens}")
         b.n_tokens = i
         rc = L.llama_decode(self.ctx, b)
         broken = native.take_error()

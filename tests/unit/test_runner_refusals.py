@@ -1,5 +1,6 @@
-"""A batch that breaks the QSA positional path's invariant (cell index == position) fails its
-step with an error instead of aborting the process, and the engine's other slots keep working."""
+"""Batches the runner refuses without harm: one that breaks the QSA positional path's invariant
+(cell index == position) fails its step with an error instead of aborting the process, and one
+larger than the step budget is refused before anything is written."""
 
 from __future__ import annotations
 
@@ -42,3 +43,12 @@ def test_a_sequence_not_started_at_zero_is_an_error_not_an_abort(runner):
     for slot in (0, 1):
         assert (runner.run([chunk(slot, 0, PROMPT)])[0] == expected).all()
         runner.release(slot)
+
+
+def test_an_oversized_batch_is_refused_before_it_is_written(runner):
+    expected = runner.run([chunk(0, 0, PROMPT)])[0]
+    runner.release(0)
+    with pytest.raises(RunnerError, match="exceeds 64"):
+        runner.run([chunk(0, 0, PROMPT * 3)])  # 72 tokens
+    assert (runner.run([chunk(0, 0, PROMPT)])[0] == expected).all()
+    runner.release(0)
