@@ -3,6 +3,7 @@
 // against the CPU result. `perf` mode times the decode shapes instead.
 //
 //   test-qsa-ops [test|perf] [-b BACKEND]      exit code 0 when every case passed
+#include "op-check.h"
 #include "pyqsa-ggml.h"
 
 #include "ggml-alloc.h"
@@ -214,26 +215,6 @@ std::string sci(double x) {
     char buf[32];
     std::snprintf(buf, sizeof(buf), "%.3e", x);
     return buf;
-}
-
-// counts one check: prints "<case> <backend>: <detail> OK|FAIL"
-void report(const std::string & name, const char * backend, const std::string & detail, bool ok, int & n_ok, int & n_fail) {
-    std::printf("  %s %s: %s%s\n", name.c_str(), backend, detail.c_str(), ok ? "OK" : "FAIL");
-    ok ? ++n_ok : ++n_fail;
-}
-
-// runs check(backend) -> {ok, detail} on every non-CPU backend (or only the one named)
-template <typename F>
-void on_other_backends(const char * only_backend, const std::string & name, int & n_ok, int & n_fail, F && check) {
-    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
-        if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;
-        if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
-        ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
-        const std::pair<bool, std::string> r = check(be);
-        report(name, ggml_backend_dev_name(dev), r.second, r.first, n_ok, n_fail);
-        ggml_backend_free(be);
-    }
 }
 
 void test_mask_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
@@ -675,17 +656,10 @@ int cmd_perf(const char * only_backend) {
 }  // namespace
 
 int main(int argc, char ** argv) {
-    const char * mode = "test";
+    const char * mode    = nullptr;
     const char * backend = nullptr;
-    for (int i = 1; i < argc; ++i) {
-        if (std::strcmp(argv[i], "-b") == 0 && i + 1 < argc) {
-            backend = argv[++i];
-        } else if (std::strcmp(argv[i], "test") == 0 || std::strcmp(argv[i], "perf") == 0) {
-            mode = argv[i];
-        } else {
-            std::fprintf(stderr, "usage: %s [test|perf] [-b BACKEND]\n", argv[0]);
-            return 2;
-        }
+    if (!op_check_args(argc, argv, { "test", "perf" }, &mode, &backend)) {
+        return 2;
     }
     ggml_backend_load_all();
     return std::strcmp(mode, "perf") == 0 ? cmd_perf(backend) : cmd_test(backend);

@@ -8,6 +8,7 @@
 //
 //   test-qsa-page [test|perf] [-b BACKEND]      exit code 0 when every case passed
 //   test-qsa-page trace < scenario              see read_scenario() for the format
+#include "op-check.h"
 #include "pyqsa-ggml.h"
 
 #include "ggml-alloc.h"
@@ -237,11 +238,6 @@ std::vector<page_step> scenario(const page_shape & c, int n_steps, std::mt19937 
     return steps;
 }
 
-void report(const std::string & name, const char * backend, const std::string & detail, bool ok, int & n_ok, int & n_fail) {
-    std::printf("  %s %s: %s%s\n", name.c_str(), backend, detail.c_str(), ok ? "OK" : "FAIL");
-    ok ? ++n_ok : ++n_fail;
-}
-
 // Paged decode attention against the unpaged op on one backend, over consecutive decode steps:
 // the whole K/V cache is the host store (pinned); the device holds `hot` block slots and a ring
 // of `ring` cells, to which each step writes the cells past the stored blocks, as the engine's
@@ -429,25 +425,18 @@ int cmd_test(const char * only_backend) {
                       bad_step < 0 ? "" : (", first difference at step " + std::to_string(bad_step)).c_str());
         report(c.name(), "CPU", detail, on_cpu.supported && bad_step < 0 && misses > 0, n_ok, n_fail);
 
-        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
-            if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;
-            if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
-            ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
-            {
-                page_runner other(be, c, store.data);
-                int diff = -1;
-                for (size_t t = 0; other.supported && t < steps.size() && diff < 0; ++t) {
-                    other.run(steps[t]);
-                    if (!(other.read() == cpu_states[t])) diff = (int) t;
-                }
-                const std::string d = !other.supported ? "not supported "
-                                      : diff < 0      ? "vs CPU, every step: "
-                                                      : "vs CPU: first difference at step " + std::to_string(diff) + " ";
-                report(c.name(), ggml_backend_dev_name(dev), d, other.supported && diff < 0, n_ok, n_fail);
+        on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
+            page_runner other(be, c, store.data);
+            int diff = -1;
+            for (size_t t = 0; other.supported && t < steps.size() && diff < 0; ++t) {
+                other.run(steps[t]);
+                if (!(other.read() == cpu_states[t])) diff = (int) t;
             }
-            ggml_backend_free(be);
-        }
+            const std::string d = !other.supported ? "not supported "
+                                  : diff < 0      ? "vs CPU, every step: "
+                                                  : "vs CPU: first difference at step " + std::to_string(diff) + " ";
+            return std::make_pair(other.supported && diff < 0, d);
+        });
     }
     test_paged_attention(cpu, only_backend, n_ok, n_fail);
     ggml_backend_free(cpu);
@@ -562,17 +551,10 @@ int cmd_perf(const char * only_backend) {
 }  // namespace
 
 int main(int argc, char ** argv) {
-    const char * mode    = "test";
+    const char * mode    = nullptr;
     const char * backend = nullptr;
-    for (int i = 1; i < argc; ++i) {
-        if (std::strcmp(argv[i], "-b") == 0 && i + 1 < argc) {
-            backend = argv[++i];
-        } else if (!std::strcmp(argv[i], "test") || !std::strcmp(argv[i], "perf") || !std::strcmp(argv[i], "trace")) {
-            mode = argv[i];
-        } else {
-            std::fprintf(stderr, "usage: %s [test|perf|trace] [-b BACKEND]\n", argv[0]);
-            return 2;
-        }
+    if (!op_check_args(argc, argv, { "test", "perf", "trace" }, &mode, &backend)) {
+        return 2;
     }
     ggml_backend_load_all();
     if (std::strcmp(mode, "trace") == 0) return cmd_trace();
