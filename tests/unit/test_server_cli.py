@@ -24,10 +24,12 @@ def test_empty_key_file_is_refused(tmp_path):
     assert r.exit_code == 2 and "holds no key" in r.output
 
 
-def test_bad_memory_flags_are_one_line_errors():
+def test_bad_engine_flags_are_one_line_errors():
     for args, what in (
         (["--kv-type", "q4_0"], "'--kv-type'"),
         (["--gpu-layers", "-1"], "'--gpu-layers'"),
+        (["--prefill-policy", "lifo"], "'--prefill-policy'"),
+        (["--default-max-tokens", "0"], "'--default-max-tokens'"),
     ):
         r = CliRunner().invoke(main, ["serve", *args], env=NO_ENV_KEY)
         assert r.exit_code == 2 and f"Invalid value for {what}" in r.output, r.output
