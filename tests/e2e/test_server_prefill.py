@@ -11,14 +11,16 @@ import pytest
 from conftest import THREADS, start_server, stop_server
 
 N_LONG = 3
-LONG = 480  # tokens: with a 32-token step budget the long prompts take ~45 steps together
+# tokens: with an 8-token step budget the long prompts take ~180 steps together, far more than
+# the short request's trip through HTTP (at 32 tokens, ~45 quick CPU steps sometimes were not)
+LONG = 480
 SHORT = 5
 
 
 @pytest.fixture(scope="module", params=["fair", "fcfs"])
 def policy_server(request, demo_gguf, cache_dir):
     s = start_server(
-        [str(demo_gguf), "--slots", "4", "--ctx", "512", "--batch-tokens", "32"]
+        [str(demo_gguf), "--slots", "4", "--ctx", "512", "--batch-tokens", "8"]
         + ["--prefill-policy", request.param, *THREADS],
         cache_dir,
     )
