@@ -8,6 +8,7 @@ target_sources(llama PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-error.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-ledger.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-mask.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/qsa-pager.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-positional.cpp
 )
 set_source_files_properties(
@@ -17,6 +18,7 @@ set_source_files_properties(
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-error.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-ledger.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-mask.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/qsa-pager.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-positional.cpp
     PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
 target_include_directories(llama PUBLIC ${CMAKE_CURRENT_LIST_DIR}/include)

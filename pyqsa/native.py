@@ -112,16 +112,18 @@ def devices() -> list[DeviceInfo]:
 QSA_MODES = ("positional", "sparse", "masked")  # PYQSA_QSA_* in pyqsa.h, in order
 
 
-def init_from_model(model: int, params_address: int, qsa_mode: str) -> int:
+def init_from_model(model: int, params_address: int, qsa_mode: str, hot_blocks: int = 0) -> int:
     """llama_init_from_model with pyqsa's settings; returns the llama_context pointer.
 
     model: a llama_model pointer; params_address: the address of a llama_context_params
-    (upstream's ctypes struct, `ctypes.addressof`)."""
+    (upstream's ctypes struct, `ctypes.addressof`); hot_blocks > 0 pages the QSA layers' K/V
+    (see pyqsa_context_config in pyqsa.h)."""
     if qsa_mode not in QSA_MODES:
         raise ValueError(f"qsa_mode must be one of {', '.join(QSA_MODES)}, got {qsa_mode!r}")
     ffi, lib = _api()
     cfg = ffi.new("pyqsa_context_config *", lib.pyqsa_context_config_default())
     cfg.qsa_mode = QSA_MODES.index(qsa_mode)
+    cfg.hot_blocks = hot_blocks
     err = ffi.new("int32_t *")
     ctx = lib.pyqsa_init_from_model(
         ffi.cast("void *", model), ffi.cast("void *", params_address), cfg, err
@@ -139,7 +141,7 @@ def context_qsa_mode(ctx: int) -> str:
     return QSA_MODES[out.qsa_mode]
 
 
-LEDGER_FIELDS = ("weights", "kv", "indexer", "recurrent", "compute")
+LEDGER_FIELDS = ("weights", "kv", "indexer", "recurrent", "compute", "hot")
 
 
 def ledger(ctx: int) -> dict[str, int]:
@@ -152,6 +154,21 @@ def ledger(ctx: int) -> dict[str, int]:
         for where, led in (("device", device), ("host", host))
         for f in LEDGER_FIELDS
     }
+
+
+PAGING_FIELDS = ("hits", "misses", "bytes_to_device", "bytes_to_host", "hot_blocks")
+
+
+def paging_stats(ctx: int) -> dict[str, int] | None:
+    """A paging context's counters (pyqsa_paging_stats in pyqsa.h); None when it does not page.
+    Waits for the device."""
+    ffi, lib = _api()
+    out = ffi.new("pyqsa_paging_stats *")
+    rc = lib.pyqsa_paging_stats_get(ffi.cast("void *", ctx), out)
+    if rc == lib.PYQSA_ERR_UNSUPPORTED:
+        return None
+    _check(rc, "pyqsa_paging_stats_get")
+    return {f: int(getattr(out, f)) for f in PAGING_FIELDS}
 
 
 def abort_flag_callback() -> int:

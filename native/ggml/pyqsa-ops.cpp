@@ -3,6 +3,23 @@
 
 #include "ggml-impl.h"
 
+namespace {
+
+// a host address as two 32-bit op params, from index i on
+void set_host_ptr(struct ggml_tensor * op, int i, const void * p) {
+    const uint64_t addr = (uint64_t) (uintptr_t) p;
+    ggml_set_op_params_i32(op, i, (int32_t) (uint32_t) (addr & 0xffffffffu));
+    ggml_set_op_params_i32(op, i + 1, (int32_t) (uint32_t) (addr >> 32));
+}
+
+}  // namespace
+
+void * pyqsa_ggml_host_ptr(const struct ggml_tensor * op, int first_param) {
+    const uint64_t lo = (uint32_t) ggml_get_op_params_i32(op, first_param);
+    const uint64_t hi = (uint32_t) ggml_get_op_params_i32(op, first_param + 1);
+    return (void *) (uintptr_t) (lo | (hi << 32));
+}
+
 struct ggml_tensor * pyqsa_ggml_qsa_attn(struct ggml_context * ctx, struct ggml_tensor * q,
                                          struct ggml_tensor * k, struct ggml_tensor * v,
                                          struct ggml_tensor * cells, float scale) {
@@ -27,6 +44,14 @@ struct ggml_tensor * pyqsa_ggml_qsa_attn(struct ggml_context * ctx, struct ggml_
     result->src[2] = v;
     result->src[3] = cells;
     return result;
+}
+
+void pyqsa_ggml_qsa_attn_set_host(struct ggml_tensor * attn, const void * k_host, const void * v_host, int64_t n_host) {
+    GGML_ASSERT(attn->op == GGML_OP_PYQSA && ggml_get_op_params_i32(attn, 0) == PYQSA_GGML_OP_QSA_ATTN);
+    GGML_ASSERT(k_host != nullptr && v_host != nullptr && n_host > 0 && n_host <= INT32_MAX);
+    set_host_ptr(attn, 2, k_host);
+    set_host_ptr(attn, 4, v_host);
+    ggml_set_op_params_i32(attn, 6, (int32_t) n_host);
 }
 
 struct ggml_tensor * pyqsa_ggml_qsa_mask_cells(struct ggml_context * ctx, struct ggml_tensor * mask,
@@ -93,7 +118,8 @@ struct ggml_tensor * pyqsa_ggml_qsa_block_cells_paged(struct ggml_context * ctx,
                                                       struct ggml_tensor * slots, struct ggml_tensor * n_vis,
                                                       struct ggml_tensor * n_paged, struct ggml_tensor * pos,
                                                       int32_t r, int32_t hot_cells, int32_t ring) {
-    GGML_ASSERT(slots->type == GGML_TYPE_I32 && ggml_are_same_shape(slots, blocks) && ggml_is_contiguous(slots));
+    GGML_ASSERT(slots == nullptr ||
+                (slots->type == GGML_TYPE_I32 && ggml_are_same_shape(slots, blocks) && ggml_is_contiguous(slots)));
     GGML_ASSERT(n_paged->type == GGML_TYPE_I32 && ggml_nelements(n_paged) == ggml_nrows(blocks));
     GGML_ASSERT(hot_cells >= 0 && hot_cells % r == 0 && ring >= r);
 
@@ -117,7 +143,8 @@ struct ggml_tensor * pyqsa_ggml_qsa_page_resolve(struct ggml_context * ctx, stru
         GGML_ASSERT(t->type == GGML_TYPE_I32 && ggml_is_contiguous(t));
     }
     GGML_ASSERT(stats->type == GGML_TYPE_I64 && ggml_is_contiguous(stats));
-    GGML_ASSERT(blocks->ne[3] == 1 && ggml_nelements(n_vis) == n_q * ns && ggml_nelements(step) == 1);
+    GGML_ASSERT(blocks->ne[3] == 1 && ggml_nelements(n_vis) == n_q * ns);
+    GGML_ASSERT(ggml_nelements(step) == 1 || ggml_nelements(step) == 1 + ns);
     GGML_ASSERT(table->ne[1] == ns && owner->ne[1] == ns && stamp->ne[0] == H && stamp->ne[1] == ns);
     GGML_ASSERT(stats->ne[0] == 2 && stats->ne[1] == ns);
     // a block is one contiguous row; streams may sit further apart (a view of a larger cache)
@@ -131,12 +158,8 @@ struct ggml_tensor * pyqsa_ggml_qsa_page_resolve(struct ggml_context * ctx, stru
     struct ggml_tensor * result = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, kb, n_q, ns);
     ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_PAGE_RESOLVE);
     ggml_set_op_params_i32(result, 1, (int32_t) n_store);
-    const void * stores[] = { store, store_v };
-    for (int i = 0; i < 2; ++i) {  // each address as two 32-bit halves: params 2, 3 and 4, 5
-        const uint64_t addr = (uint64_t) (uintptr_t) stores[i];
-        ggml_set_op_params_i32(result, 2 + 2 * i, (int32_t) (uint32_t) (addr & 0xffffffffu));
-        ggml_set_op_params_i32(result, 3 + 2 * i, (int32_t) (uint32_t) (addr >> 32));
-    }
+    set_host_ptr(result, 2, store);
+    set_host_ptr(result, 4, store_v);
     result->op = GGML_OP_PYQSA;
     ggml_tensor * srcs[] = { blocks, n_vis, table, owner, stamp, step, stats, hot, hot_v };
     for (int i = 0; i < 9; ++i) {
@@ -146,8 +169,30 @@ struct ggml_tensor * pyqsa_ggml_qsa_page_resolve(struct ggml_context * ctx, stru
 }
 
 const void * pyqsa_ggml_qsa_page_store(const struct ggml_tensor * op, int i, int64_t * n_store) {
-    const uint64_t lo = (uint32_t) ggml_get_op_params_i32(op, 2 + 2 * i);
-    const uint64_t hi = (uint32_t) ggml_get_op_params_i32(op, 3 + 2 * i);
     *n_store = ggml_get_op_params_i32(op, 1);
-    return (const void *) (uintptr_t) (lo | (hi << 32));
+    return pyqsa_ggml_host_ptr(op, 2 + 2 * i);
+}
+
+struct ggml_tensor * pyqsa_ggml_qsa_page_write(struct ggml_context * ctx, struct ggml_tensor * k,
+                                               struct ggml_tensor * v, struct ggml_tensor * src_rows,
+                                               struct ggml_tensor * k_rows, struct ggml_tensor * v_rows,
+                                               void * k_host, void * v_host) {
+    GGML_ASSERT(k_host != nullptr && v_host != nullptr);
+    GGML_ASSERT(ggml_are_same_shape(k, v) && k->type == v->type && k->nb[1] == v->nb[1]);
+    GGML_ASSERT(k->nb[1] == ggml_row_size(k->type, k->ne[0]) && k->ne[2] == 1 && k->ne[3] == 1);
+    for (const ggml_tensor * t : { src_rows, k_rows, v_rows }) {
+        GGML_ASSERT(t->type == GGML_TYPE_I64 && ggml_is_contiguous(t) && ggml_nelements(t) == ggml_nelements(src_rows));
+    }
+
+    struct ggml_tensor * result = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1);
+    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_PAGE_WRITE);
+    set_host_ptr(result, 2, k_host);
+    set_host_ptr(result, 4, v_host);
+    result->op     = GGML_OP_PYQSA;
+    result->src[0] = k;
+    result->src[1] = v;
+    result->src[2] = src_rows;
+    result->src[3] = k_rows;
+    result->src[4] = v_rows;
+    return result;
 }

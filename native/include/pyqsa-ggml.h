@@ -17,6 +17,7 @@ enum pyqsa_ggml_op {
     PYQSA_GGML_OP_QSA_BLOCK_CELLS = 4,
     PYQSA_GGML_OP_QSA_SCORE      = 5,
     PYQSA_GGML_OP_QSA_PAGE_RESOLVE = 6,
+    PYQSA_GGML_OP_QSA_PAGE_WRITE = 7,
 };
 
 // Sparse attention: every query attends only to the KV cells listed for it (QSA: the selected
@@ -33,6 +34,13 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_attn(struct ggml_context * ctx,
                                                   struct ggml_tensor * v,
                                                   struct ggml_tensor * cells,
                                                   float scale);
+
+// Lets a qsa_attn node read the cells past its device cache from a host store too: a cell
+// c >= k->ne[2] (n_dev) is row c - n_dev of the query's stream in host memory (pinned, read in
+// place on CUDA), K at k_host + (s * n_host + c - n_dev) * k->nb[2] + head * k->nb[1], V alike;
+// rows laid out as k's. Not graph tensors, so no backend copies them.
+GGML_API void pyqsa_ggml_qsa_attn_set_host(struct ggml_tensor * attn, const void * k_host, const void * v_host,
+                                           int64_t n_host);
 
 // Cell lists from a selection mask: per query row, the indices of the finite mask entries in
 // increasing order, padded with -1.
@@ -89,6 +97,8 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_block_cells(struct ggml_context * c
 //   slots:   I32 [kb, n_q, n_stream] hot slot of each selected block (pyqsa_ggml_qsa_page_resolve
 //            with n_paged as its n_vis)
 //   n_paged: I32 [n_q * n_stream] blocks of each query's stream in the host store
+// slots may be NULL: blocks below n_paged then stay in the host store, as cells
+// hot_cells + ring + position (a qsa_attn with pyqsa_ggml_qsa_attn_set_host reads them there).
 // returns I32 [kb * r + r - 1, n_q, n_stream] rows of the device cache, padded with -1
 GGML_API struct ggml_tensor * pyqsa_ggml_qsa_block_cells_paged(struct ggml_context * ctx,
                                                                struct ggml_tensor * blocks,
@@ -113,7 +123,9 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_block_cells_paged(struct ggml_conte
 //   table:  I32 [n_blocks, n_stream] (state) logical block -> hot slot, -1 = not resident
 //   owner:  I32 [H, n_stream] (state) hot slot -> logical block, -1 = free
 //   stamp:  I32 [H, n_stream] (state) step of the slot's last use, -1 = never
-//   step:   I32 [1] this step's number, larger than every earlier call's
+//   step:   I32 [1] or [1 + n_stream]: this step's number, larger than every earlier call's, then
+//           optionally a flag per stream: nonzero empties that stream's table, owners and
+//           stamps first (a new sequence in the stream; its old blocks are no longer valid)
 //   stats:  I64 [2, n_stream] (state) hits, misses: selected entries whose block was resident,
 //           and blocks fetched
 //   hot:    [E, H, n_stream] any type, one contiguous row of B = nb[1] bytes per block, streams
@@ -141,6 +153,26 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_resolve(struct ggml_context * 
 
 // Store i (0: store, 1: store_v) of a page-resolve node and its blocks per stream.
 GGML_API const void * pyqsa_ggml_qsa_page_store(const struct ggml_tensor * op, int i, int64_t * n_store);
+
+// Write-back to the host store: copies row src_rows[i] of k to row k_rows[i] of the K store
+// (the B = k->nb[1] bytes at k_host + k_rows[i] * B) and of v to row v_rows[i] of the V store,
+// written by the backend in stream order, so a later node or graph that reads the store sees
+// them.
+//   k, v:           [E, n_rows] any type, rows contiguous (e.g. the ring of a device cache)
+//   src_rows:       I64 [n] rows of k/v
+//   k_rows, v_rows: I64 [n] rows of the stores (llama.cpp's cache indices); negative: skip
+// returns I32 [1], a node to expand (its value means nothing)
+GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_write(struct ggml_context * ctx,
+                                                        struct ggml_tensor * k,
+                                                        struct ggml_tensor * v,
+                                                        struct ggml_tensor * src_rows,
+                                                        struct ggml_tensor * k_rows,
+                                                        struct ggml_tensor * v_rows,
+                                                        void * k_host,
+                                                        void * v_host);
+
+// Host address i (0 or 1) that a pyqsa op keeps in its params from index first_param on.
+GGML_API void * pyqsa_ggml_host_ptr(const struct ggml_tensor * op, int first_param);
 
 #ifdef __cplusplus
 }

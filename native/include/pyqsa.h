@@ -78,8 +78,12 @@ PYQSA_API int32_t pyqsa_tensor_read_f32(const void * t, float * dst, int64_t n);
 
 // pyqsa's settings of one llama context, fixed when the context is created.
 typedef struct pyqsa_context_config {
-    int32_t qsa_mode;  // PYQSA_QSA_*; positional and sparse need flash attention on (V in rows),
-                       // without it the layers fall back to masked
+    int32_t qsa_mode;    // PYQSA_QSA_*; positional and sparse need flash attention on (V in rows),
+                         // without it the layers fall back to masked
+    int32_t hot_blocks;  // 0: the indexed layers' K/V live on the device. > 0: host-backed
+                         // paging (positional mode only): the K/V in pinned host memory, a hot
+                         // cache of this many blocks per stream and layer on the device, at
+                         // least the blocks one query selects (indexer_top_k / ratio)
 } pyqsa_context_config;
 
 // The settings a context gets when none are given (llama_init_from_model called directly).
@@ -89,7 +93,7 @@ PYQSA_API pyqsa_context_config pyqsa_context_config_default(void);
 //   model:  struct llama_model *
 //   params: const struct llama_context_params * (from any binding of the pinned llama.h)
 // Returns the struct llama_context *, or NULL with *err set: PYQSA_ERR_INVALID_ARG for a NULL
-// argument or an unknown setting, PYQSA_ERR_UNSUPPORTED when llama.cpp could not create the
+// argument or an unknown setting (paging outside positional mode, a negative hot_blocks), PYQSA_ERR_UNSUPPORTED when llama.cpp could not create the
 // context (its log says why).
 PYQSA_API void * pyqsa_init_from_model(void * model, const void * params,
                                        const pyqsa_context_config * cfg, int32_t * err);
@@ -105,12 +109,27 @@ typedef struct pyqsa_ledger {
     uint64_t indexer;    // indexer key cache (raw keys of the tail, block keys)
     uint64_t recurrent;  // Gated DeltaNet (recurrent) state of every sequence
     uint64_t compute;    // compute buffers of the graph scheduler
+    uint64_t hot;        // paging: hot caches, rings and page tables of the indexed layers
 } pyqsa_ledger;
 
 // Fills *device with the bytes ctx (a struct llama_context *) holds in device buffers and
 // *host with those in host buffers (the CPU backend's included). Returns PYQSA_OK, or
 // PYQSA_ERR_INVALID_ARG when an argument is NULL.
 PYQSA_API int32_t pyqsa_ledger_get(const void * ctx, pyqsa_ledger * device, pyqsa_ledger * host);
+
+// Paging counters of a context since it was created, over every indexed layer and stream.
+typedef struct pyqsa_paging_stats {
+    uint64_t hits;             // selected blocks found in the hot cache
+    uint64_t misses;           // blocks fetched from the host store into the hot cache
+    uint64_t bytes_to_device;  // K/V bytes of those fetches
+    uint64_t bytes_to_host;    // K/V bytes written to the host store
+    int64_t  hot_blocks;       // the hot cache's blocks per stream and layer
+} pyqsa_paging_stats;
+
+// Fills *out for ctx (a struct llama_context *); waits for the device to read its counters.
+// Returns PYQSA_OK, PYQSA_ERR_INVALID_ARG for a NULL argument, or PYQSA_ERR_UNSUPPORTED when
+// the context does not page (hot_blocks 0).
+PYQSA_API int32_t pyqsa_paging_stats_get(const void * ctx, pyqsa_paging_stats * out);
 
 // An abort callback for llama_set_abort_callback (a ggml_abort_callback): true while the
 // int32_t at `flag` is nonzero, false for a NULL flag. Another thread stops a llama_decode by

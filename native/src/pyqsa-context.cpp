@@ -6,10 +6,12 @@
 namespace {
 
 thread_local pyqsa_context_config parked = pyqsa_context_config_default();
+thread_local uint32_t             parked_n_ubatch = 0;
 
 bool valid(const pyqsa_context_config & cfg) {
-    return cfg.qsa_mode == PYQSA_QSA_POSITIONAL || cfg.qsa_mode == PYQSA_QSA_SPARSE ||
-           cfg.qsa_mode == PYQSA_QSA_MASKED;
+    const bool mode = cfg.qsa_mode == PYQSA_QSA_POSITIONAL || cfg.qsa_mode == PYQSA_QSA_SPARSE ||
+                      cfg.qsa_mode == PYQSA_QSA_MASKED;
+    return mode && cfg.hot_blocks >= 0 && (cfg.hot_blocks == 0 || cfg.qsa_mode == PYQSA_QSA_POSITIONAL);
 }
 
 }  // namespace
@@ -21,9 +23,11 @@ pyqsa_context_config pyqsa_context_config_default(void) {
 }
 
 pyqsa_context_config pyqsa_context_config_take() {
-    const pyqsa_context_config cfg = parked;
-    parked = pyqsa_context_config_default();
-    return cfg;
+    return parked;
+}
+
+uint32_t pyqsa_context_building_n_ubatch() {
+    return parked_n_ubatch;
 }
 
 void * pyqsa_init_from_model(void * model, const void * params, const pyqsa_context_config * cfg, int32_t * err) {
@@ -32,9 +36,12 @@ void * pyqsa_init_from_model(void * model, const void * params, const pyqsa_cont
     if (model == nullptr || params == nullptr || cfg == nullptr || !valid(*cfg)) {
         rc = PYQSA_ERR_INVALID_ARG;
     } else {
-        parked = *cfg;
-        ctx = llama_init_from_model(static_cast<llama_model *>(model), *static_cast<const llama_context_params *>(params));
-        parked = pyqsa_context_config_default();  // also when construction failed before taking them
+        const auto & p = *static_cast<const llama_context_params *>(params);
+        parked          = *cfg;
+        parked_n_ubatch = p.n_ubatch;
+        ctx = llama_init_from_model(static_cast<llama_model *>(model), p);
+        parked          = pyqsa_context_config_default();  // also when construction failed
+        parked_n_ubatch = 0;
         rc = ctx ? PYQSA_OK : PYQSA_ERR_UNSUPPORTED;
     }
     if (err != nullptr) {

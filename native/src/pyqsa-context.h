@@ -8,6 +8,9 @@
 
 #include "pyqsa.h"
 
-// The settings parked for the context this thread is constructing (the defaults if none);
-// resets the parked settings, so each construction takes them once.
+// The settings parked for the context this thread is constructing (the defaults when it is not
+// inside pyqsa_init_from_model); read by the constructor and by the memory it creates.
 pyqsa_context_config pyqsa_context_config_take();
+
+// The n_ubatch of the context this thread is constructing through pyqsa_init_from_model, else 0.
+uint32_t pyqsa_context_building_n_ubatch();

@@ -9,12 +9,18 @@
 #include "llama-memory-hybrid-idx.h"
 #include "llama-memory-recurrent.h"
 #include "llama-model.h"
+#include "qsa-pager.h"
 
 #include <map>
 
 namespace {
 
 using breakdown = std::map<ggml_backend_buffer_type_t, size_t>;
+
+const pyqsa_kv_pager * pager_of(const llama_context * ctx) {
+    const auto * hyb = dynamic_cast<const llama_memory_hybrid *>(llama_get_memory(const_cast<llama_context *>(ctx)));
+    return hyb ? hyb->get_mem_attn()->get_pyqsa_pager() : nullptr;
+}
 
 void add(const breakdown & b, uint64_t pyqsa_ledger::*field, pyqsa_ledger * device, pyqsa_ledger * host) {
     for (const auto & [buft, size] : b) {
@@ -49,5 +55,23 @@ int32_t pyqsa_ledger_get(const void * ctx_v, pyqsa_ledger * device, pyqsa_ledger
         compute[buft] += data.compute;
     }
     add(compute, &pyqsa_ledger::compute, device, host);
+    if (const pyqsa_kv_pager * pager = pager_of(ctx)) {
+        add(pager->memory_breakdown(), &pyqsa_ledger::hot, device, host);
+    }
+    return PYQSA_OK;
+}
+
+int32_t pyqsa_paging_stats_get(const void * ctx_v, pyqsa_paging_stats * out) {
+    if (ctx_v == nullptr || out == nullptr) {
+        return PYQSA_ERR_INVALID_ARG;
+    }
+    const auto *           ctx   = static_cast<const llama_context *>(ctx_v);
+    const pyqsa_kv_pager * pager = pager_of(ctx);
+    if (pager == nullptr) {
+        return PYQSA_ERR_UNSUPPORTED;
+    }
+    llama_synchronize(const_cast<llama_context *>(ctx));
+    const pyqsa_kv_pager_counters c = pager->counters();
+    *out = { c.hits, c.misses, c.bytes_to_device, c.bytes_to_host, pager->hot_blocks() };
     return PYQSA_OK;
 }

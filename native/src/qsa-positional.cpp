@@ -3,17 +3,39 @@
 
 #include "pyqsa-error.h"
 #include "pyqsa-ggml.h"
+#include "qsa-mask.h"
 
 #include "llama-batch.h"
 #include "llama-kv-cache.h"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
+#include <vector>
+
+namespace {
+
+pyqsa_kv_pager * pager_of(const llama_memory_hybrid_idx_context * mctx) {
+    return mctx->get_attn()->get_pyqsa_pager();
+}
+
+// a paged ubatch resolves through the hot cache when the hot cache can hold every block its
+// queries select (decode, short drafts); longer ones (prefill chunks) read the host store
+bool resolves(const pyqsa_kv_pager * pager, const llama_ubatch & ubatch, uint32_t r) {
+    if (pager == nullptr) {
+        return false;
+    }
+    const int64_t n_tps = ubatch.n_tokens / std::max<uint32_t>(1, ubatch.n_seqs_unq);
+    return n_tps * pager->blocks_selected(r) <= pager->hot_blocks();
+}
+
+}  // namespace
 
 pyqsa_qsa_positional_input::pyqsa_qsa_positional_input(const llama_memory_hybrid_idx_context * mctx,
                                                        const llama_ubatch & ubatch, uint32_t r, int64_t kv_size) :
-    r(r), kv_size(kv_size), n_slot(n_slots(ubatch, r)), mctx(mctx), n_kv(mctx->get_idx()->get_n_kv()) {}
+    r(r), kv_size(kv_size), n_slot(n_slots(ubatch, r)), pager(pager_of(mctx)), resolve(resolves(pager, ubatch, r)),
+    mctx(mctx), n_kv(mctx->get_idx()->get_n_kv()) {}
 
 int64_t pyqsa_qsa_positional_input::n_slots(const llama_ubatch & ubatch, uint32_t r) {
     // a stream with t consecutive tokens completes at most t / r + 1 blocks
@@ -75,6 +97,10 @@ void pyqsa_qsa_positional_input::set_input(const llama_ubatch * ubatch) {
         }
         ++c;
     }
+    if (pager != nullptr) {
+        set_paging_input(*ubatch, rows, s0);
+    }
+
     // Idle slots write into a row nobody reads: once the first token's stream has n >= 1
     // complete blocks, row n (the next block key's row; its raw key, in a complete block, is
     // pooled already); before that, the cell after the stream's last token, which that token's
@@ -92,10 +118,53 @@ void pyqsa_qsa_positional_input::set_input(const llama_ubatch * ubatch) {
     }
 }
 
+void pyqsa_qsa_positional_input::set_paging_input(const llama_ubatch & ubatch, const int64_t * rows, int64_t s0) {
+    const int64_t H   = pager->hot_blocks();
+    const int64_t W   = pager->ring();
+    const int64_t ns  = step->ne[0] - 1;
+    const int64_t n   = ubatch.n_tokens;
+
+    // the first position of every stream of the ubatch: blocks below it / r are in the host store
+    std::vector<llama_pos> first(ns, std::numeric_limits<llama_pos>::max());
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t s = rows[i] / kv_size - s0;
+        GGML_ASSERT(s >= 0 && s < ns);
+        first[s] = std::min(first[s], ubatch.pos[i]);
+    }
+    int64_t * ring  = (int64_t *) ring_rows->data;
+    int32_t * paged = (int32_t *) n_paged->data;
+    for (int64_t i = 0; i < n; ++i) {
+        const llama_pos p = ubatch.pos[i];
+        const int64_t   s = rows[i] / kv_size - s0;
+        // the ring holds the stream's cells from its first block not in the store on
+        GGML_ASSERT(p - first[s] + first[s] % (llama_pos) r < W);
+        ring[i]  = s * (H * r + W) + H * r + p % W;
+        paged[i] = first[s] / (llama_pos) r;
+    }
+
+    // a stream starting a sequence empties its hot caches at its next resolve; only graphs that
+    // resolve read (and so allocate) the step input
+    std::vector<uint8_t> & stale = pager->stale(r);
+    int32_t *              st    = resolve ? (int32_t *) step->data : nullptr;
+    for (int64_t s = 0; s < ns; ++s) {
+        uint8_t & flag = stale[s0 + s];
+        flag           = flag || first[s] == 0;
+        if (st != nullptr) {
+            st[1 + s] = flag;
+            flag      = 0;
+        }
+    }
+    if (st != nullptr) {
+        st[0] = pager->next_step();
+    }
+    pager->count_written((uint64_t) n * bytes_per_token);
+}
+
 bool pyqsa_qsa_positional_input::can_reuse(const llm_graph_params & params) {
     mctx = static_cast<const llama_memory_hybrid_idx_context *>(params.mctx);
     return mctx->get_idx() != nullptr && k_idxs->ne[0] == params.ubatch.n_tokens &&
-           n_slots(params.ubatch, r) == n_slot && (int64_t) mctx->get_idx()->get_n_kv() == n_kv;
+           n_slots(params.ubatch, r) == n_slot && (int64_t) mctx->get_idx()->get_n_kv() == n_kv &&
+           pager_of(mctx) == pager && resolves(pager, params.ubatch, r) == resolve;
 }
 
 namespace {
@@ -169,9 +238,70 @@ ggml_tensor * select_blocks(ggml_context * ctx, ggml_cgraph * gf, pyqsa_qsa_posi
     }
     *score_out = summed;
 
-    const int64_t kb     = std::min<int64_t>(budget / r, n_blocks);
-    ggml_tensor * blocks = pyqsa_ggml_qsa_topk(ctx, summed, inp->n_vis, kb);
-    return pyqsa_ggml_qsa_block_cells(ctx, blocks, inp->n_vis, inp->q_pos, (int32_t) r);
+    const int64_t kb = std::min<int64_t>(budget / r, n_blocks);
+    return pyqsa_ggml_qsa_topk(ctx, summed, inp->n_vis, kb);
+}
+
+// one layer's K/V cache rows as attention reads them: [D, n_head_kv, rows, ns]
+ggml_tensor * as_heads(ggml_context * ctx, ggml_tensor * rows2d, const ggml_tensor * like, int64_t n_rows, int64_t ns) {
+    return ggml_view_4d(ctx, rows2d, like->ne[0], like->ne[1], n_rows, ns, ggml_row_size(rows2d->type, like->ne[0]),
+                        rows2d->nb[1], n_rows * rows2d->nb[1], 0);
+}
+
+// The paged attention of one layer (see qsa-pager.h)
+ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input * inp, const pyqsa_kv_pager_layer & l,
+                           ggml_tensor * k_idxs, ggml_tensor * v_idxs, ggml_tensor * q, ggml_tensor * k_cur,
+                           ggml_tensor * v_cur, ggml_tensor * blocks, int il, float kq_scale) {
+    ggml_context * ctx = g.ctx;
+    const pyqsa_kv_pager & pager = *inp->pager;
+    const int64_t r      = inp->r;
+    const int64_t H      = pager.hot_blocks();
+    const int64_t n_rows = H * r + pager.ring();
+    const int64_t ns     = blocks->ne[2];
+    const int64_t n_tok  = k_cur->ne[2];
+    // the ubatch's streams are consecutive; their first one, as llama.cpp's cache views have it
+    const int64_t s0 = g.mctx->get_attn()->get_k(ctx, il)->view_offs / l.host_k->nb[2];
+
+    // the ubatch's K/V: into the ring, and from there to the host store
+    ggml_tensor * dev[2]  = { l.dev_k, l.dev_v };
+    ggml_tensor * cur[2]  = { k_cur, v_cur };
+    ggml_tensor * ring[2];
+    for (int i = 0; i < 2; ++i) {
+        ggml_tensor * rows2d = ggml_view_2d(ctx, dev[i], dev[i]->ne[0], ns * n_rows, dev[i]->nb[1], s0 * dev[i]->nb[2]);
+        ring[i] = ggml_set_rows(ctx, rows2d, ggml_reshape_2d(ctx, cur[i], dev[i]->ne[0], n_tok), inp->ring_rows);
+        ggml_build_forward_expand(g.gf, ring[i]);
+    }
+    // to the rows llama.cpp's cache indices name (cell == position)
+    ggml_build_forward_expand(g.gf, pyqsa_ggml_qsa_page_write(ctx, ring[0], ring[1], inp->ring_rows, k_idxs, v_idxs,
+                                                               l.host_k->data, l.host_v->data));
+
+    const size_t  stream_bytes = (size_t) l.host_k->nb[2];
+    const char *  store_k      = (const char *) l.host_k->data + s0 * stream_bytes;
+    const char *  store_v      = (const char *) l.host_v->data + s0 * l.host_v->nb[2];
+    ggml_tensor * k4 = as_heads(ctx, ring[0], k_cur, n_rows, ns);
+    ggml_tensor * v4 = as_heads(ctx, ring[1], v_cur, n_rows, ns);
+    ggml_tensor * cells;
+    if (inp->resolve) {
+        const int64_t n_store = pager.kv_size() / r;
+        const auto    state   = [&](ggml_tensor * t) {
+            return ggml_view_2d(ctx, t, t->ne[0], ns, t->nb[1], s0 * t->nb[1]);
+        };
+        const auto slots_of = [&](ggml_tensor * t) {
+            return ggml_view_3d(ctx, t, r * t->ne[0], H, ns, r * t->nb[1], n_rows * t->nb[1], 0);
+        };
+        ggml_tensor * slots = pyqsa_ggml_qsa_page_resolve(ctx, blocks, inp->n_paged, state(l.table), state(l.owner),
+                                                          state(l.stamp), inp->step, state(l.stats), slots_of(ring[0]),
+                                                          store_k, slots_of(ring[1]), store_v, n_store);
+        cells = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, slots, inp->n_vis, inp->n_paged, inp->q_pos, (int32_t) r,
+                                                 (int32_t) (H * r), (int32_t) pager.ring());
+        ggml_format_name(cells, "qsa_paged_cells-%d", il);
+        return pyqsa_qsa_attn_cells(ctx, q, k4, v4, cells, kq_scale);
+    }
+    cells = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, nullptr, inp->n_vis, inp->n_paged, inp->q_pos, (int32_t) r,
+                                             (int32_t) (H * r), (int32_t) pager.ring());
+    ggml_format_name(cells, "qsa_paged_cells-%d", il);
+    const pyqsa_host_rows host = { store_k, store_v, pager.kv_size() };
+    return pyqsa_qsa_attn_cells(ctx, q, k4, v4, cells, kq_scale, &host);
 }
 
 }  // namespace
@@ -199,9 +329,34 @@ ggml_tensor * pyqsa_qsa_positional_top_k(const pyqsa_qsa_graph & g, pyqsa_qsa_po
         for (ggml_tensor * t : { p->q_pos, p->n_vis, p->comp_rows, p->comp_dst, p->comp_pos }) {
             ggml_set_input(t);
         }
+        if (p->pager != nullptr) {
+            const int64_t ns = k_view->ne[3];
+            p->ring_rows     = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I64, n_tokens);
+            p->n_paged       = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n_tokens);
+            p->step          = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, 1 + ns);
+            for (ggml_tensor * t : { p->ring_rows, p->n_paged, p->step }) {
+                ggml_set_input(t);
+            }
+            p->bytes_per_token = p->pager->bytes_per_token(r);
+        }
         inp = p.get();
         g.res->add_input(std::move(p));
     }
     ggml_build_forward_expand(g.gf, idx->cpy_k(g.ctx, k_raw, inp->k_idxs, il));
     return select_blocks(g.ctx, g.gf, inp, k_view, q, rope, budget, score_out);
+}
+
+ggml_tensor * pyqsa_qsa_positional_attn(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input * inp, int il,
+                                        ggml_tensor * k_idxs, ggml_tensor * v_idxs, ggml_tensor * q,
+                                        ggml_tensor * k_cur, ggml_tensor * v_cur, ggml_tensor * blocks, float kq_scale) {
+    const llama_kv_cache_context * kv = g.mctx->get_attn();
+    const pyqsa_kv_pager_layer *   l  = inp->pager ? inp->pager->layer(il) : nullptr;
+    if (l != nullptr) {
+        return attend_paged(g, inp, *l, k_idxs, v_idxs, q, k_cur, v_cur, blocks, il, kq_scale);
+    }
+    ggml_build_forward_expand(g.gf, kv->cpy_k(g.ctx, k_cur, k_idxs, il));
+    ggml_build_forward_expand(g.gf, kv->cpy_v(g.ctx, v_cur, v_idxs, il));
+    ggml_tensor * cells = pyqsa_ggml_qsa_block_cells(g.ctx, blocks, inp->n_vis, inp->q_pos, (int32_t) inp->r);
+    ggml_format_name(cells, "qsa_cells-%d", il);
+    return pyqsa_qsa_attn_cells(g.ctx, q, kv->get_k(g.ctx, il), kv->get_v(g.ctx, il), cells, kq_scale);
 }

@@ -18,6 +18,8 @@
 // without a block pool a copy of the ubatch's first raw key into a dead row (see set_input).
 #pragma once
 
+#include "qsa-pager.h"
+
 #include "llama-cparams.h"
 #include "llama-graph.h"
 #include "llama-memory-hybrid-idx.h"
@@ -42,11 +44,22 @@ public:
     ggml_tensor * comp_dst  = nullptr;  // I64 [n_slot] row receiving each block key (row b for block b)
     ggml_tensor * comp_pos  = nullptr;  // I32 [4 * n_slot] rope position of each block (its start)
 
+    // paging (pager != nullptr): what the ubatch writes where, and what is already in the host store
+    ggml_tensor * ring_rows  = nullptr;  // I64 [n_tokens] row of each token in the device cache view
+    ggml_tensor * n_paged    = nullptr;  // I32 [n_tokens] blocks of the token's stream in the host store
+    ggml_tensor * step       = nullptr;  // I32 [1 + n_stream] step number, then the streams to empty
+
     const uint32_t r;
     const int64_t  kv_size;
     const int64_t  n_slot;
 
+    pyqsa_kv_pager * const pager;  // the attention cache's pager, nullptr without paging
+    const bool             resolve;  // paged and decode-shaped: selected blocks go through the hot cache
+    uint64_t bytes_per_token = 0;      // K/V bytes a token writes to the host store, all layers of ratio r
+
 private:
+    void set_paging_input(const llama_ubatch & ubatch, const int64_t * rows, int64_t s0);
+
     const llama_memory_hybrid_idx_context * mctx;
     int64_t n_kv;
 };
@@ -73,6 +86,7 @@ struct pyqsa_qsa_graph {
     llm_graph_result *                      res;
     const llama_memory_hybrid_idx_context * mctx;
     const llama_ubatch &                    ubatch;
+    uint32_t                                n_layer;
 };
 
 // One indexed layer's selection on the positional path: stores the ubatch's raw indexer keys,
@@ -81,8 +95,19 @@ struct pyqsa_qsa_graph {
 // and registered with g.res when null.
 //   k_raw: F32 [Di, 1, n_tokens] raw indexer keys of the ubatch's tokens
 //   q:     F32 [Di, n_idx_head, n_tokens] indexer queries, normed and roped
-// returns I32 [kb*r + r - 1, n_tps, n_stream] cell lists for pyqsa_ggml_qsa_attn; *score_out
-// the block scores [n_blocks, n_tps, n_stream]
+// returns I32 [kb, n_tps, n_stream] the selected blocks of every query (pyqsa_ggml_qsa_topk);
+// *score_out the block scores [n_blocks, n_tps, n_stream]
 ggml_tensor * pyqsa_qsa_positional_top_k(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input *& inp, int il,
                                          uint32_t r, ggml_tensor * k_raw, ggml_tensor * q,
                                          const pyqsa_qsa_rope & rope, int64_t budget, ggml_tensor ** score_out);
+
+// One indexed layer's attention on the positional path, after pyqsa_qsa_positional_top_k:
+// stores the ubatch's K/V (in the cache, or with paging in the ring and the host store) and
+// attends to each query's selected blocks plus its tail.
+//   q, k_cur, v_cur: [D, n_head(_kv), n_tokens] as build_attn takes them
+//   k_idxs, v_idxs:  the attention input's cache rows of the ubatch (unpaged stores)
+//   blocks:          I32 [kb, n_tps, n_stream] from pyqsa_qsa_positional_top_k
+// returns F32 [D * n_head, n_tokens]
+ggml_tensor * pyqsa_qsa_positional_attn(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input * inp, int il,
+                                        ggml_tensor * k_idxs, ggml_tensor * v_idxs, ggml_tensor * q,
+                                        ggml_tensor * k_cur, ggml_tensor * v_cur, ggml_tensor * blocks, float kq_scale);

@@ -35,6 +35,9 @@ class ContextConfig:
     comparison; see pyqsa.h). The positional and sparse paths need flash attention (the V
     cache in rows); without it the QSA layers run upstream's masked attention.
     `op_offload` lets a GPU build run large batches of host-resident weights on the GPU.
+    `hot_blocks` > 0 pages the QSA layers' K/V: the whole history in pinned host memory, a hot
+    cache of that many blocks per sequence and layer on the device (native/src/qsa-pager.h);
+    it must hold the blocks one query selects, and needs the positional mode.
     """
 
     n_seqs: int = 1
@@ -45,6 +48,7 @@ class ContextConfig:
     qsa_mode: str = "positional"
     flash_attn: bool = True
     op_offload: bool = True
+    hot_blocks: int = 0
 
     def __post_init__(self) -> None:
         for name in ("n_seqs", "ctx_per_seq", "n_batch"):
@@ -57,6 +61,10 @@ class ContextConfig:
         if self.qsa_mode not in native.QSA_MODES:
             modes = ", ".join(native.QSA_MODES)
             raise ValueError(f"qsa_mode must be one of {modes}, got {self.qsa_mode!r}")
+        if self.hot_blocks < 0:
+            raise ValueError(f"hot_blocks must be >= 0, got {self.hot_blocks}")
+        if self.hot_blocks and self.qsa_mode != "positional":
+            raise ValueError(f"paging needs qsa_mode positional, got {self.qsa_mode!r}")
 
     @property
     def threads(self) -> int:
@@ -106,7 +114,7 @@ def open_context(model: int, cfg: ContextConfig, cb_eval=None, upstream: bool = 
             raise ContextError(f"llama.cpp could not create {what} (out of memory?)")
     else:
         try:
-            ctx = native.init_from_model(model, ctypes.addressof(p), cfg.qsa_mode)
+            ctx = native.init_from_model(model, ctypes.addressof(p), cfg.qsa_mode, cfg.hot_blocks)
         except native.NativeError as e:
             raise ContextError(f"llama.cpp could not create {what} (out of memory?): {e}") from None
     if L.llama_n_ctx_seq(ctx) < cfg.ctx_per_seq:

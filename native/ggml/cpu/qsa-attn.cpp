@@ -4,6 +4,7 @@
 
 #include "ggml-cpu/ggml-cpu-impl.h"
 #include "ggml-impl.h"
+#include "pyqsa-ggml.h"
 
 #include <cmath>
 #include <vector>
@@ -33,6 +34,10 @@ void pyqsa_cpu_qsa_attn(const struct ggml_compute_params * params, struct ggml_t
     const ggml_tensor * v     = dst->src[2];  // [D, Hkv, n_kv, ns]
     const ggml_tensor * cells = dst->src[3];  // [n_sel, n_q, ns]
     const float scale = ggml_get_op_params_f32(dst, 1);
+    // cells past the device rows are read from the host store (pyqsa_ggml_qsa_attn_set_host)
+    const char *  k_host = (const char *) pyqsa_ggml_host_ptr(dst, 2);
+    const char *  v_host = (const char *) pyqsa_ggml_host_ptr(dst, 4);
+    const int64_t n_host = ggml_get_op_params_i32(dst, 6);
 
     const int64_t D     = q->ne[0];
     const int64_t H     = q->ne[1];
@@ -64,8 +69,11 @@ void pyqsa_cpu_qsa_attn(const struct ggml_compute_params * params, struct ggml_t
             if (c < 0) {
                 continue;
             }
-            GGML_ASSERT(c < n_kv);
-            load_row(k, (const char *) k->data + hk * k->nb[1] + c * k->nb[2] + s * k->nb[3], krow.data(), D);
+            const bool host = c >= n_kv;
+            GGML_ASSERT(!host || (k_host != nullptr && c - n_kv < n_host));
+            const char * kbase = host ? k_host + (s * n_host + c - n_kv) * k->nb[2] : (const char *) k->data + c * k->nb[2] + s * k->nb[3];
+            const char * vbase = host ? v_host + (s * n_host + c - n_kv) * v->nb[2] : (const char *) v->data + c * v->nb[2] + s * v->nb[3];
+            load_row(k, kbase + hk * k->nb[1], krow.data(), D);
             float dot = 0.0f;
             for (int64_t d = 0; d < D; ++d) {
                 dot += qrow[d] * krow[d];
@@ -74,7 +82,7 @@ void pyqsa_cpu_qsa_attn(const struct ggml_compute_params * params, struct ggml_t
             const float m_new = std::max(m, score);
             const float old_w = std::exp(m - m_new);  // 0 on the first cell (m = -inf)
             const float new_w = std::exp(score - m_new);
-            load_row(v, (const char *) v->data + hk * v->nb[1] + c * v->nb[2] + s * v->nb[3], vrow.data(), D);
+            load_row(v, vbase + hk * v->nb[1], vrow.data(), D);
             for (int64_t d = 0; d < D; ++d) {
                 acc[d] = acc[d] * old_w + new_w * vrow[d];
             }

@@ -25,9 +25,15 @@ struct page_args {
     int64_t kb, n_q, H, n_blocks;
     size_t  B;
     int32_t step;
+    bool    reset;  // a new sequence in the stream: nothing resident is valid
 };
 
 void resolve_stream(const page_args & a) {
+    if (a.reset) {
+        std::fill(a.table, a.table + a.n_blocks, -1);
+        std::fill(a.owner, a.owner + a.H, -1);
+        std::fill(a.stamp, a.stamp + a.H, -1);
+    }
     // hits pin their slot for this step; misses are the distinct blocks not resident
     int64_t              hits = 0;
     std::vector<int32_t> miss;
@@ -102,7 +108,8 @@ void pyqsa_cpu_qsa_page_resolve(const struct ggml_compute_params * params, struc
     a.H        = hot->ne[1];
     a.n_blocks = table->ne[0];
     a.B        = hot->nb[1];
-    a.step     = *(const int32_t *) dst->src[5]->data;
+    const int32_t * step = (const int32_t *) dst->src[5]->data;
+    a.step     = step[0];
     const int64_t ns = blocks->ne[2];
     for (int64_t s = params->ith; s < ns; s += params->nth) {
         a.blocks = (const int32_t *) blocks->data + s * a.kb * a.n_q;
@@ -117,6 +124,26 @@ void pyqsa_cpu_qsa_page_resolve(const struct ggml_compute_params * params, struc
             a.store[k] = h ? store[k] + s * n_store * a.B : nullptr;
         }
         a.out    = (int32_t *) dst->data + s * a.kb * a.n_q;
+        a.reset  = ggml_nelements(dst->src[5]) > 1 && step[1 + s] != 0;
         resolve_stream(a);
+    }
+}
+
+void pyqsa_cpu_qsa_page_write(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    const ggml_tensor * k        = dst->src[0];
+    const int64_t *     src_rows = (const int64_t *) dst->src[2]->data;
+    const size_t        B        = k->nb[1];
+    const int64_t       n        = ggml_nelements(dst->src[2]);
+    for (int j = 0; j < 2; ++j) {  // K, then V
+        const char *    rows     = (const char *) dst->src[j]->data;
+        const int64_t * dst_rows = (const int64_t *) dst->src[3 + j]->data;
+        char *          host     = (char *) pyqsa_ggml_host_ptr(dst, 2 + 2 * j);
+        for (int64_t i = params->ith; i < n; i += params->nth) {
+            if (dst_rows[i] < 0) {
+                continue;
+            }
+            GGML_ASSERT(src_rows[i] >= 0 && src_rows[i] < k->ne[1]);
+            std::memcpy(host + dst_rows[i] * B, rows + src_rows[i] * B, B);
+        }
     }
 }

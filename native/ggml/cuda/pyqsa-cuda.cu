@@ -33,6 +33,9 @@ void pyqsa_cuda_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         case PYQSA_GGML_OP_QSA_PAGE_RESOLVE:
             pyqsa_cuda_qsa_page_resolve(ctx, dst);
             break;
+        case PYQSA_GGML_OP_QSA_PAGE_WRITE:
+            pyqsa_cuda_qsa_page_write(ctx, dst);
+            break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));
     }
@@ -48,6 +51,8 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
             return pyqsa_cuda_qsa_score_supported(op);
         case PYQSA_GGML_OP_QSA_PAGE_RESOLVE:
             return pyqsa_cuda_qsa_page_resolve_supported(op);
+        case PYQSA_GGML_OP_QSA_PAGE_WRITE:
+            return pyqsa_cuda_qsa_page_write_supported(op);
         case PYQSA_GGML_OP_QSA_TOPK:
         case PYQSA_GGML_OP_QSA_BLOCK_CELLS:
             return ggml_nrows(op->src[0]) <= 65535;
@@ -63,4 +68,13 @@ bool pyqsa_cuda_strict_f32() {
         return v != nullptr && *v != '\0' && strcmp(v, "0") != 0;
     }();
     return strict;
+}
+
+bool pyqsa_cuda_host_mapped(const void * p) {
+    cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+        (void) cudaGetLastError();
+        return false;
+    }
+    return attr.type != cudaMemoryTypeUnregistered;
 }

@@ -4,6 +4,9 @@
 // (head, query, split), K/V rows re-read per head of a GQA group (served by L2).
 #include "qsa-attn.cuh"
 
+#include "pyqsa-cuda.cuh"
+#include "pyqsa-ggml.h"
+
 namespace {
 
 constexpr int WARP = 32;
@@ -28,6 +31,10 @@ struct qsa_attn_args {
     const char *    k;
     const char *    v;
     const int32_t * cells;   // contiguous [n_sel, n_q, ns]
+    const char *    k_host;  // cells >= n_kv: rows of the host store (pinned), or null
+    const char *    v_host;
+    long long       n_host;  // host rows per stream
+    int             n_kv;
     float *         out;     // dst, or the partials [n_split, n_rows, H, D + 2]
     size_t q_nb1, q_nb2, q_nb3;
     size_t k_nb1, k_nb2, k_nb3;
@@ -69,7 +76,9 @@ __global__ void qsa_attn_partial(const qsa_attn_args a) {
         if (c < 0) {
             continue;
         }
-        const char * krow = a.k + hk * a.k_nb1 + (size_t) c * a.k_nb2 + s * a.k_nb3;
+        const bool   host = c >= a.n_kv;
+        const size_t hrow = ((size_t) s * a.n_host + (c - a.n_kv)) * a.k_nb2;
+        const char * krow = (host ? a.k_host + hrow : a.k + (size_t) c * a.k_nb2 + s * a.k_nb3) + hk * a.k_nb1;
         float dot = 0.0f;
 #pragma unroll
         for (int i = 0; i < DPL; ++i) {
@@ -80,7 +89,7 @@ __global__ void qsa_attn_partial(const qsa_attn_args a) {
         const float m_new = fmaxf(m, score);
         const float old_w = expf(m - m_new);
         const float new_w = expf(score - m_new);
-        const char * vrow = a.v + hk * a.v_nb1 + (size_t) c * a.v_nb2 + s * a.v_nb3;
+        const char * vrow = (host ? a.v_host + hrow : a.v + (size_t) c * a.v_nb2 + s * a.v_nb3) + hk * a.v_nb1;
 #pragma unroll
         for (int i = 0; i < DPL; ++i) {
             acc[i] = acc[i] * old_w + new_w * load_kv<type>(vrow, i * WARP + lane);
@@ -185,7 +194,10 @@ bool pyqsa_cuda_qsa_attn_supported(const ggml_tensor * op) {
     const int64_t D = op->src[0]->ne[0];
     const bool type_ok = k->type == GGML_TYPE_F32 || k->type == GGML_TYPE_F16 || k->type == GGML_TYPE_Q8_0;
     const bool d_ok = D == 64 || D == 128 || D == 256 || D == 512;
-    return type_ok && d_ok && op->src[0]->ne[2] * op->src[0]->ne[3] <= 65535;
+    // host rows are read in place: pinned memory only (pyqsa_ggml_qsa_attn_set_host)
+    const void * k_host  = pyqsa_ggml_host_ptr(op, 2);
+    const bool   host_ok = k_host == nullptr || (pyqsa_cuda_host_mapped(k_host) && pyqsa_cuda_host_mapped(pyqsa_ggml_host_ptr(op, 4)));
+    return type_ok && d_ok && host_ok && op->src[0]->ne[2] * op->src[0]->ne[3] <= 65535;
 }
 
 void pyqsa_cuda_qsa_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
@@ -199,6 +211,10 @@ void pyqsa_cuda_qsa_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     a.k     = (const char *) k->data;
     a.v     = (const char *) v->data;
     a.cells = (const int32_t *) cells->data;
+    a.k_host = (const char *) pyqsa_ggml_host_ptr(dst, 2);
+    a.v_host = (const char *) pyqsa_ggml_host_ptr(dst, 4);
+    a.n_host = ggml_get_op_params_i32(dst, 6);
+    a.n_kv   = (int) k->ne[2];
     a.out   = (float *) dst->data;
     a.q_nb1 = q->nb[1];   a.q_nb2 = q->nb[2];   a.q_nb3 = q->nb[3];
     a.k_nb1 = k->nb[1];   a.k_nb2 = k->nb[2];   a.k_nb3 = k->nb[3];

@@ -1,4 +1,5 @@
-// CUDA kernel of PYQSA_GGML_OP_QSA_PAGE_RESOLVE, in two launches:
+// CUDA kernels of PYQSA_GGML_OP_QSA_PAGE_WRITE (below) and PYQSA_GGML_OP_QSA_PAGE_RESOLVE, the
+// latter in two launches:
 //  1. resolve, one CTA per stream: hits pin their slot; misses claim their table entry (so each
 //     distinct block is fetched once) and are sorted by block; the unpinned slots are sorted by
 //     (last use, slot); miss i takes slot i; table, owner and stamp are updated and the selected
@@ -7,6 +8,7 @@
 //     memory, read over PCIe without a staging copy) into its hot slot.
 #include "qsa-page.cuh"
 
+#include "pyqsa-cuda.cuh"
 #include "pyqsa-ggml.h"
 
 namespace {
@@ -38,14 +40,15 @@ __device__ void bitonic_sort(T * keys, int n) {
 __global__ void page_resolve(const int32_t * blocks, const int32_t * n_vis, int32_t * table, int32_t * owner,
                              int32_t * stamp, const int32_t * step_p, long long * stats, int32_t * out,
                              int32_t * miss_out, int32_t * slot_out, int32_t * n_miss_out,
-                             int kb, int n_q, int H, int Hp, int n_blocks) {
+                             int kb, int n_q, int H, int Hp, int n_blocks, bool with_reset) {
     extern __shared__ unsigned long long smem[];
     unsigned long long * keys = smem;                       // [Hp] (last use + 1) << 32 | slot
     int32_t *            miss = (int32_t *) (smem + Hp);    // [Hp] distinct missed blocks
 
     const int s    = blockIdx.x;
     const int M    = kb * n_q;
-    const int step = *step_p;
+    const int step = step_p[0];
+    const bool reset = with_reset && step_p[1 + s] != 0;
     blocks += (size_t) s * M;
     n_vis += (size_t) s * n_q;
     table += (size_t) s * n_blocks;
@@ -58,6 +61,15 @@ __global__ void page_resolve(const int32_t * blocks, const int32_t * n_vis, int3
     if (threadIdx.x == 0) {
         n_miss = 0;
         hits   = 0;
+    }
+    if (reset) {  // a new sequence in the stream: nothing resident is valid
+        for (int b = threadIdx.x; b < n_blocks; b += blockDim.x) {
+            table[b] = -1;
+        }
+        for (int h = threadIdx.x; h < H; h += blockDim.x) {
+            owner[h] = -1;
+            stamp[h] = -1;
+        }
     }
     __syncthreads();
 
@@ -164,7 +176,7 @@ void pyqsa_cuda_qsa_page_resolve(ggml_backend_cuda_context & ctx, ggml_tensor * 
         (const int32_t *) blocks->data, (const int32_t *) dst->src[1]->data, (int32_t *) table->data,
         (int32_t *) dst->src[3]->data, (int32_t *) dst->src[4]->data, (const int32_t *) dst->src[5]->data,
         (long long *) dst->src[6]->data, (int32_t *) dst->data, miss.get(), slot.get(), n_miss.get(), kb, n_q, H, Hp,
-        (int) table->ne[0]);
+        (int) table->ne[0], ggml_nelements(dst->src[5]) > 1);
     CUDA_CHECK(cudaGetLastError());
     const dim3 grid(kb * n_q, ns, hot_v ? 2 : 1);
     page_fetch<<<grid, 256, 0, ctx.stream()>>>(store, (char *) hot->data, store_v,
@@ -173,16 +185,53 @@ void pyqsa_cuda_qsa_page_resolve(ggml_backend_cuda_context & ctx, ggml_tensor * 
     CUDA_CHECK(cudaGetLastError());
 }
 
+namespace {
+
+// one CTA per (row, K or V): copies a row of the device cache to its row of the host store
+__global__ void page_write(const char * k, const char * v, char * k_host, char * v_host, const int64_t * src_rows,
+                           const int64_t * k_rows, const int64_t * v_rows, size_t B) {
+    const long long dst_row = (blockIdx.y == 0 ? k_rows : v_rows)[blockIdx.x];
+    if (dst_row < 0) {
+        return;
+    }
+    const char * src = (blockIdx.y == 0 ? k : v) + (size_t) src_rows[blockIdx.x] * B;
+    char *       dst = (blockIdx.y == 0 ? k_host : v_host) + (size_t) dst_row * B;
+    if (B % 16 == 0 && ((uintptr_t) src | (uintptr_t) dst) % 16 == 0) {
+        for (size_t o = threadIdx.x * 16; o < B; o += blockDim.x * 16) {
+            *(int4 *) (dst + o) = *(const int4 *) (src + o);
+        }
+    } else {
+        for (size_t o = threadIdx.x; o < B; o += blockDim.x) {
+            dst[o] = src[o];
+        }
+    }
+}
+
+}  // namespace
+
+void pyqsa_cuda_qsa_page_write(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * k = dst->src[0];
+    const int64_t       n = ggml_nelements(dst->src[2]);
+    if (n == 0) {
+        return;
+    }
+    page_write<<<dim3((unsigned) n, 2), 128, 0, ctx.stream()>>>(
+        (const char *) k->data, (const char *) dst->src[1]->data, (char *) pyqsa_ggml_host_ptr(dst, 2),
+        (char *) pyqsa_ggml_host_ptr(dst, 4), (const int64_t *) dst->src[2]->data, (const int64_t *) dst->src[3]->data,
+        (const int64_t *) dst->src[4]->data, k->nb[1]);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+bool pyqsa_cuda_qsa_page_write_supported(const ggml_tensor * op) {
+    return pyqsa_cuda_host_mapped(pyqsa_ggml_host_ptr(op, 2)) && pyqsa_cuda_host_mapped(pyqsa_ggml_host_ptr(op, 4)) &&
+           ggml_nelements(op->src[2]) <= INT32_MAX;
+}
+
 bool pyqsa_cuda_qsa_page_resolve_supported(const ggml_tensor * op) {
     // the kernel reads the stores in place: pinned (or device) memory only, never pageable
     for (int k = 0; k < (op->src[8] ? 2 : 1); ++k) {
-        int64_t               n_store = 0;
-        cudaPointerAttributes attr;
-        if (cudaPointerGetAttributes(&attr, pyqsa_ggml_qsa_page_store(op, k, &n_store)) != cudaSuccess) {
-            (void) cudaGetLastError();
-            return false;
-        }
-        if (attr.type == cudaMemoryTypeUnregistered) {
+        int64_t n_store = 0;
+        if (!pyqsa_cuda_host_mapped(pyqsa_ggml_qsa_page_store(op, k, &n_store))) {
             return false;
         }
     }

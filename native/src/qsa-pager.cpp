@@ -1,0 +1,174 @@
+// Host-backed KV paging of the indexed layers (see qsa-pager.h).
+#include "qsa-pager.h"
+
+#include "pyqsa-context.h"
+
+#include "llama-impl.h"
+#include "llama-model.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace {
+
+bool pages(const llama_model & model, const char * name_tag) {
+    // the attention cache of a model with QSA layers; the indexer cache ("idx_") stays whole
+    const auto & hp = model.hparams;
+    const bool   qsa = std::any_of(hp.dsv4_compress_ratios.begin(), hp.dsv4_compress_ratios.begin() + hp.n_layer(),
+                                   [](uint32_t r) { return r > 0; });
+    return pyqsa_context_config_take().hot_blocks > 0 && qsa && name_tag != nullptr && name_tag[0] == '\0';
+}
+
+}  // namespace
+
+ggml_backend_buffer_type_t pyqsa_kv_cache_buft(const llama_model & model, int32_t il, ggml_backend_buffer_type_t buft,
+                                               const char * name_tag) {
+    if (!pages(model, name_tag) || model.hparams.dsv4_compress_ratios[il] == 0) {
+        return buft;
+    }
+    // the device's pinned host memory; a CPU device has none, and its memory is host memory
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
+    ggml_backend_buffer_type_t host = dev ? ggml_backend_dev_host_buffer_type(dev) : nullptr;
+    return host ? host : buft;
+}
+
+std::shared_ptr<pyqsa_kv_pager> pyqsa_kv_pager_create(const llama_model & model, const char * name_tag,
+                                                      uint32_t n_stream, uint32_t kv_size,
+                                                      const std::vector<pyqsa_kv_layer_tensors> & layers) {
+    if (!pages(model, name_tag)) {
+        return nullptr;
+    }
+    const auto & hp     = model.hparams;
+    uint32_t     r_max  = 1;
+    for (const auto & l : layers) {
+        r_max = std::max(r_max, hp.dsv4_compress_ratios[l.il]);
+    }
+    const int64_t n_ubatch = std::max<uint32_t>(1, pyqsa_context_building_n_ubatch());
+    return std::make_shared<pyqsa_kv_pager>(model, layers, n_stream, kv_size, pyqsa_context_config_take().hot_blocks,
+                                            n_ubatch + r_max - 1);
+}
+
+pyqsa_kv_pager::pyqsa_kv_pager(const llama_model & model, const std::vector<pyqsa_kv_layer_tensors> & kv_layers,
+                               uint32_t n_stream, uint32_t kv_size, int64_t hot_blocks, int64_t ring) :
+    H(hot_blocks), W(ring), n_cells(kv_size), n_stream(n_stream) {
+    const auto & hp = model.hparams;
+    // one context per device buffer type, as llama_kv_cache groups its tensors
+    std::map<ggml_backend_buffer_type_t, ggml_context *> ctx_of;
+    for (const auto & l : kv_layers) {
+        const uint32_t r = hp.dsv4_compress_ratios[l.il];
+        if (r == 0) {
+            continue;
+        }
+        const int64_t kb = std::max<int64_t>(1, (int64_t) hp.indexer_top_k / r);
+        if (H < kb) {
+            throw std::runtime_error("pyqsa: hot_blocks = " + std::to_string(H) + " cannot hold the " +
+                                     std::to_string(kb) + " blocks one query selects in layer " + std::to_string(l.il));
+        }
+        if (kv_size % r != 0) {
+            throw std::runtime_error("pyqsa: paging needs the context size (" + std::to_string(kv_size) +
+                                     ") to be a multiple of the compress ratio " + std::to_string(r));
+        }
+        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(model.dev_layer(l.il));
+        ggml_context *&            ctx  = ctx_of[buft];
+        if (ctx == nullptr) {
+            const ggml_init_params params = { 10 * kv_layers.size() * ggml_tensor_overhead(), nullptr, true };
+            ctx = ggml_init(params);
+            ctxs.push_back(ctx);
+        }
+        pyqsa_kv_pager_layer p;
+        p.r      = r;
+        p.kb     = kb;
+        p.host_k = l.k;
+        p.host_v = l.v;
+        p.dev_k  = ggml_new_tensor_3d(ctx, l.k->type, l.k->ne[0], H * r + W, n_stream);
+        p.dev_v  = ggml_new_tensor_3d(ctx, l.v->type, l.v->ne[0], H * r + W, n_stream);
+        p.table  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, kv_size / r, n_stream);
+        p.owner  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, H, n_stream);
+        p.stamp  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, H, n_stream);
+        p.stats  = ggml_new_tensor_2d(ctx, GGML_TYPE_I64, 2, n_stream);
+        ggml_format_name(p.dev_k, "pyqsa_hot_k_l%d", l.il);
+        ggml_format_name(p.dev_v, "pyqsa_hot_v_l%d", l.il);
+        layers[l.il] = p;
+    }
+    for (auto & [buft, ctx] : ctx_of) {
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft);
+        if (buf == nullptr) {
+            throw std::runtime_error("pyqsa: failed to allocate the hot KV caches");
+        }
+        ggml_backend_buffer_clear(buf, 0);
+        buffers.push_back(buf);
+        LLAMA_LOG_INFO("%s: %10s hot KV cache: %lld blocks + %lld ring cells per stream, %8.2f MiB\n", __func__,
+                       ggml_backend_buffer_name(buf), (long long) H, (long long) W,
+                       ggml_backend_buffer_get_size(buf) / 1024.0 / 1024.0);
+    }
+    for (auto & [il, p] : layers) {
+        for (ggml_tensor * t : { p.table, p.owner, p.stamp }) {
+            ggml_backend_tensor_memset(t, 0xff, 0, ggml_nbytes(t));  // -1: nothing resident, never used
+        }
+    }
+}
+
+pyqsa_kv_pager::~pyqsa_kv_pager() {
+    for (ggml_backend_buffer_t buf : buffers) {
+        ggml_backend_buffer_free(buf);
+    }
+    for (ggml_context * ctx : ctxs) {
+        ggml_free(ctx);
+    }
+}
+
+const pyqsa_kv_pager_layer * pyqsa_kv_pager::layer(int32_t il) const {
+    const auto it = layers.find(il);
+    return it == layers.end() ? nullptr : &it->second;
+}
+
+int32_t pyqsa_kv_pager::next_step() {
+    return step++;
+}
+
+int64_t pyqsa_kv_pager::blocks_selected(uint32_t r) const {
+    for (const auto & [il, p] : layers) {
+        if (p.r == r) {
+            return p.kb;
+        }
+    }
+    return 0;
+}
+
+uint64_t pyqsa_kv_pager::bytes_per_token(uint32_t r) const {
+    uint64_t n = 0;
+    for (const auto & [il, p] : layers) {
+        n += p.r == r ? p.dev_k->nb[1] + p.dev_v->nb[1] : 0;
+    }
+    return n;
+}
+
+std::vector<uint8_t> & pyqsa_kv_pager::stale(uint32_t r) {
+    auto & s = stale_streams[r];
+    s.resize(n_stream, 0);
+    return s;
+}
+
+std::map<ggml_backend_buffer_type_t, size_t> pyqsa_kv_pager::memory_breakdown() const {
+    std::map<ggml_backend_buffer_type_t, size_t> b;
+    for (ggml_backend_buffer_t buf : buffers) {
+        b[ggml_backend_buffer_get_type(buf)] += ggml_backend_buffer_get_size(buf);
+    }
+    return b;
+}
+
+pyqsa_kv_pager_counters pyqsa_kv_pager::counters() const {
+    pyqsa_kv_pager_counters c = { 0, 0, 0, written };
+    std::vector<int64_t>    stats(2 * n_stream);
+    for (const auto & [il, p] : layers) {
+        ggml_backend_tensor_get(p.stats, stats.data(), 0, ggml_nbytes(p.stats));
+        const uint64_t block_bytes = p.r * (p.dev_k->nb[1] + p.dev_v->nb[1]);
+        for (uint32_t s = 0; s < n_stream; ++s) {
+            c.hits += stats[2 * s];
+            c.misses += stats[2 * s + 1];
+            c.bytes_to_device += stats[2 * s + 1] * block_bytes;
+        }
+    }
+    return c;
+}

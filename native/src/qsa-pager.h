@@ -1,0 +1,96 @@
+// Host-backed KV paging of the indexed (QSA) layers.
+//
+// With paging on (pyqsa_context_config::hot_blocks > 0), llama.cpp's K/V cache of these layers
+// is allocated in the device's pinned host memory (the host store: cell == position, so block b
+// of stream s is r contiguous rows), and the pager keeps per layer, on the device, one tensor of
+// H*r + W rows per stream: H hot block slots (the blocks recent steps selected) and a ring of W
+// cells holding the newest positions (position p at row H*r + p % W, W >= n_ubatch + r - 1).
+// A step writes its tokens' K/V to the ring and, through the ring, to the host store; a decode
+// step resolves its selected blocks to hot slots (pyqsa_ggml_qsa_page_resolve: misses fetched
+// from the host store, LRU eviction, state on the device); a prefill chunk, whose queries
+// select more distinct blocks than the hot cache holds, reads its blocks from the host store in
+// place. See native/PAGING.md.
+#pragma once
+
+#include "ggml-backend.h"
+#include "ggml.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+struct llama_model;
+
+struct pyqsa_kv_layer_tensors {
+    int32_t       il;
+    ggml_tensor * k;  // llama.cpp's cache tensors of the layer: [E, kv_size, n_stream]
+    ggml_tensor * v;
+};
+
+struct pyqsa_kv_pager_layer {
+    uint32_t      r;       // compress ratio: cells per block
+    int64_t       kb;      // blocks one query selects
+    ggml_tensor * host_k;  // the host store (llama.cpp's cache tensors, in pinned host memory)
+    ggml_tensor * host_v;
+    ggml_tensor * dev_k;   // [E, H*r + W, n_stream]: hot slots, then the ring
+    ggml_tensor * dev_v;
+    ggml_tensor * table;   // I32 [kv_size / r, n_stream] block -> hot slot, -1 = not resident
+    ggml_tensor * owner;   // I32 [H, n_stream] hot slot -> block, -1 = free
+    ggml_tensor * stamp;   // I32 [H, n_stream] step of the slot's last use
+    ggml_tensor * stats;   // I64 [2, n_stream] hits, misses
+};
+
+// hits and misses of the hot caches, and the bytes moved each way over the host link
+struct pyqsa_kv_pager_counters {
+    uint64_t hits, misses, bytes_to_device, bytes_to_host;
+};
+
+class pyqsa_kv_pager {
+public:
+    pyqsa_kv_pager(const llama_model & model, const std::vector<pyqsa_kv_layer_tensors> & layers,
+                   uint32_t n_stream, uint32_t kv_size, int64_t hot_blocks, int64_t ring);
+    ~pyqsa_kv_pager();
+
+    const pyqsa_kv_pager_layer * layer(int32_t il) const;  // nullptr: not paged
+
+    int64_t hot_blocks() const { return H; }
+    int64_t ring() const { return W; }
+    int64_t kv_size() const { return n_cells; }
+
+    // a step number for the resolve ops of one graph; later calls get larger ones
+    int32_t next_step();
+
+    int64_t  blocks_selected(uint32_t r) const;  // kb of the layers of ratio r
+    uint64_t bytes_per_token(uint32_t r) const;  // K/V bytes of one token in all layers of ratio r
+
+    // streams of ratio r whose hot caches still hold an earlier sequence's blocks: set when a
+    // stream starts a sequence (position 0), cleared when a resolve has emptied them
+    std::vector<uint8_t> & stale(uint32_t r);
+
+    void count_written(uint64_t bytes) { written += bytes; }
+
+    std::map<ggml_backend_buffer_type_t, size_t> memory_breakdown() const;
+    pyqsa_kv_pager_counters  counters() const;  // reads the device's hit/miss counters (syncs)
+
+private:
+    std::map<int32_t, pyqsa_kv_pager_layer> layers;
+    std::map<uint32_t, std::vector<uint8_t>> stale_streams;
+    std::vector<ggml_backend_buffer_t>      buffers;
+    std::vector<ggml_context *>             ctxs;
+    int64_t  H, W, n_cells;
+    uint32_t n_stream;
+    int32_t  step = 0;
+    uint64_t written = 0;
+};
+
+// Hooks in llama_kv_cache's constructor (ggml_patches/0009). The buffer type of layer il's K/V:
+// the device's pinned host buffer type when the context being built pages this cache (the
+// attention cache, name_tag "", of a model with QSA layers), else buft.
+ggml_backend_buffer_type_t pyqsa_kv_cache_buft(const llama_model & model, int32_t il, ggml_backend_buffer_type_t buft,
+                                               const char * name_tag);
+
+// The pager of a cache just allocated, or nullptr when the context being built does not page it.
+std::shared_ptr<pyqsa_kv_pager> pyqsa_kv_pager_create(const llama_model & model, const char * name_tag,
+                                                      uint32_t n_stream, uint32_t kv_size,
+                                                      const std::vector<pyqsa_kv_layer_tensors> & layers);
