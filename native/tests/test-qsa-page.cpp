@@ -240,8 +240,13 @@ std::vector<page_step> scenario(const page_shape & c, int n_steps, std::mt19937 
 
 // Paged decode attention against the unpaged op on one backend, over consecutive decode steps:
 // the whole K/V cache is the host store (pinned); the device holds `hot` block slots and a ring
-// of `ring` cells, to which each step writes the cells past the stored blocks, as the engine's
-// write path will. Returns the first step whose output differs, -1 when none did.
+// of `ring` cells, to which each step writes the cells past the stored blocks. Two paged
+// outputs: through the hot cache (resolve), and with the stored blocks read from host memory in
+// place (the prefill path: block cells without slots, qsa_attn with host rows). Each step also
+// writes its token's ring row back with qsa_page_write into a second host store, which must end
+// up equal to the first at those rows; midway, stream 0 is reset (a new sequence), after which
+// all its visible selected blocks must miss. Returns the first step whose output differs (or
+// whose write-back or reset did not happen), -1 when none did.
 struct paged_attn_case {
     int64_t D, Hq, Hkv, ns, n_kv, kb, hot, ring;
     int32_t r;
@@ -256,7 +261,8 @@ struct paged_attn_case {
 };
 
 int paged_attention_diff(ggml_backend_t be, const paged_attn_case & c, const uint8_t * k_host, const uint8_t * v_host,
-                         int n_steps, uint32_t seed, int64_t * misses, bool * supported) {
+                         uint8_t * k_back, uint8_t * v_back, int n_steps, uint32_t seed, int64_t * misses,
+                         bool * supported) {
     const int64_t n_blocks = c.n_kv / c.r, cells = c.hot * c.r + c.ring;
     const size_t  row = ggml_row_size(GGML_TYPE_F16, c.D) * c.Hkv;  // one cell's K (or V)
     ggml_init_params ip = { ggml_tensor_overhead() * 40 + ggml_graph_overhead(), nullptr, true };
@@ -266,7 +272,9 @@ int paged_attention_diff(ggml_backend_t be, const paged_attn_case & c, const uin
     ggml_tensor * n_vis  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, c.ns);
     ggml_tensor * n_pgd  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, c.ns);
     ggml_tensor * pos    = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, c.ns);
-    ggml_tensor * step   = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1);
+    ggml_tensor * step   = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1 + c.ns);
+    ggml_tensor * w_src  = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, c.ns);
+    ggml_tensor * w_dst  = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, c.ns);
     ggml_tensor * table  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, n_blocks, c.ns);
     ggml_tensor * owner  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, c.hot, c.ns);
     ggml_tensor * stamp  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, c.hot, c.ns);
@@ -283,17 +291,27 @@ int paged_attention_diff(ggml_backend_t be, const paged_attn_case & c, const uin
                                                       k_host, slots_of(v_dev), v_host, n_blocks);
     ggml_tensor * cells_p = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, slots, n_vis, n_pgd, pos, c.r,
                                                              (int32_t) (c.hot * c.r), (int32_t) c.ring);
+    ggml_tensor * cells_h = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, nullptr, n_vis, n_pgd, pos, c.r,
+                                                             (int32_t) (c.hot * c.r), (int32_t) c.ring);
     ggml_tensor * cells_u = pyqsa_ggml_qsa_block_cells(ctx, blocks, n_vis, pos, c.r);
     const float   scale   = 1.0f / std::sqrt((float) c.D);
     ggml_tensor * paged   = pyqsa_ggml_qsa_attn(ctx, q, k_dev, v_dev, cells_p, scale);
+    ggml_tensor * in_host = pyqsa_ggml_qsa_attn(ctx, q, k_dev, v_dev, cells_h, scale);
+    pyqsa_ggml_qsa_attn_set_host(in_host, k_host, v_host, c.n_kv);
     ggml_tensor * whole   = pyqsa_ggml_qsa_attn(ctx, q, k_all, v_all, cells_u, scale);
-    *supported = ggml_backend_supports_op(be, slots) && ggml_backend_supports_op(be, paged) &&
-                 ggml_backend_supports_op(be, whole) && ggml_backend_supports_op(be, cells_p);
+    const auto    rows_of = [&](ggml_tensor * t) { return ggml_view_2d(ctx, t, c.D * c.Hkv, cells * c.ns, row, 0); };
+    ggml_tensor * write   = pyqsa_ggml_qsa_page_write(ctx, rows_of(k_dev), rows_of(v_dev), w_src, w_dst, w_dst, k_back, v_back);
+    *supported = true;
+    for (ggml_tensor * t : { slots, paged, in_host, whole, cells_p, cells_h, write }) {
+        *supported = *supported && ggml_backend_supports_op(be, t);
+    }
     int diff = -1;
     if (*supported) {
         ggml_cgraph * gf = ggml_new_graph(ctx);
         ggml_build_forward_expand(gf, paged);
+        ggml_build_forward_expand(gf, in_host);
         ggml_build_forward_expand(gf, whole);
+        ggml_build_forward_expand(gf, write);
         ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
         const std::vector<int32_t> none_b(n_blocks * c.ns, -1), none_h(c.hot * c.ns, -1);
         const std::vector<int64_t> zero(2 * c.ns, 0);
@@ -307,6 +325,8 @@ int paged_attention_diff(ggml_backend_t be, const paged_attn_case & c, const uin
         std::normal_distribution<float> nd(0.0f, 1.0f);
         std::vector<float>   qv(ggml_nelements(q));
         std::vector<int32_t> bl, vis(c.ns), pgd(c.ns), ps(c.ns);
+        std::vector<int64_t> src_rows(c.ns), dst_rows(c.ns), st_prev(2 * c.ns, 0), st_now(2 * c.ns);
+        const int reset_at = n_steps / 2;
         for (int t = 0; t < n_steps && diff < 0; ++t) {
             bl.clear();
             for (int64_t s = 0; s < c.ns; ++s) {
@@ -326,28 +346,51 @@ int paged_attention_diff(ggml_backend_t be, const paged_attn_case & c, const uin
                     pick.insert(lo + (int32_t) (rng() % (vis[s] - lo)));
                 }
                 bl.insert(bl.end(), pick.begin(), pick.end());
+                src_rows[s] = s * cells + c.hot * c.r + ps[s] % c.ring;
+                dst_rows[s] = s * c.n_kv + ps[s];
             }
             for (float & x : qv) x = nd(rng);
-            const int32_t st = t + 1;
+            std::vector<int32_t> st(1 + c.ns, 0);
+            st[0] = t + 1;
+            st[1] = t == reset_at;
             ggml_backend_tensor_set(q, qv.data(), 0, ggml_nbytes(q));
             ggml_backend_tensor_set(blocks, bl.data(), 0, ggml_nbytes(blocks));
             ggml_backend_tensor_set(n_vis, vis.data(), 0, ggml_nbytes(n_vis));
             ggml_backend_tensor_set(n_pgd, pgd.data(), 0, ggml_nbytes(n_pgd));
             ggml_backend_tensor_set(pos, ps.data(), 0, ggml_nbytes(pos));
-            ggml_backend_tensor_set(step, &st, 0, sizeof(st));
+            ggml_backend_tensor_set(step, st.data(), 0, ggml_nbytes(step));
+            ggml_backend_tensor_set(w_src, src_rows.data(), 0, ggml_nbytes(w_src));
+            ggml_backend_tensor_set(w_dst, dst_rows.data(), 0, ggml_nbytes(w_dst));
             if (ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
                 std::fprintf(stderr, "compute failed\n");
                 std::exit(2);
             }
-            std::vector<float> a(ggml_nelements(paged)), b(a.size());
+            std::vector<float> a(ggml_nelements(paged)), h(a.size()), b(a.size());
             ggml_backend_tensor_get(paged, a.data(), 0, ggml_nbytes(paged));
+            ggml_backend_tensor_get(in_host, h.data(), 0, ggml_nbytes(in_host));
             ggml_backend_tensor_get(whole, b.data(), 0, ggml_nbytes(whole));
-            if (std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0) diff = t;
+            if (std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0 ||
+                std::memcmp(h.data(), b.data(), h.size() * sizeof(float)) != 0) {
+                diff = t;
+            }
+            for (int64_t s = 0; s < c.ns; ++s) {  // the write-back landed
+                const size_t at = dst_rows[s] * row;
+                if (std::memcmp(k_back + at, k_host + at, row) != 0 || std::memcmp(v_back + at, v_host + at, row) != 0) {
+                    diff = t;
+                }
+            }
+            ggml_backend_tensor_get(stats, st_now.data(), 0, ggml_nbytes(stats));
+            if (t == reset_at) {  // stream 0 forgot its hot cache: every visible selected block missed
+                std::set<int32_t> visible;
+                for (int64_t j = 0; j < c.kb; ++j) {
+                    if (bl[j] < pgd[0]) visible.insert(bl[j]);
+                }
+                if (st_now[0] != st_prev[0] || st_now[1] - st_prev[1] != (int64_t) visible.size()) diff = t;
+            }
+            st_prev = st_now;
         }
-        std::vector<int64_t> st(2 * c.ns);
-        ggml_backend_tensor_get(stats, st.data(), 0, ggml_nbytes(stats));
         *misses = 0;
-        for (int64_t s = 0; s < c.ns; ++s) *misses += st[2 * s + 1];
+        for (int64_t s = 0; s < c.ns; ++s) *misses += st_prev[2 * s + 1];
         ggml_backend_buffer_free(buf);
     }
     ggml_free(ctx);
@@ -362,7 +405,7 @@ void test_paged_attention(ggml_backend_t cpu, const char * only_backend, int & n
     };
     for (const paged_attn_case & c : cases) {
         const size_t bytes = ggml_row_size(GGML_TYPE_F16, c.D) * c.Hkv * c.n_kv * c.ns;
-        host_store   k_host(bytes), v_host(bytes);
+        host_store   k_host(bytes), v_host(bytes), k_back(bytes), v_back(bytes);
         std::mt19937 rng(99);
         std::normal_distribution<float> nd(0.0f, 1.0f);
         std::vector<float> x(bytes / 2);
@@ -377,9 +420,13 @@ void test_paged_attention(ggml_backend_t cpu, const char * only_backend, int & n
             ggml_backend_t be = is_cpu ? cpu : ggml_backend_dev_init(dev, nullptr);
             bool    supported = false;
             int64_t misses    = 0;
-            const int diff = paged_attention_diff(be, c, k_host.data, v_host.data, 40, 7, &misses, &supported);
+            std::memset(k_back.data, 0, bytes);  // each backend's write-back checked on its own
+            std::memset(v_back.data, 0, bytes);
+            const int diff = paged_attention_diff(be, c, k_host.data, v_host.data, k_back.data, v_back.data, 40, 7,
+                                                  &misses, &supported);
             const std::string d = !supported ? "not supported "
-                                  : diff < 0 ? "equal to unpaged over 40 steps (" + std::to_string(misses) + " misses) "
+                                  : diff < 0 ? "hot-cache and in-host-memory attention equal to unpaged over 40 steps, "
+                                               "write-back and reset checked (" + std::to_string(misses) + " misses) "
                                              : "differs from unpaged at step " + std::to_string(diff) + " ";
             report(c.name(), ggml_backend_dev_name(dev), d, supported && diff < 0 && misses > c.kb, n_ok, n_fail);
             if (!is_cpu) ggml_backend_free(be);
