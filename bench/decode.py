@@ -71,6 +71,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="positional",
         help="pyqsa's QSA path (sparse, masked: upstream's per-step pooling, for comparison)",
     )
+    ap.add_argument(
+        "--hot-blocks",
+        type=int,
+        default=0,
+        help="pyqsa: page the QSA layers' K/V to pinned host memory with this many hot blocks "
+        "per sequence and layer on the device (0: no paging)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--out",
@@ -86,6 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="unix time: skip a context whose estimated run would end later",
     )
     args = ap.parse_args(argv)
+    if args.hot_blocks and args.variant != "pyqsa":
+        ap.error("--hot-blocks needs --variant pyqsa (upstream has no paging)")
     if args.steps < 1 or args.warmup < 1:
         ap.error("--steps and --warmup must be >= 1 (the first warmup step checks the copies)")
     room = min(args.contexts) - (args.warmup + args.steps) * len(args.seqs)
@@ -160,6 +169,7 @@ class Bench:
             n_threads=a.threads,
             kv_type="f16",
             qsa_mode=a.qsa_mode,
+            hot_blocks=a.hot_blocks,
         )
 
     def open(self, context: int, n_seq: int) -> dict[str, Any]:
@@ -185,16 +195,19 @@ class Bench:
             "n_threads": cfg.threads,
             "use_extra_bufts": not a.no_extra_bufts,
             "qsa_mode": cfg.qsa_mode if a.variant == "pyqsa" else "upstream (masked dense)",
+            "hot_blocks": cfg.hot_blocks,
         }
 
     def ledger(self) -> dict[str, Any]:
-        """pyqsa's bytes by category for the open context (capacity evidence, pyqsa.native);
-        nothing for upstream's library, which has no ledger."""
+        """pyqsa's bytes by category for the open context (capacity evidence, pyqsa.native)
+        and, when it pages, its hit/miss and host-link counters so far; nothing for upstream's
+        library, which has neither."""
         if self.args.variant != "pyqsa":
             return {}
         from pyqsa import native
 
-        return {"ledger": native.ledger(self.ctx)}
+        paging = native.paging_stats(self.ctx)
+        return {"ledger": native.ledger(self.ctx), **({"paging": paging} if paging else {})}
 
     def close(self) -> None:
         if self.ctx:
@@ -299,11 +312,13 @@ def run(args: argparse.Namespace) -> int:
     import llama_cpp as L
 
     meta = run_meta(L, args.variant, args.lib, args.model)
+    if args.hot_blocks:  # pyqsa's library with paging: reported as a variant of its own
+        meta["variant"] = "pyqsa-paged"
     emit = Emitter(args.out, meta)
     bench = Bench(L, args.model, args)
     n_seq = max(args.seqs)
     for context in args.contexts:
-        est = emit.estimate_s(args.variant, context)
+        est = emit.estimate_s(meta["variant"], context)
         late = est is not None and time.time() + est + RUN_MARGIN_S > (args.deadline or 1e18)
         if late:
             emit(
@@ -333,15 +348,15 @@ def run(args: argparse.Namespace) -> int:
             )
             for n in args.seqs:
                 pos = bench.copy_seq0(n)
-                emit(
-                    {
-                        "kind": "decode",
-                        "context": context,
-                        "n_seq": n,
-                        "flags": flags,
-                        **bench.decode(n, pos),
+                before = bench.ledger().get("paging")
+                rec = bench.decode(n, pos)
+                after = bench.ledger().get("paging")
+                if before and after:  # per decode step, warmup included
+                    n_steps = args.warmup + args.steps
+                    rec["paging_per_step"] = {
+                        k: (after[k] - before[k]) / n_steps for k in after if k != "hot_blocks"
                     }
-                )
+                emit({"kind": "decode", "context": context, "n_seq": n, "flags": flags, **rec})
         finally:
             bench.close()
     return 0

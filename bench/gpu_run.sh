@@ -7,7 +7,8 @@
 #                 --budget S (default 540: seconds from start until no new run may begin)
 #                 --contexts 8192,32768,131072,262144  --seqs 1,8  --steps 32  --warmup 4
 #                 --small (the tiny model of synth_model.py --small: a smoke test of the script)
-#                 --variants pyqsa,upstream (which libraries run, in this order, per context)
+#                 --variants pyqsa,upstream (which libraries run, in this order, per context;
+#                 paged: pyqsa's with host-backed KV paging, --hot-blocks N, default 1024)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024")
 #                 --checks (after the builds: test-qsa-ops CUDA vs CPU and its decode-shape
 #                 timings, then tests/gpu/parity.sh)
@@ -26,7 +27,7 @@ cd "$(dirname "$0")/.."
 t_start=$(date +%s)
 invocation="bench/gpu_run.sh $*"
 budget=540 contexts=8192,32768,131072,262144 seqs=1,8 steps=32 warmup=4 small= decode_args=
-variants=pyqsa,upstream checks=
+variants=pyqsa,upstream checks= hot_blocks=1024
 while [ $# -gt 0 ]; do
     case "$1" in
         --small) small=--small; shift; continue ;;
@@ -39,6 +40,7 @@ while [ $# -gt 0 ]; do
         --warmup) warmup=$2 ;;
         --decode-args) decode_args=$2 ;;
         --variants) variants=$2 ;;
+        --hot-blocks) hot_blocks=$2 ;;
         *) echo "gpu_run.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift 2
@@ -126,14 +128,16 @@ fi
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 echo "# $invocation; env: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES PYTHONPATH=$PYTHONPATH" \
     >> "$out/commands.txt"
-declare -A libs=([pyqsa]=.build/py/llama_cpp/lib [upstream]=$work/upstream-cuda/bin)
+declare -A libs=([pyqsa]=.build/py/llama_cpp/lib [paged]=.build/py/llama_cpp/lib [upstream]=$work/upstream-cuda/bin)
+declare -A variant_args=([pyqsa]="--variant pyqsa" [paged]="--variant pyqsa --hot-blocks $hot_blocks"
+                         [upstream]="--variant upstream")
 for c in ${contexts//,/ }; do
     for v in ${variants//,/ }; do
         if [ "$(date +%s)" -ge "$deadline" ]; then
             echo "budget spent: context $c ($v) not run"
             continue
         fi
-        cmd=(python3 bench/decode.py "$model" --variant "$v" --lib "${libs[$v]}"
+        cmd=(python3 bench/decode.py "$model" ${variant_args[$v]} --lib "${libs[$v]}"
              --contexts "$c" --seqs "$seqs" --steps "$steps" --warmup "$warmup"
              --out "$out/decode.jsonl" --out "$work/history.jsonl" --deadline "$deadline"
              $decode_args)

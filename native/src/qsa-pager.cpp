@@ -150,6 +150,24 @@ std::vector<uint8_t> & pyqsa_kv_pager::stale(uint32_t r) {
     return s;
 }
 
+void pyqsa_kv_pager::copy_stream(uint32_t src, uint32_t dst) {
+    std::vector<uint8_t> tmp;
+    for (auto & [il, p] : layers) {
+        const std::pair<ggml_tensor *, size_t> per_stream[] = {  // each tensor's stream stride
+            { p.dev_k, p.dev_k->nb[2] }, { p.dev_v, p.dev_v->nb[2] }, { p.table, p.table->nb[1] },
+            { p.owner, p.owner->nb[1] }, { p.stamp, p.stamp->nb[1] },
+        };
+        for (const auto & [t, stride] : per_stream) {
+            tmp.resize(stride);
+            ggml_backend_tensor_get(t, tmp.data(), src * stride, stride);
+            ggml_backend_tensor_set(t, tmp.data(), dst * stride, stride);
+        }
+    }
+    for (auto & [r, stale] : stale_streams) {
+        stale[dst] = stale[src];
+    }
+}
+
 std::map<ggml_backend_buffer_type_t, size_t> pyqsa_kv_pager::memory_breakdown() const {
     std::map<ggml_backend_buffer_type_t, size_t> b;
     for (ggml_backend_buffer_t buf : buffers) {

@@ -70,6 +70,10 @@ public:
 
     void count_written(uint64_t bytes) { written += bytes; }
 
+    // stream dst becomes a copy of stream src (llama_kv_cache's cross-stream seq_cp): hot
+    // caches, rings and page tables; the hit/miss counters stay each stream's own
+    void copy_stream(uint32_t src, uint32_t dst);
+
     std::map<ggml_backend_buffer_type_t, size_t> memory_breakdown() const;
     pyqsa_kv_pager_counters  counters() const;  // reads the device's hit/miss counters (syncs)
 

@@ -64,6 +64,12 @@ class Session:
             out.append(np.ctypeslib.as_array(p, (self.n_vocab,)).copy())
         return out
 
+    def copy(self, src: int, dst: int) -> None:
+        mem = L.llama_get_memory(self.ctx)
+        L.llama_memory_seq_rm(mem, dst, -1, -1)
+        L.llama_memory_seq_cp(mem, src, dst, -1, -1)
+        self.pos[dst] = self.pos[src]
+
     def release(self, seq: int) -> None:
         assert L.llama_memory_seq_rm(L.llama_get_memory(self.ctx), seq, -1, -1)
         self.pos[seq] = 0
@@ -100,6 +106,10 @@ def test_paged_logits_equal_unpaged(model, kv_type, hot_blocks):
         stats = native.paging_stats(paged.ctx)
         assert stats["misses"] > 0 and stats["hits"] > 0, stats
         assert native.paging_stats(whole.ctx) is None
+        # the same K/V bytes, all in host memory when paged; the hot caches beside them
+        lp, lw = native.ledger(paged.ctx), native.ledger(whole.ctx)
+        assert lp["device.kv"] == 0 and lp["host.kv"] == lw["device.kv"] + lw["host.kv"] > 0
+        assert lp["device.hot"] + lp["host.hot"] > 0 == lw["device.hot"] + lw["host.hot"]
     finally:
         paged.close()
         whole.close()
@@ -113,3 +123,23 @@ def test_hot_cache_must_hold_one_selection(model):
 def test_paging_needs_the_positional_mode():
     with pytest.raises(ValueError, match="positional"):
         ContextConfig(hot_blocks=8, qsa_mode="sparse")
+
+
+def test_copied_sequence_equal_unpaged(model):
+    """A cross-stream copy (llama_memory_seq_cp, as bench/decode.py fills its slots) carries
+    the hot cache, ring and page table with the stored K/V."""
+    paged, whole = Session(model, "f16", 4), Session(model, "f16", 0)
+    rng = np.random.default_rng(3)
+    try:
+        prompt, first = rng.integers(100, 5000, 50).tolist(), rng.integers(100, 5000, 1).tolist()
+        for sess in (paged, whole):
+            sess.feed([(0, prompt)])
+            sess.feed([(0, first)])  # a decode step: a warm hot cache
+            sess.copy(0, 1)
+        for n in range(12):
+            step = [(s, rng.integers(100, 5000, 1).tolist()) for s in (0, 1)]
+            for a, b in zip(paged.feed(step), whole.feed(step), strict=True):
+                assert np.array_equal(a, b), f"step {n}: paged logits differ after the copy"
+    finally:
+        paged.close()
+        whole.close()
