@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from pathlib import Path
 import click
 
 from pyqsa.engine.context import KV_TYPES
+from pyqsa.engine.paging import KV_OFFLOAD
 from pyqsa.engine.scheduler import PREFILL_POLICIES
 
 DEFAULT_PORT = 8000
@@ -25,11 +27,16 @@ def _load(
     threads: int,
     kv_type: str,
     gpu_layers: int | None,
+    kv_offload: str,
+    hot_blocks: int | None,
 ):
     """Start an engine on MODEL (the embedded demo model when None)."""
     from pyqsa.demo_model import demo_model_path
-    from pyqsa.engine import EngineConfig, load_engine
+    from pyqsa.engine import EngineConfig, load_engine, paging
+    from pyqsa.engine.runner import LlamaModel, RunnerError
 
+    if kv_offload == "none" and hot_blocks is not None:
+        raise click.UsageError("--hot-blocks needs paging: --kv-offload host or auto, not none")
     if model is None:
         click.echo(
             "pyqsa: no model given, using the embedded demo model (random weights)", err=True
@@ -48,9 +55,72 @@ def _load(
         kv_type=kv_type,
         gpu_layers=gpu_layers,
     )
-    engine, llama_model = load_engine(config)
-    click.echo(f"pyqsa: memory {_ledger_line(engine.stats().ledger)}", err=True)
+    gpu = paging.device_free(gpu_layers) is not None  # a GPU build, layers on a GPU
+    kv = None  # the model's QSA K/V geometry, read where paging may be on
+    if kv_offload == "host" or hot_blocks is not None or (kv_offload == "auto" and gpu):
+        kv = _qsa_kv(path, hot_blocks)
+    # what can be refused is refused before the weights load; auto on a GPU decides after,
+    # against the device memory they left free
+    plan = None
+    if kv_offload == "host":
+        plan = _paging_plan(kv, "host", hot_blocks, slots * ctx, kv_type, None)
+    elif kv_offload == "none" or not gpu:
+        plan = paging.PagingPlan(0, 0)
+    try:
+        llama_model = LlamaModel(path, gpu_layers)
+        if plan is None:
+            free = paging.device_free(gpu_layers)
+            plan = _paging_plan(kv, "auto", hot_blocks, slots * ctx, kv_type, free)
+        if hot_blocks is not None and not plan.hot_blocks:
+            click.echo(
+                "pyqsa: --kv-offload auto keeps the K/V on the device (no GPU, or they fit): "
+                "--hot-blocks unused; --kv-offload host pages anyway",
+                err=True,
+            )
+        config = dataclasses.replace(config, hot_blocks=plan.hot_blocks)
+        engine, llama_model = load_engine(config, llama_model)
+    except RunnerError as e:
+        raise click.ClickException(str(e)) from None
+    stats = engine.stats()
+    click.echo(f"pyqsa: memory {_ledger_line(stats.ledger)}", err=True)
+    if stats.paging is not None:
+        store = stats.ledger.get("host.kv") or plan.kv_bytes
+        click.echo(
+            f"pyqsa: paging: hot cache {stats.paging['hot_blocks']} blocks per slot and QSA "
+            f"layer; host store {store / 2**30:.2f} GiB ({kv_type} K/V of {slots} x {ctx} tokens)",
+            err=True,
+        )
     return engine, llama_model, name
+
+
+def _qsa_kv(path: str, hot_blocks: int | None):
+    """The model's QSA K/V geometry (engine/paging.py); a --hot-blocks too small for it is a
+    usage error."""
+    from pyqsa.engine.paging import PagingError, QsaKv
+
+    try:
+        kv = QsaKv.from_gguf(path)
+    except PagingError as e:
+        raise click.ClickException(str(e)) from None
+    if hot_blocks is not None and hot_blocks < kv.blocks_selected:
+        raise click.BadParameter(
+            f"{hot_blocks} cannot hold the {kv.blocks_selected} blocks one query selects "
+            f"(indexer top_k {kv.top_k} / compress ratio {kv.ratio})",
+            param_hint="'--hot-blocks'",
+        )
+    return kv
+
+
+def _paging_plan(kv, kv_offload, hot_blocks, n_tokens, kv_type, free_device):
+    """engine.paging.plan with the host memory free now; a refusal is a one-line error."""
+    from pyqsa.engine import paging
+
+    try:
+        return paging.plan(
+            kv, kv_offload, hot_blocks, n_tokens, kv_type, free_device, paging.host_available()
+        )
+    except paging.PagingError as e:
+        raise click.ClickException(str(e)) from None
 
 
 def _ledger_line(ledger: dict[str, int]) -> str:
@@ -138,6 +208,21 @@ def _engine_options(f):
             help="Layers whose weights go to the GPU (default: all; 0 keeps them on the host).",
         ),
         click.option(
+            "--kv-offload",
+            type=click.Choice(list(KV_OFFLOAD)),
+            default="auto",
+            show_default=True,
+            help="Where the QSA layers' K/V live: host pages them (pinned host memory plus a "
+            "device hot cache), none keeps them on the device, auto pages when they would take "
+            "over 80% of the free device memory.",
+        ),
+        click.option(
+            "--hot-blocks",
+            type=click.IntRange(min=1),
+            help="With paging: hot cache blocks per slot and QSA layer on the device (default: "
+            "twice the blocks one query selects, from the model).",
+        ),
+        click.option(
             "--chat-template",
             type=click.Path(exists=True, dir_okay=False),
             help="Jinja chat template file, instead of the model's own.",
@@ -185,6 +270,8 @@ def serve(
     threads,
     kv_type,
     gpu_layers,
+    kv_offload,
+    hot_blocks,
     chat_template,
 ) -> None:
     """Serve MODEL (a qwen4exp GGUF; default: the embedded demo) over an OpenAI API."""
@@ -197,7 +284,17 @@ def serve(
         if not api_key:
             raise click.UsageError(f"{api_key_file} holds no key")
     engine, llama_model, name = _load(
-        model, slots, ctx, batch_tokens, prefill_policy, max_waiting, threads, kv_type, gpu_layers
+        model,
+        slots,
+        ctx,
+        batch_tokens,
+        prefill_policy,
+        max_waiting,
+        threads,
+        kv_type,
+        gpu_layers,
+        kv_offload,
+        hot_blocks,
     )
     try:
         app = create_app(
@@ -244,6 +341,8 @@ def chat(
     threads,
     kv_type,
     gpu_layers,
+    kv_offload,
+    hot_blocks,
     chat_template,
 ) -> None:
     """Chat in the terminal with MODEL (default: the embedded demo) or a server at --url.
@@ -261,7 +360,17 @@ def chat(
     from .app import create_app
 
     engine, llama_model, name = _load(
-        model, slots, ctx, batch_tokens, prefill_policy, max_waiting, threads, kv_type, gpu_layers
+        model,
+        slots,
+        ctx,
+        batch_tokens,
+        prefill_policy,
+        max_waiting,
+        threads,
+        kv_type,
+        gpu_layers,
+        kv_offload,
+        hot_blocks,
     )
     app = create_app(engine, llama_model, name, _template(llama_model, chat_template), None)
     ready = threading.Event()

@@ -54,6 +54,29 @@ class _EngineCollector(Collector):
             for category, n in s.ledger.items():
                 ledger.add_metric([category], n)
             yield ledger
+        if s.paging is not None:
+            p = s.paging
+            yield CounterMetricFamily(
+                "pyqsa_paging_hits", "Selected K/V blocks found in the hot cache", value=p["hits"]
+            )
+            yield CounterMetricFamily(
+                "pyqsa_paging_misses",
+                "K/V blocks fetched from the host store into the hot cache",
+                value=p["misses"],
+            )
+            moved = CounterMetricFamily(
+                "pyqsa_paging_bytes",
+                "K/V bytes moved by paging: fetched to the device, written to the host store",
+                labels=["direction"],
+            )
+            moved.add_metric(["to_device"], p["bytes_to_device"])
+            moved.add_metric(["to_host"], p["bytes_to_host"])
+            yield moved
+            yield GaugeMetricFamily(
+                "pyqsa_paging_hot_blocks",
+                "Hot cache blocks per slot and QSA layer",
+                p["hot_blocks"],
+            )
 
 
 class Metrics:

@@ -1,11 +1,12 @@
 """Engine: requests, slots, scheduler, runner, sampler.
 
 Module map: config (EngineConfig) | context (the one place that loads models and opens llama
-contexts: ContextConfig) | request (Request, SamplingParams, events) | slots (SlotTable,
-SlotLease) | scheduler (token budget: decode first, then prompt chunks by the prefill policy) |
-runner (llama.cpp: model, tokenizer, batched forward, abort) | sampler (numpy sampling,
-penalties) | detokenizer (UTF-8-safe deltas, stop strings) | engine (the thread and its step
-loop).
+contexts: ContextConfig) | paging (--kv-offload / --hot-blocks: the QSA K/V a model needs, the
+hot cache's default, admission against host memory) | request (Request, SamplingParams,
+events) | slots (SlotTable, SlotLease) | scheduler (token budget: decode first, then prompt
+chunks by the prefill policy) | runner (llama.cpp: model, tokenizer, batched forward, abort) |
+sampler (numpy sampling, penalties) | detokenizer (UTF-8-safe deltas, stop strings) | engine
+(the thread and its step loop).
 The embedded default model is built by pyqsa.demo_model.
 """
 

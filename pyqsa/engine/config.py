@@ -29,6 +29,9 @@ class EngineConfig:
     gpu_layers: int | None = None  # layers whose weights go to the GPU; None: all
     seed: int = 0  # seeds requests that give no seed of their own, in arrival order
     prefill_policy: str = "fair"
+    # > 0: page the QSA layers' K/V (pinned host store, a device hot cache of this many blocks
+    # per slot and layer; see engine/paging.py); 0: they live on the device
+    hot_blocks: int = 0
 
     def __post_init__(self) -> None:
         if not self.model_path:
@@ -62,4 +65,5 @@ class EngineConfig:
             n_batch=self.max_batch_tokens,
             n_threads=self.n_threads,
             kv_type=self.kv_type,
+            hot_blocks=self.hot_blocks,
         )

@@ -75,6 +75,9 @@ class EngineStats:
     # their seconds since start: "forward" in the runner, "host" the rest of each step
     # (scheduling, sampling, detokenization, events)
     step_seconds: dict[str, float]
+    # the runner's paging counters (Runner.paging_stats) as of the last forward pass; None
+    # when it does not page
+    paging: dict[str, int] | None = None
 
 
 @dataclass(eq=False)
@@ -106,6 +109,7 @@ class Engine:
         self._busy = 0
         self._waiting = 0
         self._ledger: dict[str, int] = {}
+        self._paging: dict[str, int] | None = None
         self._steps_run = 0
         self._step_seconds = {"forward": 0.0, "host": 0.0}
         self._stopped = False
@@ -116,7 +120,7 @@ class Engine:
     # -- API for other threads -------------------------------------------------------------
 
     def start(self) -> Engine:
-        self._publish()  # initial figures, before the thread owns the runner
+        self._publish(counters=True)  # initial figures, before the thread owns the runner
         self._thread.start()
         return self
 
@@ -195,6 +199,7 @@ class Engine:
                 ledger=dict(self._ledger),
                 steps=self._steps_run,
                 step_seconds=dict(self._step_seconds),
+                paging=dict(self._paging) if self._paging is not None else None,
             )
 
     # -- engine thread ---------------------------------------------------------------------
@@ -220,7 +225,7 @@ class Engine:
                 self._admit(arg)
         for live in list(self._live.values()):
             self._finish(live.req, reason, error=error)
-        self._publish()
+        self._publish(counters=True)
 
     def _steps(self) -> None:
         while True:
@@ -256,7 +261,7 @@ class Engine:
             if not self._drain(block=False):
                 return
             self._postprocess(chunks, logits)
-            self._publish()
+            self._publish(counters=True)
             with self._lock:
                 self._steps_run += 1
                 self._step_seconds["forward"] += forward
@@ -356,17 +361,24 @@ class Engine:
         req.sink = lambda ev: None
         self._finish(req, FinishReason.CANCELLED)
 
-    def _publish(self) -> None:
+    def _publish(self, counters: bool = False) -> None:
+        """Figures for stats(), read here, on the thread that owns the runner. `counters`:
+        also the paging counters, which wait for the device and move only in a forward pass
+        (so once per step, after it)."""
         ledger = self.runner.ledger()
+        paging = self.runner.paging_stats() if counters else self._paging
         with self._lock:
             self._busy = self.slots.busy
             self._waiting = len(self.scheduler.waiting)
             self._ledger = ledger
+            self._paging = paging
 
 
-def load_engine(config: EngineConfig) -> tuple[Engine, LlamaModel]:
-    """Load the model, create its context, warm it up and start the engine thread."""
-    model = LlamaModel(config.model_path, config.gpu_layers)
+def load_engine(config: EngineConfig, model: LlamaModel | None = None) -> tuple[Engine, LlamaModel]:
+    """Load the model (unless given, loaded from config.model_path with config.gpu_layers),
+    create its context, warm it up and start the engine thread."""
+    if model is None:
+        model = LlamaModel(config.model_path, config.gpu_layers)
     runner = LlamaRunner(model, config)
     warm_up(runner, model.eos)
     return Engine(config, runner, model).start(), model

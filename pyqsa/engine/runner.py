@@ -59,6 +59,12 @@ class Runner(Protocol):
         on the engine thread between steps. Empty when the backend keeps no ledger."""
         ...
 
+    def paging_stats(self) -> dict[str, int] | None:
+        """Paging counters since the start (hits, misses, bytes_to_device, bytes_to_host,
+        hot_blocks: pyqsa.native.paging_stats); called on the engine thread between steps.
+        None when the runner does not page."""
+        ...
+
 
 def _llama():
     import llama_cpp
@@ -235,6 +241,9 @@ class LlamaRunner:
 
     def ledger(self) -> dict[str, int]:
         return native.ledger(self.ctx)
+
+    def paging_stats(self) -> dict[str, int] | None:
+        return native.paging_stats(self.ctx)
 
     def close(self) -> None:
         L = _llama()

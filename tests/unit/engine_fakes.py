@@ -63,6 +63,9 @@ class FakeRunner:
     def ledger(self) -> dict[str, int]:
         return {"weights": 5000, "kv": BYTES_PER_TOKEN * sum(self.cached.values())}
 
+    def paging_stats(self) -> dict[str, int] | None:
+        return None
+
 
 class FakeVocab:
     def __init__(self, pieces: dict[int, bytes] | None = None) -> None:

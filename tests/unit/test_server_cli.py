@@ -1,4 +1,5 @@
-"""`pyqsa serve --api-key-file`: the key comes from a file, and wrong use stops before loading."""
+"""`pyqsa serve --api-key-file`: the key comes from a file, and wrong use stops before loading.
+Engine flags with bad values are one-line usage errors."""
 
 from click.testing import CliRunner
 
@@ -30,6 +31,20 @@ def test_bad_engine_flags_are_one_line_errors():
         (["--gpu-layers", "-1"], "'--gpu-layers'"),
         (["--prefill-policy", "lifo"], "'--prefill-policy'"),
         (["--default-max-tokens", "0"], "'--default-max-tokens'"),
+        (["--kv-offload", "gpu"], "'--kv-offload'"),
+        (["--kv-offload", ""], "'--kv-offload'"),
+        (["--hot-blocks", "0"], "'--hot-blocks'"),
+        (["--hot-blocks", "-3"], "'--hot-blocks'"),
+        (["--hot-blocks", "eight"], "'--hot-blocks'"),
     ):
         r = CliRunner().invoke(main, ["serve", *args], env=NO_ENV_KEY)
         assert r.exit_code == 2 and f"Invalid value for {what}" in r.output, r.output
+
+
+def test_hot_blocks_without_paging_is_a_usage_error():
+    for cmd in ("serve", "chat"):
+        args = [cmd, "--kv-offload", "none", "--hot-blocks", "8"]
+        r = CliRunner().invoke(main, args, env=NO_ENV_KEY)
+        assert r.exit_code == 2, r.output
+        errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
+        assert errors == ["Error: --hot-blocks needs paging: --kv-offload host or auto, not none"]
