@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
-VARIANTS = ("pyqsa", "upstream")
+VARIANTS = ("pyqsa", "upstream", "pyqsa-paged")  # pyqsa-paged: decode.py --hot-blocks
+SHORT = {"pyqsa": "pyqsa", "upstream": "upstr", "pyqsa-paged": "paged"}
 Rec = dict[str, Any]
 
 
@@ -66,6 +67,7 @@ def decode_rows(recs: list[Rec]) -> list[Rec]:
                     "step_ms_median": r["step_ms_median"],
                     "pos_start": r["pos_start"],
                     "runs": count[(v, ctx, n)],
+                    **({"paging_per_step": r["paging_per_step"]} if "paging_per_step" in r else {}),
                 }
             )
             # decode time per step against this variant's smallest measured context
@@ -77,6 +79,7 @@ def decode_rows(recs: list[Rec]) -> list[Rec]:
                 row[v]["smallest_context"] = base
         tok = [row[v]["tok_s"] if row[v] else None for v in VARIANTS]
         row["pyqsa_over_upstream"] = _ratio(tok[0], tok[1])
+        row["paged_over_pyqsa"] = _ratio(tok[2], tok[0])
         rows.append(row)
     return rows
 
@@ -98,45 +101,54 @@ def prefill_rows(recs: list[Rec]) -> list[Rec]:
                     "runs": count[(v, ctx)],
                 }
             )
-        row["pyqsa_over_upstream"] = _ratio(
-            *(row[v]["tok_s"] if row[v] else None for v in VARIANTS)
-        )
+        tok = [row[v]["tok_s"] if row[v] else None for v in VARIANTS]
+        row["pyqsa_over_upstream"] = _ratio(tok[0], tok[1])
+        row["paged_over_pyqsa"] = _ratio(tok[2], tok[0])
         rows.append(row)
     return rows
 
 
 def print_tables(recs: list[Rec], dec: list[Rec], pre: list[Rec]) -> None:
     w = sys.stdout.write
+    shown = [v for v in VARIANTS if any(r[v] for r in dec + pre)]
+    paged = "pyqsa-paged" in shown
     w("## Decode (one token per sequence per step; median step of each run)\n")
-    w(
-        f"{'context':>8} {'seqs':>4} | {'pyqsa tok/s':>11} {'ms/step':>8} {'x@min':>5} | "
-        f"{'upstr tok/s':>11} {'ms/step':>8} {'x@min':>5} | {'pyqsa/upstr':>11}\n"
-    )
+    head = " | ".join(f"{SHORT[v] + ' tok/s':>11} {'ms/step':>8} {'x@min':>5}" for v in shown)
+    w(f"{'context':>8} {'seqs':>4} | {head} | {'pyqsa/upstr':>11}")
+    w(f" | {'paged/pyqsa':>11}\n" if paged else "\n")
     for r in dec:
         cells = []
-        for v in VARIANTS:
+        for v in shown:
             c = r[v] or {}
             cells.append(
                 f"{_fmt(c.get('tok_s')):>11} {_fmt(c.get('step_ms_median'), '.2f'):>8} "
                 f"{_fmt(c.get('step_vs_smallest'), '.2f'):>5}"
             )
-        w(
-            f"{r['context']:>8} {r['n_seq']:>4} | {cells[0]} | {cells[1]} | "
-            f"{_fmt(r['pyqsa_over_upstream'], '.2f'):>11}\n"
-        )
-    w("  x@min: this step time over the same variant's at its smallest measured context\n\n")
-    w("## Prefill (sequence 0, random tokens)\n")
-    w(
-        f"{'context':>8} | {'pyqsa tok/s':>11} {'s':>7} | {'upstr tok/s':>11} {'s':>7} | "
-        f"{'pyqsa/upstr':>11}\n"
-    )
+        w(f"{r['context']:>8} {r['n_seq']:>4} | {' | '.join(cells)} | ")
+        w(f"{_fmt(r['pyqsa_over_upstream'], '.2f'):>11}")
+        w(f" | {_fmt(r['paged_over_pyqsa'], '.2f'):>11}\n" if paged else "\n")
+    w("  x@min: this step time over the same variant's at its smallest measured context\n")
+    for r in dec:
+        p = (r.get("pyqsa-paged") or {}).get("paging_per_step")
+        if p:
+            hit = p["hits"] / (p["hits"] + p["misses"]) if p["hits"] + p["misses"] else None
+            w(
+                f"  paged {r['context']} x {r['n_seq']}: per step {p['hits']:.0f} hits, "
+                f"{p['misses']:.0f} misses (hit rate {_fmt(hit, '.3f')}), "
+                f"{p['bytes_to_device'] / 2**20:.1f} MiB to the device, "
+                f"{p['bytes_to_host'] / 2**10:.1f} KiB to the host\n"
+            )
+    w("\n## Prefill (sequence 0, random tokens)\n")
+    head = " | ".join(f"{SHORT[v] + ' tok/s':>11} {'s':>7}" for v in shown)
+    w(f"{'context':>8} | {head} | {'pyqsa/upstr':>11}")
+    w(f" | {'paged/pyqsa':>11}\n" if paged else "\n")
     for r in pre:
         cells = [
             f"{_fmt((r[v] or {}).get('tok_s')):>11} {_fmt((r[v] or {}).get('seconds')):>7}"
-            for v in VARIANTS
+            for v in shown
         ]
-        ratio = _fmt(r["pyqsa_over_upstream"], ".2f")
-        w(f"{r['context']:>8} | {cells[0]} | {cells[1]} | {ratio:>11}\n")
+        w(f"{r['context']:>8} | {' | '.join(cells)} | {_fmt(r['pyqsa_over_upstream'], '.2f'):>11}")
+        w(f" | {_fmt(r['paged_over_pyqsa'], '.2f'):>11}\n" if paged else "\n")
     ran = {(r["variant"], r["context"]) for r in recs if r.get("kind") == "prefill"}
     skipped = [
         r for r in recs if r.get("kind") == "skipped" and (r["variant"], r["context"]) not in ran
