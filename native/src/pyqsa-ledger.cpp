@@ -56,7 +56,8 @@ int32_t pyqsa_ledger_get(const void * ctx_v, pyqsa_ledger * device, pyqsa_ledger
     }
     add(compute, &pyqsa_ledger::compute, device, host);
     if (const pyqsa_kv_pager * pager = pager_of(ctx)) {
-        add(pager->memory_breakdown(), &pyqsa_ledger::hot, device, host);
+        add(pager->memory_breakdown(false), &pyqsa_ledger::hot, device, host);
+        add(pager->memory_breakdown(true), &pyqsa_ledger::indexer, device, host);
     }
     return PYQSA_OK;
 }

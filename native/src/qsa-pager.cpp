@@ -7,24 +7,35 @@
 #include "llama-model.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
 namespace {
 
-bool pages(const llama_model & model, const char * name_tag) {
-    // the attention cache of a model with QSA layers; the indexer cache ("idx_") stays whole
+// whether the context being built pages a model with QSA layers
+bool pages(const llama_model & model) {
     const auto & hp = model.hparams;
     const bool   qsa = std::any_of(hp.dsv4_compress_ratios.begin(), hp.dsv4_compress_ratios.begin() + hp.n_layer(),
                                    [](uint32_t r) { return r > 0; });
-    return pyqsa_context_config_take().hot_blocks > 0 && qsa && name_tag != nullptr && name_tag[0] == '\0';
+    return pyqsa_context_config_take().hot_blocks > 0 && qsa;
+}
+
+bool is_tag(const char * name_tag, const char * tag) {
+    return name_tag != nullptr && std::strcmp(name_tag, tag) == 0;
 }
 
 }  // namespace
 
 ggml_backend_buffer_type_t pyqsa_kv_cache_buft(const llama_model & model, int32_t il, ggml_backend_buffer_type_t buft,
                                                const char * name_tag) {
-    if (!pages(model, name_tag) || model.hparams.dsv4_compress_ratios[il] == 0) {
+    if (!pages(model) || model.hparams.dsv4_compress_ratios[il] == 0) {
+        return buft;
+    }
+    if (is_tag(name_tag, "idx_")) {
+        return ggml_backend_cpu_buffer_type();
+    }
+    if (!is_tag(name_tag, "")) {
         return buft;
     }
     // the device's pinned host memory; a CPU device has none, and its memory is host memory
@@ -36,7 +47,7 @@ ggml_backend_buffer_type_t pyqsa_kv_cache_buft(const llama_model & model, int32_
 std::shared_ptr<pyqsa_kv_pager> pyqsa_kv_pager_create(const llama_model & model, const char * name_tag,
                                                       uint32_t n_stream, uint32_t kv_size,
                                                       const std::vector<pyqsa_kv_layer_tensors> & layers) {
-    if (!pages(model, name_tag)) {
+    if (!pages(model) || !is_tag(name_tag, "")) {
         return nullptr;
     }
     const auto & hp     = model.hparams;
@@ -72,7 +83,7 @@ pyqsa_kv_pager::pyqsa_kv_pager(const llama_model & model, const std::vector<pyqs
         ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(model.dev_layer(l.il));
         ggml_context *&            ctx  = ctx_of[buft];
         if (ctx == nullptr) {
-            const ggml_init_params params = { 10 * kv_layers.size() * ggml_tensor_overhead(), nullptr, true };
+            const ggml_init_params params = { 12 * kv_layers.size() * ggml_tensor_overhead(), nullptr, true };
             ctx = ggml_init(params);
             ctxs.push_back(ctx);
         }
@@ -87,6 +98,8 @@ pyqsa_kv_pager::pyqsa_kv_pager(const llama_model & model, const std::vector<pyqs
         p.owner  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, H, n_stream);
         p.stamp  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, H, n_stream);
         p.stats  = ggml_new_tensor_2d(ctx, GGML_TYPE_I64, 2, n_stream);
+        p.keys   = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, hp.indexer_head_size, kv_size / r + W, n_stream);
+        key_bytes[buft] += ggml_nbytes_pad(p.keys);
         ggml_format_name(p.dev_k, "pyqsa_hot_k_l%d", l.il);
         ggml_format_name(p.dev_v, "pyqsa_hot_v_l%d", l.il);
         layers[l.il] = p;
@@ -155,7 +168,7 @@ void pyqsa_kv_pager::copy_stream(uint32_t src, uint32_t dst) {
     for (auto & [il, p] : layers) {
         const std::pair<ggml_tensor *, size_t> per_stream[] = {  // each tensor's stream stride
             { p.dev_k, p.dev_k->nb[2] }, { p.dev_v, p.dev_v->nb[2] }, { p.table, p.table->nb[1] },
-            { p.owner, p.owner->nb[1] }, { p.stamp, p.stamp->nb[1] },
+            { p.owner, p.owner->nb[1] }, { p.stamp, p.stamp->nb[1] }, { p.keys, p.keys->nb[2] },
         };
         for (const auto & [t, stride] : per_stream) {
             tmp.resize(stride);
@@ -168,10 +181,13 @@ void pyqsa_kv_pager::copy_stream(uint32_t src, uint32_t dst) {
     }
 }
 
-std::map<ggml_backend_buffer_type_t, size_t> pyqsa_kv_pager::memory_breakdown() const {
+std::map<ggml_backend_buffer_type_t, size_t> pyqsa_kv_pager::memory_breakdown(bool keys) const {
     std::map<ggml_backend_buffer_type_t, size_t> b;
     for (ggml_backend_buffer_t buf : buffers) {
-        b[ggml_backend_buffer_get_type(buf)] += ggml_backend_buffer_get_size(buf);
+        const ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(buf);
+        const auto   it = key_bytes.find(buft);
+        const size_t k  = it == key_bytes.end() ? 0 : it->second;
+        b[buft] += keys ? k : ggml_backend_buffer_get_size(buf) - k;
     }
     return b;
 }

@@ -9,7 +9,8 @@
 // step resolves its selected blocks to hot slots (pyqsa_ggml_qsa_page_resolve: misses fetched
 // from the host store, LRU eviction, state on the device); a prefill chunk, whose queries
 // select more distinct blocks than the hot cache holds, reads its blocks from the host store in
-// place. See native/PAGING.md.
+// place. The indexer keeps on the device only the block keys and a ring of raw keys (the
+// indexer cache proper moves to host memory, unread). See native/PAGING.md.
 #pragma once
 
 #include "ggml-backend.h"
@@ -39,6 +40,8 @@ struct pyqsa_kv_pager_layer {
     ggml_tensor * owner;   // I32 [H, n_stream] hot slot -> block, -1 = free
     ggml_tensor * stamp;   // I32 [H, n_stream] step of the slot's last use
     ggml_tensor * stats;   // I64 [2, n_stream] hits, misses
+    ggml_tensor * keys;    // F32 [Di, kv_size / r + W, n_stream] the indexer rows the positional path
+                           // reads: block keys (row b), then a ring of raw keys (row kv_size / r + p % W)
 };
 
 // hits and misses of the hot caches, and the bytes moved each way over the host link
@@ -74,7 +77,8 @@ public:
     // caches, rings and page tables; the hit/miss counters stay each stream's own
     void copy_stream(uint32_t src, uint32_t dst);
 
-    std::map<ggml_backend_buffer_type_t, size_t> memory_breakdown() const;
+    // bytes by buffer type: the hot caches, rings and page tables, or (keys) the indexer rows
+    std::map<ggml_backend_buffer_type_t, size_t> memory_breakdown(bool keys) const;
     pyqsa_kv_pager_counters  counters() const;  // reads the device's hit/miss counters (syncs)
 
 private:
@@ -82,15 +86,17 @@ private:
     std::map<uint32_t, std::vector<uint8_t>> stale_streams;
     std::vector<ggml_backend_buffer_t>      buffers;
     std::vector<ggml_context *>             ctxs;
+    std::map<ggml_backend_buffer_type_t, size_t> key_bytes;
     int64_t  H, W, n_cells;
     uint32_t n_stream;
     int32_t  step = 0;
     uint64_t written = 0;
 };
 
-// Hooks in llama_kv_cache's constructor (ggml_patches/0009). The buffer type of layer il's K/V:
-// the device's pinned host buffer type when the context being built pages this cache (the
-// attention cache, name_tag "", of a model with QSA layers), else buft.
+// Hooks in llama_kv_cache's constructor (ggml_patches/0009). The buffer type of layer il's K/V
+// when the context being built pages: for the attention cache (name_tag ""), the device's pinned
+// host buffer type (the host store); for the indexer cache ("idx_"), host memory (the pager's
+// device rows replace it); else buft.
 ggml_backend_buffer_type_t pyqsa_kv_cache_buft(const llama_model & model, int32_t il, ggml_backend_buffer_type_t buft,
                                                const char * name_tag);
 

@@ -56,9 +56,9 @@ void pyqsa_qsa_positional_input::set_input(const llama_ubatch * ubatch) {
         s0 = std::min(s0, rows[i] / kv_size);
     }
 
-    // the first token's stream, its local base row and its last position in this ubatch
-    const int64_t base0 = (rows[0] / kv_size - s0) * kv_size;
-    llama_pos     last0 = ubatch->pos[0];
+    // the first token's stream (local to the ubatch's streams) and its last position in it
+    const int64_t local0 = rows[0] / kv_size - s0;
+    llama_pos     last0  = ubatch->pos[0];
 
     int32_t * comp_row = (int32_t *) comp_rows->data;
     int64_t * dst      = (int64_t *) comp_dst->data;
@@ -79,8 +79,8 @@ void pyqsa_qsa_positional_input::set_input(const llama_ubatch * ubatch) {
             continue;
         }
         vis[i] = (p + 1) / (llama_pos) r;
-        const int64_t base = (rows[i] / kv_size - s0) * kv_size;  // the stream's first row in k_all's view
-        if (base == base0) {
+        const int64_t local = rows[i] / kv_size - s0;
+        if (local == local0) {
             last0 = std::max(last0, p);
         }
         if ((p + 1) % (llama_pos) r != 0) {
@@ -89,9 +89,9 @@ void pyqsa_qsa_positional_input::set_input(const llama_ubatch * ubatch) {
         const int64_t b0 = p + 1 - r;  // first cell of the completed block
         GGML_ASSERT(c < n_slot);
         for (uint32_t t = 0; t < r; ++t) {
-            comp_row[c * r + t] = (int32_t) (base + b0 + t);
+            comp_row[c * r + t] = (int32_t) raw_row(local, b0 + t);
         }
-        dst[c] = base + b0 / r;  // block b's key goes to row b (see the header)
+        dst[c] = key_row(local, b0 / r);  // block b's key goes to row b (see the header)
         for (int sec = 0; sec < 4; ++sec) {
             rope_pos[sec * n_slot + c] = (int32_t) b0;
         }
@@ -104,12 +104,15 @@ void pyqsa_qsa_positional_input::set_input(const llama_ubatch * ubatch) {
     // Idle slots write into a row nobody reads: once the first token's stream has n >= 1
     // complete blocks, row n (the next block key's row; its raw key, in a complete block, is
     // pooled already); before that, the cell after the stream's last token, which that token's
-    // own raw key overwrites before any read. r == 1 has no idle slots (n_slots == n_tokens).
+    // own raw key overwrites before any read. With paging, block keys have rows of their own:
+    // row n, not visible before its block completes. r == 1 has no idle slots (n_slots ==
+    // n_tokens).
     const int64_t n_done0  = (last0 + 1) / (llama_pos) r;
-    const int64_t idle_dst = base0 + (n_done0 >= 1 ? n_done0 : last0 + 1);
+    const int64_t idle_dst = pager != nullptr ? key_row(local0, n_done0)
+                                              : key_row(local0, n_done0 >= 1 ? n_done0 : last0 + 1);
     for (; c < n_slot; ++c) {
         for (uint32_t t = 0; t < r; ++t) {
-            comp_row[c * r + t] = (int32_t) (base0 + ubatch->pos[0]);
+            comp_row[c * r + t] = (int32_t) raw_row(local0, ubatch->pos[0]);
         }
         dst[c] = idle_dst;
         for (int sec = 0; sec < 4; ++sec) {
@@ -132,6 +135,7 @@ void pyqsa_qsa_positional_input::set_paging_input(const llama_ubatch & ubatch, c
         first[s] = std::min(first[s], ubatch.pos[i]);
     }
     int64_t * ring  = (int64_t *) ring_rows->data;
+    int64_t * raw   = (int64_t *) key_ring_rows->data;
     int32_t * paged = (int32_t *) n_paged->data;
     for (int64_t i = 0; i < n; ++i) {
         const llama_pos p = ubatch.pos[i];
@@ -139,6 +143,7 @@ void pyqsa_qsa_positional_input::set_paging_input(const llama_ubatch & ubatch, c
         // the ring holds the stream's cells from its first block not in the store on
         GGML_ASSERT(p - first[s] + first[s] % (llama_pos) r < W);
         ring[i]  = s * (H * r + W) + H * r + p % W;
+        raw[i]   = raw_row(s, p);
         paged[i] = first[s] / (llama_pos) r;
     }
 
@@ -160,6 +165,18 @@ void pyqsa_qsa_positional_input::set_paging_input(const llama_ubatch & ubatch, c
     pager->count_written((uint64_t) n * bytes_per_token);
 }
 
+int64_t pyqsa_qsa_positional_input::rows_per_stream() const {
+    return pager != nullptr ? pager->kv_size() / r + pager->ring() : kv_size;
+}
+
+int64_t pyqsa_qsa_positional_input::raw_row(int64_t local, llama_pos p) const {
+    return local * rows_per_stream() + (pager != nullptr ? pager->kv_size() / r + p % pager->ring() : p);
+}
+
+int64_t pyqsa_qsa_positional_input::key_row(int64_t local, int64_t b) const {
+    return local * rows_per_stream() + b;
+}
+
 bool pyqsa_qsa_positional_input::can_reuse(const llm_graph_params & params) {
     mctx = static_cast<const llama_memory_hybrid_idx_context *>(params.mctx);
     return mctx->get_idx() != nullptr && k_idxs->ne[0] == params.ubatch.n_tokens &&
@@ -176,26 +193,25 @@ constexpr int64_t max_tps_fused_score = 16;
 
 // Writes this ubatch's completed block keys and selects, per query, the top budget/r visible
 // blocks plus the tail.
-//   k_all: [Di, 1, n_kv, n_stream] indexer cache view (get_k) after this ubatch's raw keys
+//   table: F32 [Di, rows] the indexer rows of the ubatch's streams (inp->rows_per_stream() per
+//          stream) after this ubatch's raw keys: the indexer cache, or with paging the pager's
+//          block keys and raw-key ring
+//   n_kv:  the indexer cache's cells in use (n_blocks = n_kv / r rounded up are scored)
 //   q:     F32 [Di, n_idx_head, n_tokens] indexer queries, normed and roped
-// returns I32 [kb*r + r - 1, n_tps, n_stream] cell lists for pyqsa_ggml_qsa_attn
-ggml_tensor * select_blocks(ggml_context * ctx, ggml_cgraph * gf, pyqsa_qsa_positional_input * inp, ggml_tensor * k_all,
-                            ggml_tensor * q, const pyqsa_qsa_rope & rope, int64_t budget, ggml_tensor ** score_out) {
+// returns I32 [kb, n_tps, n_stream] the selected blocks
+ggml_tensor * select_blocks(ggml_context * ctx, ggml_cgraph * gf, pyqsa_qsa_positional_input * inp, ggml_tensor * table,
+                            int64_t n_kv, int64_t ns, ggml_tensor * q, const pyqsa_qsa_rope & rope, int64_t budget,
+                            ggml_tensor ** score_out) {
     const int64_t Di       = q->ne[0];
     const int64_t n_head   = q->ne[1];
     const int64_t n_tokens = q->ne[2];
-    const int64_t n_kv     = k_all->ne[2];
-    const int64_t ns       = k_all->ne[3];
     const int64_t n_tps    = n_tokens / ns;
     const int64_t r        = inp->r;
-    const int64_t kv_size  = inp->kv_size;
-    const size_t  row      = k_all->nb[2];
+    const int64_t stride   = inp->rows_per_stream();
+    const size_t  row      = table->nb[1];
 
-    GGML_ASSERT(k_all->type == GGML_TYPE_F32 && k_all->ne[0] == Di && k_all->ne[1] == 1);
+    GGML_ASSERT(table->type == GGML_TYPE_F32 && table->ne[0] == Di);
     GGML_ASSERT(n_tokens % ns == 0);
-
-    // every row of the ubatch's streams, as one table: row = local stream * kv_size + cell
-    ggml_tensor * table = ggml_view_2d(ctx, k_all, Di, (ns - 1) * kv_size + n_kv, row, 0);
 
     // [Di, r * n_slot] -> mean over the r members of each block
     ggml_tensor * members = ggml_get_rows(ctx, table, inp->comp_rows);
@@ -216,7 +232,7 @@ ggml_tensor * select_blocks(ggml_context * ctx, ggml_cgraph * gf, pyqsa_qsa_posi
 
     // block b's key sits in row b of its stream: [Di, n_blocks, ns], contiguous per stream
     const int64_t n_blocks = (n_kv + r - 1) / r;
-    ggml_tensor * keys = ggml_view_3d(ctx, table, Di, n_blocks, ns, row, kv_size * row, 0);
+    ggml_tensor * keys = ggml_view_3d(ctx, table, Di, n_blocks, ns, row, stride * row, 0);
 
     // sum over heads of ReLU(q_h . k_b), / sqrt(Di) as the reference does: [n_blocks, n_tps, ns]
     const float   scale = 1.0f / std::sqrt((float) Di);
@@ -332,9 +348,10 @@ ggml_tensor * pyqsa_qsa_positional_top_k(const pyqsa_qsa_graph & g, pyqsa_qsa_po
         if (p->pager != nullptr) {
             const int64_t ns = k_view->ne[3];
             p->ring_rows     = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I64, n_tokens);
+            p->key_ring_rows = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I64, n_tokens);
             p->n_paged       = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n_tokens);
             p->step          = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, 1 + ns);
-            for (ggml_tensor * t : { p->ring_rows, p->n_paged, p->step }) {
+            for (ggml_tensor * t : { p->ring_rows, p->key_ring_rows, p->n_paged, p->step }) {
                 ggml_set_input(t);
             }
             p->bytes_per_token = p->pager->bytes_per_token(r);
@@ -342,8 +359,23 @@ ggml_tensor * pyqsa_qsa_positional_top_k(const pyqsa_qsa_graph & g, pyqsa_qsa_po
         inp = p.get();
         g.res->add_input(std::move(p));
     }
-    ggml_build_forward_expand(g.gf, idx->cpy_k(g.ctx, k_raw, inp->k_idxs, il));
-    return select_blocks(g.ctx, g.gf, inp, k_view, q, rope, budget, score_out);
+    const int64_t n_kv = k_view->ne[2];
+    const int64_t ns   = k_view->ne[3];
+    const pyqsa_kv_pager_layer * l = inp->pager ? inp->pager->layer(il) : nullptr;
+    if (l == nullptr) {
+        ggml_build_forward_expand(g.gf, idx->cpy_k(g.ctx, k_raw, inp->k_idxs, il));
+        // every row of the ubatch's streams, as one table: row = local stream * kv_size + cell
+        ggml_tensor * table = ggml_view_2d(g.ctx, k_view, k_view->ne[0], (ns - 1) * inp->kv_size + n_kv, k_view->nb[2], 0);
+        return select_blocks(g.ctx, g.gf, inp, table, n_kv, ns, q, rope, budget, score_out);
+    }
+    // paged: the pager's block keys and raw-key ring stand in for the indexer cache, which
+    // nothing reads; k_idxs stays in the graph for set_input's rows
+    ggml_build_forward_expand(g.gf, inp->k_idxs);
+    const int64_t s0     = k_view->view_offs / k_view->nb[3];
+    const int64_t stride = inp->rows_per_stream();
+    ggml_tensor * table  = ggml_view_2d(g.ctx, l->keys, l->keys->ne[0], ns * stride, l->keys->nb[1], s0 * l->keys->nb[2]);
+    table = ggml_set_rows(g.ctx, table, ggml_reshape_2d(g.ctx, k_raw, k_raw->ne[0], n_tokens), inp->key_ring_rows);
+    return select_blocks(g.ctx, g.gf, inp, table, n_kv, ns, q, rope, budget, score_out);
 }
 
 ggml_tensor * pyqsa_qsa_positional_attn(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input * inp, int il,

@@ -45,7 +45,8 @@ public:
     ggml_tensor * comp_pos  = nullptr;  // I32 [4 * n_slot] rope position of each block (its start)
 
     // paging (pager != nullptr): what the ubatch writes where, and what is already in the host store
-    ggml_tensor * ring_rows  = nullptr;  // I64 [n_tokens] row of each token in the device cache view
+    ggml_tensor * ring_rows     = nullptr;  // I64 [n_tokens] row of each token in the device cache view
+    ggml_tensor * key_ring_rows = nullptr;  // I64 [n_tokens] row of each token's raw indexer key
     ggml_tensor * n_paged    = nullptr;  // I32 [n_tokens] blocks of the token's stream in the host store
     ggml_tensor * step       = nullptr;  // I32 [1 + n_stream] step number, then the streams to empty
 
@@ -56,6 +57,12 @@ public:
     pyqsa_kv_pager * const pager;  // the attention cache's pager, nullptr without paging
     const bool             resolve;  // paged and decode-shaped: selected blocks go through the hot cache
     uint64_t bytes_per_token = 0;      // K/V bytes a token writes to the host store, all layers of ratio r
+
+    // indexer rows of the ubatch's streams: each stream's block keys (row b), then its raw keys
+    // (row p in the cache; with paging, a ring after the block keys)
+    int64_t rows_per_stream() const;
+    int64_t raw_row(int64_t local_stream, llama_pos p) const;
+    int64_t key_row(int64_t local_stream, int64_t block) const;
 
 private:
     void set_paging_input(const llama_ubatch & ubatch, const int64_t * rows, int64_t s0);
