@@ -168,6 +168,32 @@ struct ggml_tensor * pyqsa_ggml_qsa_page_resolve(struct ggml_context * ctx, stru
     return result;
 }
 
+struct ggml_tensor * pyqsa_ggml_qsa_page_stage(struct ggml_context * ctx, struct ggml_tensor * blocks,
+                                               struct ggml_tensor * n_paged, struct ggml_tensor * stage,
+                                               const void * store, struct ggml_tensor * stage_v, const void * store_v,
+                                               int64_t n_store) {
+    const int64_t ns = blocks->ne[2];
+    GGML_ASSERT(blocks->type == GGML_TYPE_I32 && ggml_is_contiguous(blocks) && blocks->ne[3] == 1);
+    GGML_ASSERT(n_paged->type == GGML_TYPE_I32 && ggml_is_contiguous(n_paged) && ggml_nelements(n_paged) == ggml_nrows(blocks));
+    GGML_ASSERT(stage->ne[2] == ns && stage->nb[1] == ggml_row_size(stage->type, stage->ne[0]));
+    GGML_ASSERT(store != nullptr && n_store > 0 && n_store <= INT32_MAX);
+    GGML_ASSERT((stage_v == nullptr) == (store_v == nullptr));
+    GGML_ASSERT(stage_v == nullptr || (ggml_are_same_shape(stage_v, stage) && stage_v->nb[1] == stage->nb[1] &&
+                                       stage_v->nb[2] == stage->nb[2]));
+
+    struct ggml_tensor * result = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, blocks->ne[0], blocks->ne[1], ns);
+    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_PAGE_STAGE);
+    ggml_set_op_params_i32(result, 1, (int32_t) n_store);
+    set_host_ptr(result, 2, store);
+    set_host_ptr(result, 4, store_v);
+    result->op     = GGML_OP_PYQSA;
+    result->src[0] = blocks;
+    result->src[1] = n_paged;
+    result->src[2] = stage;
+    result->src[3] = stage_v;
+    return result;
+}
+
 const void * pyqsa_ggml_qsa_page_store(const struct ggml_tensor * op, int i, int64_t * n_store) {
     *n_store = ggml_get_op_params_i32(op, 1);
     return pyqsa_ggml_host_ptr(op, 2 + 2 * i);

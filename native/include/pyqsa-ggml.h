@@ -18,6 +18,7 @@ enum pyqsa_ggml_op {
     PYQSA_GGML_OP_QSA_SCORE      = 5,
     PYQSA_GGML_OP_QSA_PAGE_RESOLVE = 6,
     PYQSA_GGML_OP_QSA_PAGE_WRITE = 7,
+    PYQSA_GGML_OP_QSA_PAGE_STAGE = 8,
 };
 
 // Sparse attention: every query attends only to the KV cells listed for it (QSA: the selected
@@ -97,8 +98,8 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_block_cells(struct ggml_context * c
 //   slots:   I32 [kb, n_q, n_stream] hot slot of each selected block (pyqsa_ggml_qsa_page_resolve
 //            with n_paged as its n_vis)
 //   n_paged: I32 [n_q * n_stream] blocks of each query's stream in the host store
-// slots may be NULL: blocks below n_paged then stay in the host store, as cells
-// hot_cells + ring + position (a qsa_attn with pyqsa_ggml_qsa_attn_set_host reads them there).
+// A block below n_paged without a slot (slots NULL, or a slot of -1) stays in the host store, as
+// cells hot_cells + ring + position (a qsa_attn with pyqsa_ggml_qsa_attn_set_host reads them there).
 // returns I32 [kb * r + r - 1, n_q, n_stream] rows of the device cache, padded with -1
 GGML_API struct ggml_tensor * pyqsa_ggml_qsa_block_cells_paged(struct ggml_context * ctx,
                                                                struct ggml_tensor * blocks,
@@ -151,7 +152,26 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_resolve(struct ggml_context * 
                                                           const void * store_v,
                                                           int64_t n_store);
 
-// Store i (0: store, 1: store_v) of a page-resolve node and its blocks per stream.
+// Prefill staging from a host store: per stream, the distinct blocks below n_paged that the
+// queries select, in increasing block order; the first S go to slots 0..S-1 of a staging area,
+// fetched as pyqsa_ggml_qsa_page_resolve fetches its misses. No state: every call stages anew.
+//   blocks:  I32 [kb, n_q, n_stream] selected block ids (pyqsa_ggml_qsa_topk)
+//   n_paged: I32 [n_q * n_stream] blocks of each query's stream in the host store
+//   stage:   [E, S, n_stream] any type, one contiguous row of B = nb[1] bytes per block, streams
+//            nb[2] apart (a view of a larger tensor may be given); written in place
+//   store, stage_v, store_v, n_store: as for pyqsa_ggml_qsa_page_resolve
+// returns I32 [kb, n_q, n_stream]: the staging slot of every selected block below n_paged, -1
+// for the others and for stored blocks past the first S (left in the host store)
+GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_stage(struct ggml_context * ctx,
+                                                        struct ggml_tensor * blocks,
+                                                        struct ggml_tensor * n_paged,
+                                                        struct ggml_tensor * stage,
+                                                        const void * store,
+                                                        struct ggml_tensor * stage_v,
+                                                        const void * store_v,
+                                                        int64_t n_store);
+
+// Store i (0: store, 1: store_v) of a page-resolve or page-stage node and its blocks per stream.
 GGML_API const void * pyqsa_ggml_qsa_page_store(const struct ggml_tensor * op, int i, int64_t * n_store);
 
 // Write-back to the host store: copies row src_rows[i] of k to row k_rows[i] of the K store

@@ -153,7 +153,7 @@ void pyqsa_qsa_positional_input::set_paging_input(const llama_ubatch & ubatch, c
     int32_t *              st    = resolve ? (int32_t *) step->data : nullptr;
     for (int64_t s = 0; s < ns; ++s) {
         uint8_t & flag = stale[s0 + s];
-        flag           = flag || first[s] == 0;
+        flag           = flag || first[s] == 0 || !resolve;  // a prefill chunk stages into the hot slots
         if (st != nullptr) {
             st[1 + s] = flag;
             flag      = 0;
@@ -296,25 +296,29 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
     const char *  store_v      = (const char *) l.host_v->data + s0 * l.host_v->nb[2];
     ggml_tensor * k4 = as_heads(ctx, ring[0], k_cur, n_rows, ns);
     ggml_tensor * v4 = as_heads(ctx, ring[1], v_cur, n_rows, ns);
-    ggml_tensor * cells;
+    const int64_t n_store  = pager.kv_size() / r;
+    // the hot slots as block rows: [r * E, H, ns]
+    const auto    slots_of = [&](ggml_tensor * t) {
+        return ggml_view_3d(ctx, t, r * t->ne[0], H, ns, r * t->nb[1], n_rows * t->nb[1], 0);
+    };
     if (inp->resolve) {
-        const int64_t n_store = pager.kv_size() / r;
-        const auto    state   = [&](ggml_tensor * t) {
+        const auto state = [&](ggml_tensor * t) {
             return ggml_view_2d(ctx, t, t->ne[0], ns, t->nb[1], s0 * t->nb[1]);
-        };
-        const auto slots_of = [&](ggml_tensor * t) {
-            return ggml_view_3d(ctx, t, r * t->ne[0], H, ns, r * t->nb[1], n_rows * t->nb[1], 0);
         };
         ggml_tensor * slots = pyqsa_ggml_qsa_page_resolve(ctx, blocks, inp->n_paged, state(l.table), state(l.owner),
                                                           state(l.stamp), inp->step, state(l.stats), slots_of(ring[0]),
                                                           store_k, slots_of(ring[1]), store_v, n_store);
-        cells = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, slots, inp->n_vis, inp->n_paged, inp->q_pos, (int32_t) r,
-                                                 (int32_t) (H * r), (int32_t) pager.ring());
+        ggml_tensor * cells = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, slots, inp->n_vis, inp->n_paged, inp->q_pos,
+                                                               (int32_t) r, (int32_t) (H * r), (int32_t) pager.ring());
         ggml_format_name(cells, "qsa_paged_cells-%d", il);
         return pyqsa_qsa_attn_cells(ctx, q, k4, v4, cells, kq_scale);
     }
-    cells = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, nullptr, inp->n_vis, inp->n_paged, inp->q_pos, (int32_t) r,
-                                             (int32_t) (H * r), (int32_t) pager.ring());
+    // a prefill chunk: its queries' stored blocks are staged into the hot slots (the hot cache
+    // is forgotten: set_input marks the streams stale), those past H read from host memory
+    ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, inp->n_paged, slots_of(ring[0]), store_k,
+                                                     slots_of(ring[1]), store_v, n_store);
+    ggml_tensor * cells  = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, staged, inp->n_vis, inp->n_paged, inp->q_pos,
+                                                            (int32_t) r, (int32_t) (H * r), (int32_t) pager.ring());
     ggml_format_name(cells, "qsa_paged_cells-%d", il);
     const pyqsa_host_rows host = { store_k, store_v, pager.kv_size() };
     return pyqsa_qsa_attn_cells(ctx, q, k4, v4, cells, kq_scale, &host);

@@ -434,6 +434,105 @@ void test_paged_attention(ggml_backend_t cpu, const char * only_backend, int & n
     }
 }
 
+// qsa_page_stage on one backend: per stream, the distinct stored blocks the queries select, in
+// increasing order, the first S staged. Returns false when not supported.
+struct stage_case {
+    int64_t ns, n_q, kb, n_blocks, S;
+    int32_t B;  // bytes per block
+
+    std::string name() const {
+        char buf[128];
+        std::snprintf(buf, sizeof(buf), "QSA_PAGE_STAGE(ns=%lld,n_q=%lld,kb=%lld,n_blocks=%lld,S=%lld,B=%d)", (long long) ns,
+                      (long long) n_q, (long long) kb, (long long) n_blocks, (long long) S, B);
+        return buf;
+    }
+};
+
+bool run_stage(ggml_backend_t be, const stage_case & c, const uint8_t * store, const std::vector<int32_t> & bl,
+               const std::vector<int32_t> & pgd, std::vector<int32_t> & out, std::vector<uint8_t> & staged) {
+    ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(ip);
+    ggml_tensor * blocks = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, c.kb, c.n_q, c.ns);
+    ggml_tensor * n_pgd  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, c.n_q * c.ns);
+    ggml_tensor * stage  = ggml_new_tensor_3d(ctx, GGML_TYPE_I8, c.B, c.S, c.ns);
+    ggml_tensor * slots  = pyqsa_ggml_qsa_page_stage(ctx, blocks, n_pgd, stage, store, nullptr, nullptr, c.n_blocks);
+    const bool ok = ggml_backend_supports_op(be, slots);
+    if (ok) {
+        ggml_cgraph * gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, slots);
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
+        ggml_backend_buffer_clear(buf, 0);
+        ggml_backend_tensor_set(blocks, bl.data(), 0, ggml_nbytes(blocks));
+        ggml_backend_tensor_set(n_pgd, pgd.data(), 0, ggml_nbytes(n_pgd));
+        if (ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
+            std::fprintf(stderr, "compute failed\n");
+            std::exit(2);
+        }
+        out.resize(ggml_nelements(slots));
+        staged.resize(ggml_nbytes(stage));
+        ggml_backend_tensor_get(slots, out.data(), 0, ggml_nbytes(slots));
+        ggml_backend_tensor_get(stage, staged.data(), 0, ggml_nbytes(stage));
+        ggml_backend_buffer_free(buf);
+    }
+    ggml_free(ctx);
+    return ok;
+}
+
+void test_page_stage(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail) {
+    const stage_case cases[] = {
+        { 2, 16, 8, 300, 40, 20 },       // more distinct blocks than slots: some left in the host store
+        { 3, 4, 16, 5000, 4096, 64 },    // all staged
+        { 1, 512, 32, 65536, 4096, 16 },  // a prefill chunk's shape at 256K
+    };
+    for (const stage_case & c : cases) {
+        host_store store(c.B * c.n_blocks * c.ns);
+        for (size_t i = 0; i < (size_t) c.B * c.n_blocks * c.ns; ++i) store.data[i] = (uint8_t) rng();
+        std::vector<int32_t> bl, pgd(c.n_q * c.ns);
+        for (int64_t s = 0; s < c.ns; ++s) {
+            for (int64_t q = 0; q < c.n_q; ++q) {
+                pgd[s * c.n_q + q] = (int32_t) (c.n_blocks / 2 + rng() % (c.n_blocks / 2));
+                std::set<int32_t> pick;  // blocks at and past n_paged too: not stored, slot -1
+                while ((int64_t) pick.size() < c.kb) pick.insert((int32_t) (rng() % c.n_blocks));
+                bl.insert(bl.end(), pick.begin(), pick.end());
+            }
+        }
+        // expected: per stream, rank among the distinct stored selected blocks, below S
+        bool good = true;
+        std::vector<int32_t> out, out_other;
+        std::vector<uint8_t> staged, staged_other;
+        const bool supported = run_stage(cpu, c, store.data, bl, pgd, out, staged);
+        int64_t n_staged = 0, n_host = 0;
+        for (int64_t s = 0; supported && s < c.ns; ++s) {
+            std::set<int32_t> stored;
+            for (int64_t e = 0; e < c.kb * c.n_q; ++e) {
+                const int32_t b = bl[s * c.kb * c.n_q + e];
+                if (b < pgd[s * c.n_q + e / c.kb]) stored.insert(b);
+            }
+            const std::vector<int32_t> order(stored.begin(), stored.end());
+            for (int64_t e = 0; e < c.kb * c.n_q; ++e) {
+                const int32_t b    = bl[s * c.kb * c.n_q + e];
+                const auto    rank = std::lower_bound(order.begin(), order.end(), b) - order.begin();
+                const bool    in   = b < pgd[s * c.n_q + e / c.kb] && rank < c.S;
+                good = good && out[s * c.kb * c.n_q + e] == (in ? (int32_t) rank : -1);
+                n_host += b < pgd[s * c.n_q + e / c.kb] && !in;
+            }
+            for (int64_t i = 0; i < std::min<int64_t>(c.S, (int64_t) order.size()); ++i) {
+                good = good && std::memcmp(staged.data() + (s * c.S + i) * c.B,
+                                           store.data + (s * c.n_blocks + order[i]) * c.B, c.B) == 0;
+                ++n_staged;
+            }
+        }
+        const std::string d = "vs reference (" + std::to_string(n_staged) + " blocks staged, " +
+                              std::to_string(n_host) + " selections left in the host store) ";
+        report(c.name(), "CPU", d, supported && good && n_staged > 0, n_ok, n_fail);
+        on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
+            const bool ok = run_stage(be, c, store.data, bl, pgd, out_other, staged_other);
+            const bool eq = ok && out_other == out && staged_other == staged;
+            return std::make_pair(eq, std::string(!ok ? "not supported " : eq ? "vs CPU: slots and staged rows " : "vs CPU: differs "));
+        });
+    }
+}
+
 int cmd_test(const char * only_backend) {
     std::mt19937 rng(4321);
     int n_ok = 0, n_fail = 0;
@@ -486,6 +585,7 @@ int cmd_test(const char * only_backend) {
         });
     }
     test_paged_attention(cpu, only_backend, n_ok, n_fail);
+    test_page_stage(cpu, only_backend, rng, n_ok, n_fail);
     ggml_backend_free(cpu);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
     return n_fail == 0 ? 0 : 1;

@@ -30,6 +30,9 @@ void pyqsa_cpu_forward(const struct ggml_compute_params * params, struct ggml_te
         case PYQSA_GGML_OP_QSA_PAGE_RESOLVE:
             pyqsa_cpu_qsa_page_resolve(params, dst);
             break;
+        case PYQSA_GGML_OP_QSA_PAGE_STAGE:
+            pyqsa_cpu_qsa_page_stage(params, dst);
+            break;
         case PYQSA_GGML_OP_QSA_PAGE_WRITE:
             pyqsa_cpu_qsa_page_write(params, dst);
             break;

@@ -33,6 +33,9 @@ void pyqsa_cuda_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         case PYQSA_GGML_OP_QSA_PAGE_RESOLVE:
             pyqsa_cuda_qsa_page_resolve(ctx, dst);
             break;
+        case PYQSA_GGML_OP_QSA_PAGE_STAGE:
+            pyqsa_cuda_qsa_page_stage(ctx, dst);
+            break;
         case PYQSA_GGML_OP_QSA_PAGE_WRITE:
             pyqsa_cuda_qsa_page_write(ctx, dst);
             break;
@@ -51,6 +54,8 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
             return pyqsa_cuda_qsa_score_supported(op);
         case PYQSA_GGML_OP_QSA_PAGE_RESOLVE:
             return pyqsa_cuda_qsa_page_resolve_supported(op);
+        case PYQSA_GGML_OP_QSA_PAGE_STAGE:
+            return pyqsa_cuda_qsa_page_stage_supported(op);
         case PYQSA_GGML_OP_QSA_PAGE_WRITE:
             return pyqsa_cuda_qsa_page_write_supported(op);
         case PYQSA_GGML_OP_QSA_TOPK:
