@@ -56,6 +56,10 @@ def _load(
         gpu_layers=gpu_layers,
     )
     gpu = paging.device_free(gpu_layers) is not None  # a GPU build, layers on a GPU
+    if gpu and hot_blocks is not None and hot_blocks > paging.MAX_HOT_BLOCKS_GPU:
+        raise click.UsageError(
+            f"--hot-blocks {hot_blocks}: a GPU takes at most {paging.MAX_HOT_BLOCKS_GPU}"
+        )
     kv = None  # the model's QSA K/V geometry, read where paging may be on
     if kv_offload == "host" or hot_blocks is not None or (kv_offload == "auto" and gpu):
         kv = _qsa_kv(path, hot_blocks)
