@@ -543,6 +543,7 @@ int cmd_test(const char * only_backend) {
         { 3, 1024, 4096, 512, 1, 1024, GGML_TYPE_F16 },  // decode: 2 KiB blocks, H = 2 kb
         { 1, 8, 8, 8, 1, 16, GGML_TYPE_F32 },           // everything resident: H == n_blocks == kb
         { 2, 40, 300, 16, 2, 64, GGML_TYPE_Q8_0 },      // quantized rows
+        { 2, 8192, 20000, 2048, 2, 16, GGML_TYPE_F16 },  // the largest hot cache CUDA takes (96 KiB of sort keys)
     };
     for (const page_shape & c : cases) {
         const size_t B = c.B();

@@ -283,6 +283,13 @@ void pyqsa_cuda_qsa_page_resolve(ggml_backend_cuda_context & ctx, ggml_tensor * 
     ggml_cuda_pool_alloc<int32_t> slot(ctx.pool(), (size_t) ns * Hp);
     ggml_cuda_pool_alloc<int32_t> n_miss(ctx.pool(), ns);
     const size_t smem = (size_t) Hp * (sizeof(unsigned long long) + sizeof(int32_t));
+    // past 48 KiB (over 4096 slots) a kernel must opt in to more shared memory, once per device
+    static bool opted_in[GGML_CUDA_MAX_DEVICES] = {};
+    if (smem > 48 * 1024 && !opted_in[ctx.device]) {
+        const int most = (int) (PYQSA_PAGE_MAX_SLOTS * (sizeof(unsigned long long) + sizeof(int32_t)));
+        CUDA_CHECK(cudaFuncSetAttribute(page_resolve, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+        opted_in[ctx.device] = true;
+    }
     page_resolve<<<ns, THREADS, smem, ctx.stream()>>>(
         (const int32_t *) blocks->data, (const int32_t *) dst->src[1]->data, (int32_t *) table->data,
         (int32_t *) dst->src[3]->data, (int32_t *) dst->src[4]->data, (const int32_t *) dst->src[5]->data,
