@@ -650,6 +650,50 @@ int cmd_trace() {
     return rc;
 }
 
+// a paged prefill chunk's attention over cells left in the host store (what overflows the
+// staging): 512 queries, 2048 host cells each, Flash-Next heads, a 256K host store
+void perf_host_attention(ggml_backend_t be, const char * dev_name) {
+    const int64_t D = 256, Hq = 24, Hkv = 2, n_q = 512, n_sel = 2048, n_host = 262144, n_dev = 515;
+    const size_t  row   = ggml_row_size(GGML_TYPE_F16, D) * Hkv;
+    host_store    k_host(row * n_host), v_host(row * n_host);
+    std::memset(k_host.data, 0, row * n_host);
+    std::memset(v_host.data, 0, row * n_host);
+    ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(ip);
+    ggml_tensor * q     = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D, Hq, n_q, 1);
+    ggml_tensor * k     = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, Hkv, n_dev, 1);
+    ggml_tensor * v     = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, Hkv, n_dev, 1);
+    ggml_tensor * cells = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, n_sel, n_q, 1);
+    ggml_tensor * out   = pyqsa_ggml_qsa_attn(ctx, q, k, v, cells, 0.0625f);
+    pyqsa_ggml_qsa_attn_set_host(out, k_host.data, v_host.data, n_host);
+    if (ggml_backend_supports_op(be, out)) {
+        ggml_cgraph * gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, out);
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
+        ggml_backend_buffer_clear(buf, 0);
+        std::vector<int32_t> cl(n_sel * n_q);
+        for (int64_t i = 0; i < n_q; ++i) {  // the same 512 blocks of 4 for every query: the best case for reuse
+            for (int64_t j = 0; j < n_sel; ++j) cl[i * n_sel + j] = (int32_t) (n_dev + (j / 4) * 512 + j % 4);
+        }
+        ggml_backend_tensor_set(cells, cl.data(), 0, ggml_nbytes(cells));
+        double total_us = 0.0;
+        const int reps = 3;
+        for (int rep = -1; rep < reps; ++rep) {
+            const auto t0 = std::chrono::steady_clock::now();
+            ggml_backend_graph_compute(be, gf);
+            ggml_backend_synchronize(be);
+            const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+            if (rep >= 0) total_us += us;
+        }
+        const double bytes = (double) n_q * n_sel * 2 * row;  // K and V rows of every listed cell
+        std::printf("  QSA_ATTN host rows (n_q=%lld, n_sel=%lld, D=%lld, Hq=%lld, Hkv=%lld) %s: %.0f us/run, %.1f GB/s of listed K/V rows\n",
+                    (long long) n_q, (long long) n_sel, (long long) D, (long long) Hq, (long long) Hkv, dev_name,
+                    total_us / reps, bytes / (total_us / reps) / 1e3);
+        ggml_backend_buffer_free(buf);
+    }
+    ggml_free(ctx);
+}
+
 // decode steps at 256K context: 8 streams, 512 selected blocks each, 8 KiB blocks (4 cells of
 // f16 K and V, 2 heads x 256), a hot cache of 1024 slots; steps that miss 0%, ~6% and 100%
 int cmd_perf(const char * only_backend) {
@@ -691,6 +735,7 @@ int cmd_perf(const char * only_backend) {
                             misses * c.B() / (total_us / reps) / 1e3);
             }
         }
+        if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) perf_host_attention(be, ggml_backend_dev_name(dev));
         ggml_backend_free(be);
     }
     return 0;

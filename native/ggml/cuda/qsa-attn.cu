@@ -1,7 +1,8 @@
 // CUDA kernel of PYQSA_GGML_OP_QSA_ATTN, flash-decoding style: the cell list of every
 // (query, head) is split across CTAs (split-K); each warp keeps an online softmax over its share
 // and a second kernel merges the partial (max, sum, acc) triples. Correctness first: one warp per
-// (head, query, split), K/V rows re-read per head of a GQA group (served by L2).
+// (head, query, split), K/V rows re-read per head of a GQA group (served by L2); cell lists that
+// read host memory go through a variant whose CTA shares each row among the group's heads.
 #include "qsa-attn.cuh"
 
 #include "pyqsa-cuda.cuh"
@@ -43,6 +44,34 @@ struct qsa_attn_args {
     int    H, group, n_q, n_sel, n_split;
     float  scale;
 };
+
+// the result of one (head, query, split): the output row when there is one split, else the
+// partial (acc, max, sum) for qsa_attn_merge
+template <int DPL>
+__device__ __forceinline__ void write_partial(const qsa_attn_args & a, const float * acc, float m, float l, int h, int row,
+                                              int split, int lane) {
+    constexpr int D  = DPL * WARP;
+    const int     iq = row % a.n_q;
+    const int     s  = row / a.n_q;
+    if (a.n_split == 1) {
+        float * out = (float *) ((char *) a.out + h * a.o_nb1 + iq * a.o_nb2 + s * a.o_nb3);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+            out[i * WARP + lane] = acc[i] * inv;
+        }
+        return;
+    }
+    float * part = a.out + (((size_t) split * gridDim.y + row) * a.H + h) * (D + 2);
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) {
+        part[i * WARP + lane] = acc[i];
+    }
+    if (lane == 0) {
+        part[D]     = m;
+        part[D + 1] = l;
+    }
+}
 
 // grid (H, n_q * ns, n_split), one warp. Lane owns elements d = i*32 + lane (coalesced rows).
 template <ggml_type type, int DPL>
@@ -98,25 +127,74 @@ __global__ void qsa_attn_partial(const qsa_attn_args a) {
         m = m_new;
     }
 
+    write_partial<DPL>(a, acc, m, l, h, row, split, lane);
+}
+
+// grid (Hkv, n_q * ns, n_split), one warp per query head of the GQA group: the group's CTA
+// reads each listed cell's K and V row once into shared memory for all its heads. For cell
+// lists that read host memory (pyqsa_ggml_qsa_attn_set_host), where a row re-read per head
+// would cross the host link once per head.
+template <ggml_type type, int DPL>
+__global__ void qsa_attn_partial_gqa(const qsa_attn_args a) {
     constexpr int D = DPL * WARP;
-    if (a.n_split == 1) {
-        float * out = (float *) ((char *) a.out + h * a.o_nb1 + iq * a.o_nb2 + s * a.o_nb3);
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-#pragma unroll
-        for (int i = 0; i < DPL; ++i) {
-            out[i * WARP + lane] = acc[i] * inv;
-        }
-        return;
-    }
-    float * part = a.out + (((size_t) split * gridDim.y + row) * a.H + h) * (D + 2);
+    __shared__ float kv[2 * D];  // the cell's K row, then its V row, as f32
+    const int lane  = threadIdx.x % WARP;
+    const int hk    = blockIdx.x;
+    const int h     = hk * a.group + threadIdx.x / WARP;
+    const int row   = blockIdx.y;
+    const int split = blockIdx.z;
+    const int iq    = row % a.n_q;
+    const int s     = row / a.n_q;
+
+    const float * qrow = (const float *) (a.q + h * a.q_nb1 + iq * a.q_nb2 + s * a.q_nb3);
+    float qv[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; ++i) {
-        part[i * WARP + lane] = acc[i];
+        qv[i] = qrow[i * WARP + lane];
     }
-    if (lane == 0) {
-        part[D]     = m;
-        part[D + 1] = l;
+
+    const int32_t * list  = a.cells + (size_t) row * a.n_sel;
+    const int       chunk = (a.n_sel + a.n_split - 1) / a.n_split;
+    const int       j0    = split * chunk;
+    const int       j1    = min(a.n_sel, j0 + chunk);
+
+    float m = -INFINITY;
+    float l = 0.0f;
+    float acc[DPL] = {};
+
+    for (int j = j0; j < j1; ++j) {
+        const int c = list[j];  // the same for the whole CTA
+        if (c < 0) {
+            continue;
+        }
+        const bool   host = c >= a.n_kv;
+        const size_t hrow = ((size_t) s * a.n_host + (c - a.n_kv)) * a.k_nb2;
+        const char * krow = (host ? a.k_host + hrow : a.k + (size_t) c * a.k_nb2 + s * a.k_nb3) + hk * a.k_nb1;
+        const char * vrow = (host ? a.v_host + hrow : a.v + (size_t) c * a.v_nb2 + s * a.v_nb3) + hk * a.v_nb1;
+        __syncthreads();  // every head is done with the previous cell's rows
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {
+            kv[d]     = load_kv<type>(krow, d);
+            kv[D + d] = load_kv<type>(vrow, d);
+        }
+        __syncthreads();
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+            dot += qv[i] * kv[i * WARP + lane];
+        }
+        dot = warp_reduce_sum(dot);
+        const float score = dot * a.scale;
+        const float m_new = fmaxf(m, score);
+        const float old_w = expf(m - m_new);
+        const float new_w = expf(score - m_new);
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+            acc[i] = acc[i] * old_w + new_w * kv[D + i * WARP + lane];
+        }
+        l = l * old_w + new_w;
+        m = m_new;
     }
+    write_partial<DPL>(a, acc, m, l, h, row, split, lane);
 }
 
 // grid (H, n_q * ns), one warp: combine the n_split partials of one (head, query)
@@ -158,19 +236,26 @@ __global__ void qsa_attn_merge(const float * part, const qsa_attn_args a) {
 }
 
 template <ggml_type type, int DPL>
+void launch_partial(const qsa_attn_args & a, int n_rows, cudaStream_t stream) {
+    if (a.k_host != nullptr) {  // a GQA group's heads share each row read
+        qsa_attn_partial_gqa<type, DPL><<<dim3(a.H / a.group, n_rows, a.n_split), a.group * WARP, 0, stream>>>(a);
+    } else {
+        qsa_attn_partial<type, DPL><<<dim3(a.H, n_rows, a.n_split), WARP, 0, stream>>>(a);
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
+template <ggml_type type, int DPL>
 void launch(ggml_backend_cuda_context & ctx, qsa_attn_args a, int n_rows) {
     cudaStream_t stream = ctx.stream();
-    const dim3 grid(a.H, n_rows, a.n_split);
     if (a.n_split == 1) {
-        qsa_attn_partial<type, DPL><<<grid, WARP, 0, stream>>>(a);
-        CUDA_CHECK(cudaGetLastError());
+        launch_partial<type, DPL>(a, n_rows, stream);
         return;
     }
     float * dst = a.out;
     ggml_cuda_pool_alloc<float> part(ctx.pool(), (size_t) a.n_split * n_rows * a.H * (DPL * WARP + 2));
     a.out = part.get();
-    qsa_attn_partial<type, DPL><<<grid, WARP, 0, stream>>>(a);
-    CUDA_CHECK(cudaGetLastError());
+    launch_partial<type, DPL>(a, n_rows, stream);
     a.out = dst;
     qsa_attn_merge<DPL><<<dim3(a.H, n_rows), WARP, 0, stream>>>(part.get(), a);
     CUDA_CHECK(cudaGetLastError());
@@ -196,7 +281,10 @@ bool pyqsa_cuda_qsa_attn_supported(const ggml_tensor * op) {
     const bool d_ok = D == 64 || D == 128 || D == 256 || D == 512;
     // host rows are read in place: pinned memory only (pyqsa_ggml_qsa_attn_set_host)
     const void * k_host  = pyqsa_ggml_host_ptr(op, 2);
-    const bool   host_ok = k_host == nullptr || (pyqsa_cuda_host_mapped(k_host) && pyqsa_cuda_host_mapped(pyqsa_ggml_host_ptr(op, 4)));
+    // (the host-reading kernel runs a GQA group's heads in one CTA, a warp each)
+    const bool   host_ok = k_host == nullptr || (pyqsa_cuda_host_mapped(k_host) &&
+                                                 pyqsa_cuda_host_mapped(pyqsa_ggml_host_ptr(op, 4)) &&
+                                                 op->src[0]->ne[1] / k->ne[1] <= 32);
     return type_ok && d_ok && host_ok && op->src[0]->ne[2] * op->src[0]->ne[3] <= 65535;
 }
 
@@ -227,7 +315,8 @@ void pyqsa_cuda_qsa_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     a.scale = ggml_get_op_params_f32(dst, 1);
 
     const int n_rows = (int) (q->ne[2] * q->ne[3]);
-    // enough CTAs to fill the GPU at decode, none wasted when many queries already do
+    // enough CTAs to fill the GPU at decode, none wasted when many queries already do; the
+    // host-reading variant splits alike, so both kernels give the same bits
     const int ctas   = n_rows * a.H;
     a.n_split = std::max(1, std::min((a.n_sel + 63) / 64, 4096 / std::max(1, ctas)));
 
