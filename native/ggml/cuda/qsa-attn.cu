@@ -73,61 +73,88 @@ __device__ __forceinline__ void write_partial(const qsa_attn_args & a, const flo
     }
 }
 
-// grid (H, n_q * ns, n_split), one warp. Lane owns elements d = i*32 + lane (coalesced rows).
+// One warp's share of one (head, query, split): the query row and the online softmax over
+// the cells added so far. Lane owns elements d = i*32 + lane (coalesced rows).
+template <int DPL>
+struct warp_attn {
+    float qv[DPL];
+    float acc[DPL] = {};
+    float m        = -INFINITY;
+    float l        = 0.0f;
+
+    __device__ warp_attn(const qsa_attn_args & a, int h, int row, int lane) {
+        const float * qrow = (const float *) (a.q + h * a.q_nb1 + (row % a.n_q) * a.q_nb2 + (row / a.n_q) * a.q_nb3);
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+            qv[i] = qrow[i * WARP + lane];
+        }
+    }
+
+    // one cell: k(d) and v(d) give its K and V elements as f32
+    template <typename K, typename V>
+    __device__ void add(const K & k, const V & v, float scale, int lane) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+            dot += qv[i] * k(i * WARP + lane);
+        }
+        dot = warp_reduce_sum(dot);
+        const float score = dot * scale;
+        const float m_new = fmaxf(m, score);
+        const float old_w = expf(m - m_new);
+        const float new_w = expf(score - m_new);
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+            acc[i] = acc[i] * old_w + new_w * v(i * WARP + lane);
+        }
+        l = l * old_w + new_w;
+        m = m_new;
+    }
+};
+
+// the cells [j0, j1) of a query's list that split `split` takes
+__device__ __forceinline__ void split_range(const qsa_attn_args & a, int split, int & j0, int & j1) {
+    const int chunk = (a.n_sel + a.n_split - 1) / a.n_split;
+    j0              = split * chunk;
+    j1              = min(a.n_sel, j0 + chunk);
+}
+
+// the K (or V) row of cell c, stream s, KV head hk: device rows below n_kv, host rows past it
+__device__ __forceinline__ const char * kv_row(const qsa_attn_args & a, bool v, int c, int s, int hk) {
+    const char * dev   = v ? a.v : a.k;
+    const char * host  = v ? a.v_host : a.k_host;
+    const size_t nb1   = v ? a.v_nb1 : a.k_nb1;
+    const size_t nb2   = v ? a.v_nb2 : a.k_nb2;
+    const size_t nb3   = v ? a.v_nb3 : a.k_nb3;
+    const char * start = c >= a.n_kv ? host + ((size_t) s * a.n_host + (c - a.n_kv)) * nb2 : dev + (size_t) c * nb2 + s * nb3;
+    return start + hk * nb1;
+}
+
+// grid (H, n_q * ns, n_split), one warp per (head, query, split)
 template <ggml_type type, int DPL>
 __global__ void qsa_attn_partial(const qsa_attn_args a) {
     const int lane  = threadIdx.x;
     const int h     = blockIdx.x;
     const int row   = blockIdx.y;
     const int split = blockIdx.z;
-    const int iq    = row % a.n_q;
     const int s     = row / a.n_q;
     const int hk    = h / a.group;
 
-    const float * qrow = (const float *) (a.q + h * a.q_nb1 + iq * a.q_nb2 + s * a.q_nb3);
-    float qv[DPL];
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) {
-        qv[i] = qrow[i * WARP + lane];
-    }
-
-    const int32_t * list  = a.cells + (size_t) row * a.n_sel;
-    const int       chunk = (a.n_sel + a.n_split - 1) / a.n_split;
-    const int       j0    = split * chunk;
-    const int       j1    = min(a.n_sel, j0 + chunk);
-
-    float m = -INFINITY;
-    float l = 0.0f;
-    float acc[DPL] = {};
-
+    warp_attn<DPL>  w(a, h, row, lane);
+    const int32_t * list = a.cells + (size_t) row * a.n_sel;
+    int             j0, j1;
+    split_range(a, split, j0, j1);
     for (int j = j0; j < j1; ++j) {
         const int c = list[j];
         if (c < 0) {
             continue;
         }
-        const bool   host = c >= a.n_kv;
-        const size_t hrow = ((size_t) s * a.n_host + (c - a.n_kv)) * a.k_nb2;
-        const char * krow = (host ? a.k_host + hrow : a.k + (size_t) c * a.k_nb2 + s * a.k_nb3) + hk * a.k_nb1;
-        float dot = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DPL; ++i) {
-            dot += qv[i] * load_kv<type>(krow, i * WARP + lane);
-        }
-        dot = warp_reduce_sum(dot);
-        const float score = dot * a.scale;
-        const float m_new = fmaxf(m, score);
-        const float old_w = expf(m - m_new);
-        const float new_w = expf(score - m_new);
-        const char * vrow = (host ? a.v_host + hrow : a.v + (size_t) c * a.v_nb2 + s * a.v_nb3) + hk * a.v_nb1;
-#pragma unroll
-        for (int i = 0; i < DPL; ++i) {
-            acc[i] = acc[i] * old_w + new_w * load_kv<type>(vrow, i * WARP + lane);
-        }
-        l = l * old_w + new_w;
-        m = m_new;
+        const char * krow = kv_row(a, false, c, s, hk);
+        const char * vrow = kv_row(a, true, c, s, hk);
+        w.add([&](int d) { return load_kv<type>(krow, d); }, [&](int d) { return load_kv<type>(vrow, d); }, a.scale,
+              lane);
     }
-
-    write_partial<DPL>(a, acc, m, l, h, row, split, lane);
+    write_partial<DPL>(a, w.acc, w.m, w.l, h, row, split, lane);
 }
 
 // grid (Hkv, n_q * ns, n_split), one warp per query head of the GQA group: the group's CTA
@@ -143,58 +170,28 @@ __global__ void qsa_attn_partial_gqa(const qsa_attn_args a) {
     const int h     = hk * a.group + threadIdx.x / WARP;
     const int row   = blockIdx.y;
     const int split = blockIdx.z;
-    const int iq    = row % a.n_q;
     const int s     = row / a.n_q;
 
-    const float * qrow = (const float *) (a.q + h * a.q_nb1 + iq * a.q_nb2 + s * a.q_nb3);
-    float qv[DPL];
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) {
-        qv[i] = qrow[i * WARP + lane];
-    }
-
-    const int32_t * list  = a.cells + (size_t) row * a.n_sel;
-    const int       chunk = (a.n_sel + a.n_split - 1) / a.n_split;
-    const int       j0    = split * chunk;
-    const int       j1    = min(a.n_sel, j0 + chunk);
-
-    float m = -INFINITY;
-    float l = 0.0f;
-    float acc[DPL] = {};
-
+    warp_attn<DPL>  w(a, h, row, lane);
+    const int32_t * list = a.cells + (size_t) row * a.n_sel;
+    int             j0, j1;
+    split_range(a, split, j0, j1);
     for (int j = j0; j < j1; ++j) {
         const int c = list[j];  // the same for the whole CTA
         if (c < 0) {
             continue;
         }
-        const bool   host = c >= a.n_kv;
-        const size_t hrow = ((size_t) s * a.n_host + (c - a.n_kv)) * a.k_nb2;
-        const char * krow = (host ? a.k_host + hrow : a.k + (size_t) c * a.k_nb2 + s * a.k_nb3) + hk * a.k_nb1;
-        const char * vrow = (host ? a.v_host + hrow : a.v + (size_t) c * a.v_nb2 + s * a.v_nb3) + hk * a.v_nb1;
+        const char * krow = kv_row(a, false, c, s, hk);
+        const char * vrow = kv_row(a, true, c, s, hk);
         __syncthreads();  // every head is done with the previous cell's rows
         for (int d = threadIdx.x; d < D; d += blockDim.x) {
             kv[d]     = load_kv<type>(krow, d);
             kv[D + d] = load_kv<type>(vrow, d);
         }
         __syncthreads();
-        float dot = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DPL; ++i) {
-            dot += qv[i] * kv[i * WARP + lane];
-        }
-        dot = warp_reduce_sum(dot);
-        const float score = dot * a.scale;
-        const float m_new = fmaxf(m, score);
-        const float old_w = expf(m - m_new);
-        const float new_w = expf(score - m_new);
-#pragma unroll
-        for (int i = 0; i < DPL; ++i) {
-            acc[i] = acc[i] * old_w + new_w * kv[D + i * WARP + lane];
-        }
-        l = l * old_w + new_w;
-        m = m_new;
+        w.add([&](int d) { return kv[d]; }, [&](int d) { return kv[D + d]; }, a.scale, lane);
     }
-    write_partial<DPL>(a, acc, m, l, h, row, split, lane);
+    write_partial<DPL>(a, w.acc, w.m, w.l, h, row, split, lane);
 }
 
 // grid (H, n_q * ns), one warp: combine the n_split partials of one (head, query)
