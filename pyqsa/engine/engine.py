@@ -75,8 +75,9 @@ class EngineStats:
     # their seconds since start: "forward" in the runner, "host" the rest of each step
     # (scheduling, sampling, detokenization, events)
     step_seconds: dict[str, float]
-    # the runner's paging counters (Runner.paging_stats) as of the last forward pass; None
-    # when it does not page
+    # the runner's paging counters (Runner.paging_stats), read after a forward pass at most
+    # once per PAGING_READ_INTERVAL_S and once due when the engine idles, so up to that
+    # interval behind; None when it does not page
     paging: dict[str, int] | None = None
 
 
@@ -88,6 +89,9 @@ class _Live:
 
 
 _TPS_WINDOW_S = 5.0
+# NOTE: reading the paging counters waits for the device and copies its counter tensors, so
+# they are read at most this often (seconds), not after every forward pass
+PAGING_READ_INTERVAL_S = 1.0
 
 
 class Engine:
@@ -110,6 +114,8 @@ class Engine:
         self._waiting = 0
         self._ledger: dict[str, int] = {}
         self._paging: dict[str, int] | None = None
+        self._paging_due = float("-inf")  # time.monotonic() from which they may be read again
+        self._paging_stale = False  # forward passes ran since they were read (when it pages)
         self._steps_run = 0
         self._step_seconds = {"forward": 0.0, "host": 0.0}
         self._stopped = False
@@ -225,16 +231,19 @@ class Engine:
                 self._admit(arg)
         for live in list(self._live.values()):
             self._finish(live.req, reason, error=error)
-        self._publish(counters=True)
+        self._publish(counters=True, force=True)
 
     def _steps(self) -> None:
         while True:
             idle = not self.scheduler.running and not self.scheduler.waiting
-            if not self._drain(block=idle):
+            # idle with the last passes' paging counters unread: wait for a command only until
+            # they are due, then read them (below)
+            due = self._paging_due - time.monotonic() if idle and self._paging_stale else None
+            if not self._drain(block=idle, timeout=None if due is None else max(0.0, due)):
                 return
             started = time.perf_counter()
             chunks = self.scheduler.schedule()
-            self._publish()
+            self._publish(counters=self._paging_stale)
             if not chunks:
                 continue
             with self._lock:
@@ -267,11 +276,12 @@ class Engine:
                 self._step_seconds["forward"] += forward
                 self._step_seconds["host"] += time.perf_counter() - started - forward
 
-    def _drain(self, block: bool) -> bool:
-        """Apply queued commands; False when asked to stop."""
+    def _drain(self, block: bool, timeout: float | None = None) -> bool:
+        """Apply queued commands (`block`: wait for the first, at most `timeout` seconds when
+        given); False when asked to stop."""
         while True:
             try:
-                cmd, arg = self._inbox.get(block=block)
+                cmd, arg = self._inbox.get(block=block, timeout=timeout)
             except queue.Empty:
                 return True
             block = False
@@ -361,12 +371,21 @@ class Engine:
         req.sink = lambda ev: None
         self._finish(req, FinishReason.CANCELLED)
 
-    def _publish(self, counters: bool = False) -> None:
-        """Figures for stats(), read here, on the thread that owns the runner. `counters`:
-        also the paging counters, which wait for the device and move only in a forward pass
-        (so once per step, after it)."""
+    def _publish(self, counters: bool = False, force: bool = False) -> None:
+        """Figures for stats(), read here, on the thread that owns the runner: the ledger each
+        time. `counters` (after a forward pass): the paging counters too, which move only in
+        one and wait for the device to read, so at most once per PAGING_READ_INTERVAL_S
+        (`force`: now); between reads stats() keeps the last ones."""
         ledger = self.runner.ledger()
-        paging = self.runner.paging_stats() if counters else self._paging
+        paging = self._paging
+        if counters:
+            now = time.monotonic()
+            if force or now >= self._paging_due:
+                paging = self.runner.paging_stats()
+                self._paging_due = now + PAGING_READ_INTERVAL_S
+                self._paging_stale = False
+            else:
+                self._paging_stale = paging is not None
         with self._lock:
             self._busy = self.slots.busy
             self._waiting = len(self.scheduler.waiting)
