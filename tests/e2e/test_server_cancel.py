@@ -1,4 +1,5 @@
-"""Cancellation storm: hundreds of requests abandoned at random moments leave nothing behind."""
+"""Cancellation storm: hundreds of requests abandoned at random moments leave nothing behind,
+with the K/V on the device and paged."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import asyncio
 import random
 
 import httpx
-from conftest import wait_idle
+import pytest
+from conftest import start_server, stop_server, wait_idle
 
 N_REQUESTS = 200
 CONCURRENCY = 24  # well under slots + waiting room (8 + 64): refusals are not tested here
@@ -63,13 +65,30 @@ async def storm(server) -> list[str]:
         return await asyncio.gather(*(guarded(i) for i in range(N_REQUESTS)))
 
 
-def test_cancellation_storm_leaves_no_trace(server):
+@pytest.fixture(scope="module")
+def paged_server(demo_gguf, cache_dir):
+    """The same slots with the QSA layers' K/V paged: a hot cache of 8 blocks (of 4 tokens) per
+    slot and layer, so PROBE and most storm requests need blocks fetched from the host."""
+    args = ["--slots", "8", "--ctx", "512", "--kv-offload", "host", "--hot-blocks", "8"]
+    s = start_server([str(demo_gguf), *args], cache_dir)
+    yield s
+    stop_server(s)
+
+
+PROBE = "probe " * 48  # longer than a paged hot cache holds (32 tokens)
+
+
+def greedy(server) -> str:
     client = server.openai()
-    before_text = (
-        client.completions.create(model=server.model, prompt="probe", max_tokens=12, temperature=0)
-        .choices[0]
-        .text
-    )
+    r = client.completions.create(model=server.model, prompt=PROBE, max_tokens=12, temperature=0)
+    assert r.choices[0].finish_reason == "length"
+    return r.choices[0].text
+
+
+@pytest.mark.parametrize("which", ["server", "paged_server"])
+def test_cancellation_storm_leaves_no_trace(which, request):
+    server = request.getfixturevalue(which)
+    before_text = greedy(server)
     start = wait_idle(server)
 
     outcomes = asyncio.run(storm(server))
@@ -83,20 +102,23 @@ def test_cancellation_storm_leaves_no_trace(server):
         "pyqsa_http_open_requests",
     ):
         assert end[gauge] == start[gauge] == 0, gauge
-    for name in start.keys() | end.keys():  # the memory ledger, where the backend keeps one
-        if name.startswith("pyqsa_ledger_bytes"):
-            assert end.get(name) == start.get(name), name
+    # the memory ledger, where the backend keeps one (with paging: the hot cache and host
+    # store too)
+    ledger = [name for name in start.keys() | end.keys() if name.startswith("pyqsa_ledger_bytes")]
+    for name in ledger:
+        assert end.get(name) == start.get(name), name
     cancelled = 'pyqsa_requests_finished_total{reason="cancelled"}'
     assert end[cancelled] - start[cancelled] > 20  # disconnects really cancelled work
     errors = 'pyqsa_requests_finished_total{reason="error"}'
     assert end[errors] == start[errors]
     # every slot is clean: the same greedy answer as before the storm
-    after_text = (
-        client.completions.create(model=server.model, prompt="probe", max_tokens=12, temperature=0)
-        .choices[0]
-        .text
-    )
-    assert after_text == before_text
+    assert greedy(server) == before_text
+    if which == "paged_server":
+        hot = [end[f'pyqsa_ledger_bytes{{category="{w}.hot"}}'] for w in ("device", "host")]
+        assert sum(hot) > 0  # it pages
+        assert end["pyqsa_paging_misses_total"] > start["pyqsa_paging_misses_total"]
+        # paging changes where the K/V live, not the logits: the unpaged server's answer
+        assert before_text == greedy(request.getfixturevalue("server"))
 
 
 def test_disconnect_frees_the_slot_at_once(server):
