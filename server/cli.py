@@ -27,6 +27,7 @@ def _load(
     threads: int,
     kv_type: str,
     gpu_layers: int | None,
+    device: int | None,
     kv_offload: str,
     hot_blocks: int | None,
 ):
@@ -37,6 +38,8 @@ def _load(
 
     if kv_offload == "none" and hot_blocks is not None:
         raise click.UsageError("--hot-blocks needs paging: --kv-offload host or auto, not none")
+    if device is not None:
+        _check_device(device)
     if model is None:
         click.echo(
             "pyqsa: no model given, using the embedded demo model (random weights)", err=True
@@ -54,8 +57,9 @@ def _load(
         n_threads=threads,
         kv_type=kv_type,
         gpu_layers=gpu_layers,
+        device=device,
     )
-    gpu = paging.device_free(gpu_layers) is not None  # a GPU build, layers on a GPU
+    gpu = paging.device_free(gpu_layers, device) is not None  # a GPU build, layers on a GPU
     if gpu and hot_blocks is not None and hot_blocks > paging.MAX_HOT_BLOCKS_GPU:
         raise click.UsageError(
             f"--hot-blocks {hot_blocks}: a GPU takes at most {paging.MAX_HOT_BLOCKS_GPU}"
@@ -71,9 +75,9 @@ def _load(
     elif kv_offload == "none" or not gpu:
         plan = paging.PagingPlan(0, 0)
     try:
-        llama_model = LlamaModel(path, gpu_layers)
+        llama_model = LlamaModel(path, gpu_layers, device)
         if plan is None:
-            free = paging.device_free(gpu_layers)
+            free = paging.device_free(gpu_layers, device)
             plan = _paging_plan(kv, "auto", hot_blocks, slots * ctx, kv_type, free)
         if hot_blocks is not None and not plan.hot_blocks:
             click.echo(
@@ -95,6 +99,21 @@ def _load(
             err=True,
         )
     return engine, llama_model, name
+
+
+def _check_device(device: int) -> None:
+    """--device N names a GPU (an index among the GPU devices, llama.cpp's main_gpu); anything
+    else is a one-line usage error."""
+    from pyqsa import native
+    from pyqsa.engine.paging import gpu_devices
+
+    gpus = gpu_devices()
+    if not gpus:
+        where = "a CPU-only build" if native.build_info().backend == "CPU" else "none found"
+        raise click.UsageError(f"--device {device}: there is no GPU ({where})")
+    if device >= len(gpus):
+        names = ", ".join(f"{i} ({d.description or d.name})" for i, d in enumerate(gpus))
+        raise click.BadParameter(f"{device}: the GPUs here are {names}", param_hint="'--device'")
 
 
 def _qsa_kv(path: str, hot_blocks: int | None):
@@ -212,6 +231,12 @@ def _engine_options(f):
             help="Layers whose weights go to the GPU (default: all; 0 keeps them on the host).",
         ),
         click.option(
+            "--device",
+            type=click.IntRange(min=0),
+            help="The GPU (0, 1, ...) that holds the model and its caches (default: layers split "
+            "over every GPU).",
+        ),
+        click.option(
             "--kv-offload",
             type=click.Choice(list(KV_OFFLOAD)),
             default="auto",
@@ -274,6 +299,7 @@ def serve(
     threads,
     kv_type,
     gpu_layers,
+    device,
     kv_offload,
     hot_blocks,
     chat_template,
@@ -297,6 +323,7 @@ def serve(
         threads,
         kv_type,
         gpu_layers,
+        device,
         kv_offload,
         hot_blocks,
     )
@@ -345,6 +372,7 @@ def chat(
     threads,
     kv_type,
     gpu_layers,
+    device,
     kv_offload,
     hot_blocks,
     chat_template,
@@ -373,6 +401,7 @@ def chat(
         threads,
         kv_type,
         gpu_layers,
+        device,
         kv_offload,
         hot_blocks,
     )

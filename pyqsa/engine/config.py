@@ -27,6 +27,9 @@ class EngineConfig:
     n_threads: int = 0  # 0: all cores
     kv_type: str = "f16"  # K/V cache of the indexed layers: f32, f16 or q8_0
     gpu_layers: int | None = None  # layers whose weights go to the GPU; None: all
+    # the one GPU (index among the GPU devices) that holds the model and its caches; None:
+    # llama.cpp's default, layers split over every GPU
+    device: int | None = None
     seed: int = 0  # seeds requests that give no seed of their own, in arrival order
     prefill_policy: str = "fair"
     # > 0: page the QSA layers' K/V (pinned host store, a device hot cache of this many blocks
@@ -55,6 +58,8 @@ class EngineConfig:
             )
         if self.gpu_layers is not None and self.gpu_layers < 0:
             raise ValueError(f"gpu_layers must be >= 0, got {self.gpu_layers}")
+        if self.device is not None and self.device < 0:
+            raise ValueError(f"device must be >= 0, got {self.device}")
         self.context_config()  # raises ValueError for settings the context refuses
 
     def context_config(self) -> ContextConfig:

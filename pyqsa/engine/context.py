@@ -71,15 +71,24 @@ class ContextConfig:
         return self.n_threads or os.cpu_count() or 1
 
 
-def load_model(path: str, gpu_layers: int | None = None, extra_bufts: bool = True) -> int:
+def load_model(
+    path: str, gpu_layers: int | None = None, extra_bufts: bool = True, device: int | None = None
+) -> int:
     """A llama_model pointer for the GGUF at `path`; `gpu_layers` None keeps llama.cpp's
-    default (every layer on the GPU when there is one)."""
+    default (every layer on the GPU when there is one). `device`: the one GPU (an index among
+    llama.cpp's GPU devices, in their order) that holds the model, and so its contexts' caches
+    (split mode none, main_gpu); None keeps llama.cpp's default (layers split over every GPU)."""
     L = _llama()
     if not os.path.isfile(path):
         raise FileNotFoundError(f"model file not found: {path}")
     p = L.llama_model_default_params()
     if gpu_layers is not None:
         p.n_gpu_layers = gpu_layers
+    if device is not None:
+        if device < 0:
+            raise ValueError(f"device must be >= 0, got {device}")
+        p.split_mode = L.LLAMA_SPLIT_MODE_NONE
+        p.main_gpu = device
     p.use_extra_bufts = extra_bufts
     model = L.llama_model_load_from_file(path.encode(), p)
     if not model:

@@ -394,10 +394,10 @@ class Engine:
 
 
 def load_engine(config: EngineConfig, model: LlamaModel | None = None) -> tuple[Engine, LlamaModel]:
-    """Load the model (unless given, loaded from config.model_path with config.gpu_layers),
-    create its context, warm it up and start the engine thread."""
+    """Load the model (unless given, loaded from config.model_path with config.gpu_layers on
+    config.device), create its context, warm it up and start the engine thread."""
     if model is None:
-        model = LlamaModel(config.model_path, config.gpu_layers)
+        model = LlamaModel(config.model_path, config.gpu_layers, config.device)
     runner = LlamaRunner(model, config)
     warm_up(runner, model.eos)
     return Engine(config, runner, model).start(), model

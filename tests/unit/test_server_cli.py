@@ -1,9 +1,13 @@
 """`pyqsa serve --api-key-file`: the key comes from a file, and wrong use stops before loading.
-Engine flags with bad values are one-line usage errors."""
+Engine flags with bad values are one-line usage errors; `--device N` names a GPU."""
 
+import pytest
 from click.testing import CliRunner
 
+import pyqsa.engine.runner
+from pyqsa import native
 from pyqsa.cli import main
+from pyqsa.engine.runner import RunnerError
 
 NO_ENV_KEY = {"PYQSA_API_KEY": None}
 
@@ -36,6 +40,9 @@ def test_bad_engine_flags_are_one_line_errors():
         (["--hot-blocks", "0"], "'--hot-blocks'"),
         (["--hot-blocks", "-3"], "'--hot-blocks'"),
         (["--hot-blocks", "eight"], "'--hot-blocks'"),
+        (["--device", "-1"], "'--device'"),
+        (["--device", "gpu0"], "'--device'"),
+        (["--device", ""], "'--device'"),
     ):
         r = CliRunner().invoke(main, ["serve", *args], env=NO_ENV_KEY)
         assert r.exit_code == 2 and f"Invalid value for {what}" in r.output, r.output
@@ -48,3 +55,46 @@ def test_hot_blocks_without_paging_is_a_usage_error():
         assert r.exit_code == 2, r.output
         errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
         assert errors == ["Error: --hot-blocks needs paging: --kv-offload host or auto, not none"]
+
+
+def test_device_on_a_cpu_only_build_is_a_usage_error():
+    if native.build_info().backend != "CPU":
+        pytest.skip("a GPU build")
+    for cmd in ("serve", "chat"):
+        r = CliRunner().invoke(main, [cmd, "--device", "0"], env=NO_ENV_KEY)
+        assert r.exit_code == 2, r.output
+        errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
+        assert errors == ["Error: --device 0: there is no GPU (a CPU-only build)"]
+        assert "demo model" not in r.output  # refused before anything loads
+
+
+def _gpu(name: str, type: str = "GPU") -> native.DeviceInfo:
+    return native.DeviceInfo(name, f"NVIDIA {name}", type, 2**30, 2**31)
+
+
+def test_device_names_a_gpu(monkeypatch, tmp_path):
+    """An index among the GPU devices (llama.cpp's order, CPU and ACCEL devices left out):
+    out of range, a one-line usage error naming them; in range, the model loads on it."""
+    devices = [_gpu("GPU0"), _gpu("GPU1"), _gpu("CPU", "CPU"), _gpu("BLAS", "ACCEL")]
+    monkeypatch.setattr(native, "devices", lambda: devices)
+    loads = []
+
+    def load(path, gpu_layers=None, device=None):
+        loads.append((gpu_layers, device))
+        raise RunnerError("not loaded here")
+
+    monkeypatch.setattr(pyqsa.engine.runner, "LlamaModel", load)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"")
+    r = CliRunner().invoke(main, ["serve", str(gguf), "--device", "2"], env=NO_ENV_KEY)
+    assert r.exit_code == 2, r.output
+    errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
+    assert errors == [
+        "Error: Invalid value for '--device': 2: the GPUs here are 0 (NVIDIA GPU0), 1 (NVIDIA GPU1)"
+    ]
+    assert loads == []
+    for cmd in ("serve", "chat"):
+        args = [cmd, str(gguf), "--device", "1", "--gpu-layers", "3", "--kv-offload", "none"]
+        r = CliRunner().invoke(main, args, env=NO_ENV_KEY)
+        assert r.exit_code == 1 and r.output.splitlines() == ["Error: not loaded here"], r.output
+    assert loads == [(3, 1), (3, 1)]
