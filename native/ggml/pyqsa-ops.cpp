@@ -168,6 +168,14 @@ struct ggml_tensor * pyqsa_ggml_qsa_page_resolve(struct ggml_context * ctx, stru
     return result;
 }
 
+void pyqsa_ggml_qsa_page_resolve_set_generations(struct ggml_tensor * resolve, struct ggml_tensor * seen) {
+    GGML_ASSERT(resolve->op == GGML_OP_PYQSA && ggml_get_op_params_i32(resolve, 0) == PYQSA_GGML_OP_QSA_PAGE_RESOLVE);
+    const int64_t ns = resolve->src[0]->ne[2];
+    GGML_ASSERT(ggml_nelements(resolve->src[5]) == 1 + ns);
+    GGML_ASSERT(seen->type == GGML_TYPE_I32 && ggml_is_contiguous(seen) && ggml_nelements(seen) == ns);
+    resolve->src[9] = seen;
+}
+
 struct ggml_tensor * pyqsa_ggml_qsa_page_stage(struct ggml_context * ctx, struct ggml_tensor * blocks,
                                                struct ggml_tensor * n_paged, struct ggml_tensor * stage,
                                                const void * store, struct ggml_tensor * stage_v, const void * store_v,

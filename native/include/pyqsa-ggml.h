@@ -125,8 +125,7 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_block_cells_paged(struct ggml_conte
 //   owner:  I32 [H, n_stream] (state) hot slot -> logical block, -1 = free
 //   stamp:  I32 [H, n_stream] (state) step of the slot's last use, -1 = never
 //   step:   I32 [1] or [1 + n_stream]: this step's number, larger than every earlier call's, then
-//           optionally a flag per stream: nonzero empties that stream's table, owners and
-//           stamps first (a new sequence in the stream; its old blocks are no longer valid)
+//           (with pyqsa_ggml_qsa_page_resolve_set_generations) each stream's generation
 //   stats:  I64 [2, n_stream] (state) hits, misses: selected entries whose block was resident,
 //           and blocks fetched
 //   hot:    [E, H, n_stream] any type, one contiguous row of B = nb[1] bytes per block, streams
@@ -170,6 +169,14 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_stage(struct ggml_context * ct
                                                         struct ggml_tensor * stage_v,
                                                         const void * store_v,
                                                         int64_t n_store);
+
+// Generations for a page-resolve node whose step input has 1 + n_stream entries: a stream whose
+// generation (step[1 + s]) differs from seen[s] empties its table, owners and stamps first, and
+// seen[s] takes the generation. The caller starts a new generation whenever a stream's hot
+// cache no longer holds what its table says (a new sequence, a prefill that staged over it);
+// a step that never ran (an aborted decode) leaves seen behind, so the next one still empties.
+//   seen: I32 [n_stream] (state)
+GGML_API void pyqsa_ggml_qsa_page_resolve_set_generations(struct ggml_tensor * resolve, struct ggml_tensor * seen);
 
 // Store i (0: store, 1: store_v) of a page-resolve or page-stage node and its blocks per stream.
 GGML_API const void * pyqsa_ggml_qsa_page_store(const struct ggml_tensor * op, int i, int64_t * n_store);

@@ -71,7 +71,7 @@ pyqsa_kv_pager::pyqsa_kv_pager(const llama_model & model, const std::vector<pyqs
         if (r == 0) {
             continue;
         }
-        const int64_t kb = std::max<int64_t>(1, (int64_t) hp.indexer_top_k / r);
+        const int64_t kb = std::max<int64_t>(1, (int64_t) hp.indexer_top_k / r);  // blocks one query selects
         if (H < kb) {
             throw std::runtime_error("pyqsa: hot_blocks = " + std::to_string(H) + " cannot hold the " +
                                      std::to_string(kb) + " blocks one query selects in layer " + std::to_string(l.il));
@@ -83,7 +83,7 @@ pyqsa_kv_pager::pyqsa_kv_pager(const llama_model & model, const std::vector<pyqs
         ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(model.dev_layer(l.il));
         ggml_context *&            ctx  = ctx_of[buft];
         if (ctx == nullptr) {
-            const ggml_init_params params = { 12 * kv_layers.size() * ggml_tensor_overhead(), nullptr, true };
+            const ggml_init_params params = { 13 * kv_layers.size() * ggml_tensor_overhead(), nullptr, true };
             ctx = ggml_init(params);
             ctxs.push_back(ctx);
         }
@@ -98,6 +98,7 @@ pyqsa_kv_pager::pyqsa_kv_pager(const llama_model & model, const std::vector<pyqs
         p.owner  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, H, n_stream);
         p.stamp  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, H, n_stream);
         p.stats  = ggml_new_tensor_2d(ctx, GGML_TYPE_I64, 2, n_stream);
+        p.seen   = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_stream);
         p.keys   = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, hp.indexer_head_size, kv_size / r + W, n_stream);
         key_bytes[buft] += ggml_nbytes_pad(p.keys);
         ggml_format_name(p.dev_k, "pyqsa_hot_k_l%d", l.il);
@@ -157,10 +158,10 @@ uint64_t pyqsa_kv_pager::bytes_per_token(uint32_t r) const {
     return n;
 }
 
-std::vector<uint8_t> & pyqsa_kv_pager::stale(uint32_t r) {
-    auto & s = stale_streams[r];
-    s.resize(n_stream, 0);
-    return s;
+std::vector<int32_t> & pyqsa_kv_pager::generation(uint32_t r) {
+    auto & g = generations[r];
+    g.resize(n_stream, 0);  // seen starts at 0 too: a fresh stream's empty state is valid
+    return g;
 }
 
 void pyqsa_kv_pager::copy_stream(uint32_t src, uint32_t dst) {
@@ -169,6 +170,7 @@ void pyqsa_kv_pager::copy_stream(uint32_t src, uint32_t dst) {
         const std::pair<ggml_tensor *, size_t> per_stream[] = {  // each tensor's stream stride
             { p.dev_k, p.dev_k->nb[2] }, { p.dev_v, p.dev_v->nb[2] }, { p.table, p.table->nb[1] },
             { p.owner, p.owner->nb[1] }, { p.stamp, p.stamp->nb[1] }, { p.keys, p.keys->nb[2] },
+            { p.seen, p.seen->nb[0] },
         };
         for (const auto & [t, stride] : per_stream) {
             tmp.resize(stride);
@@ -176,8 +178,8 @@ void pyqsa_kv_pager::copy_stream(uint32_t src, uint32_t dst) {
             ggml_backend_tensor_set(t, tmp.data(), dst * stride, stride);
         }
     }
-    for (auto & [r, stale] : stale_streams) {
-        stale[dst] = stale[src];
+    for (auto & [r, gen] : generations) {
+        gen[dst] = gen[src];
     }
 }
 

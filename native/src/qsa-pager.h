@@ -40,6 +40,7 @@ struct pyqsa_kv_pager_layer {
     ggml_tensor * owner;   // I32 [H, n_stream] hot slot -> block, -1 = free
     ggml_tensor * stamp;   // I32 [H, n_stream] step of the slot's last use
     ggml_tensor * stats;   // I64 [2, n_stream] hits, misses
+    ggml_tensor * seen;    // I32 [n_stream] the generation each stream's page state belongs to
     ggml_tensor * keys;    // F32 [Di, kv_size / r + W, n_stream] the indexer rows the positional path
                            // reads: block keys (row b), then a ring of raw keys (row kv_size / r + p % W)
 };
@@ -67,9 +68,10 @@ public:
     int64_t  blocks_selected(uint32_t r) const;  // kb of the layers of ratio r
     uint64_t bytes_per_token(uint32_t r) const;  // K/V bytes of one token in all layers of ratio r
 
-    // streams of ratio r whose hot caches still hold an earlier sequence's blocks: set when a
-    // stream starts a sequence (position 0), cleared when a resolve has emptied them
-    std::vector<uint8_t> & stale(uint32_t r);
+    // each stream's generation for the layers of ratio r: a new one whenever its hot caches stop
+    // matching their page tables (a new sequence, a prefill chunk staged over them); a resolve
+    // empties a stream's state when it last saw another (pyqsa_ggml_qsa_page_resolve_set_generations)
+    std::vector<int32_t> & generation(uint32_t r);
 
     void count_written(uint64_t bytes) { written += bytes; }
 
@@ -83,7 +85,7 @@ public:
 
 private:
     std::map<int32_t, pyqsa_kv_pager_layer> layers;
-    std::map<uint32_t, std::vector<uint8_t>> stale_streams;
+    std::map<uint32_t, std::vector<int32_t>> generations;
     std::vector<ggml_backend_buffer_t>      buffers;
     std::vector<ggml_context *>             ctxs;
     std::map<ggml_backend_buffer_type_t, size_t> key_bytes;

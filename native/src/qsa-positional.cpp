@@ -147,16 +147,15 @@ void pyqsa_qsa_positional_input::set_paging_input(const llama_ubatch & ubatch, c
         paged[i] = first[s] / (llama_pos) r;
     }
 
-    // a stream starting a sequence empties its hot caches at its next resolve; only graphs that
-    // resolve read (and so allocate) the step input
-    std::vector<uint8_t> & stale = pager->stale(r);
-    int32_t *              st    = resolve ? (int32_t *) step->data : nullptr;
+    // a stream starting a sequence, or whose hot slots a prefill chunk stages into, starts a new
+    // generation: its next resolve empties its page state. Only graphs that resolve read (and so
+    // allocate) the step input.
+    std::vector<int32_t> & gen = pager->generation(r);
+    int32_t *              st  = resolve ? (int32_t *) step->data : nullptr;
     for (int64_t s = 0; s < ns; ++s) {
-        uint8_t & flag = stale[s0 + s];
-        flag           = flag || first[s] == 0 || !resolve;  // a prefill chunk stages into the hot slots
+        gen[s0 + s] += first[s] == 0 || !resolve;
         if (st != nullptr) {
-            st[1 + s] = flag;
-            flag      = 0;
+            st[1 + s] = gen[s0 + s];
         }
     }
     if (st != nullptr) {
@@ -308,13 +307,14 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
         ggml_tensor * slots = pyqsa_ggml_qsa_page_resolve(ctx, blocks, inp->n_paged, state(l.table), state(l.owner),
                                                           state(l.stamp), inp->step, state(l.stats), slots_of(ring[0]),
                                                           store_k, slots_of(ring[1]), store_v, n_store);
+        pyqsa_ggml_qsa_page_resolve_set_generations(slots, ggml_view_1d(ctx, l.seen, ns, s0 * l.seen->nb[0]));
         ggml_tensor * cells = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, slots, inp->n_vis, inp->n_paged, inp->q_pos,
                                                                (int32_t) r, (int32_t) (H * r), (int32_t) pager.ring());
         ggml_format_name(cells, "qsa_paged_cells-%d", il);
         return pyqsa_qsa_attn_cells(ctx, q, k4, v4, cells, kq_scale);
     }
     // a prefill chunk: its queries' stored blocks are staged into the hot slots (the hot cache
-    // is forgotten: set_input marks the streams stale), those past H read from host memory
+    // is forgotten: set_input starts a new generation), those past H read from host memory
     ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, inp->n_paged, slots_of(ring[0]), store_k,
                                                      slots_of(ring[1]), store_v, n_store);
     ggml_tensor * cells  = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, staged, inp->n_vis, inp->n_paged, inp->q_pos,

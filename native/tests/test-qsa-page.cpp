@@ -244,8 +244,8 @@ std::vector<page_step> scenario(const page_shape & c, int n_steps, std::mt19937 
 // outputs: through the hot cache (resolve), and with the stored blocks read from host memory in
 // place (the prefill path: block cells without slots, qsa_attn with host rows). Each step also
 // writes its token's ring row back with qsa_page_write into a second host store, which must end
-// up equal to the first at those rows; midway, stream 0 is reset (a new sequence), after which
-// all its visible selected blocks must miss. Returns the first step whose output differs (or
+// up equal to the first at those rows; midway, stream 0 starts a new generation (a new
+// sequence), after which all its visible selected blocks must miss once. Returns the first step whose output differs (or
 // whose write-back or reset did not happen), -1 when none did.
 struct paged_attn_case {
     int64_t D, Hq, Hkv, ns, n_kv, kb, hot, ring;
@@ -279,6 +279,7 @@ int paged_attention_diff(ggml_backend_t be, const paged_attn_case & c, const uin
     ggml_tensor * owner  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, c.hot, c.ns);
     ggml_tensor * stamp  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, c.hot, c.ns);
     ggml_tensor * stats  = ggml_new_tensor_2d(ctx, GGML_TYPE_I64, 2, c.ns);
+    ggml_tensor * seen   = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, c.ns);
     ggml_tensor * k_all  = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, c.D, c.Hkv, c.n_kv, c.ns);
     ggml_tensor * v_all  = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, c.D, c.Hkv, c.n_kv, c.ns);
     ggml_tensor * k_dev  = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, c.D, c.Hkv, cells, c.ns);
@@ -289,6 +290,7 @@ int paged_attention_diff(ggml_backend_t be, const paged_attn_case & c, const uin
     };
     ggml_tensor * slots = pyqsa_ggml_qsa_page_resolve(ctx, blocks, n_pgd, table, owner, stamp, step, stats, slots_of(k_dev),
                                                       k_host, slots_of(v_dev), v_host, n_blocks);
+    pyqsa_ggml_qsa_page_resolve_set_generations(slots, seen);
     ggml_tensor * cells_p = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, slots, n_vis, n_pgd, pos, c.r,
                                                              (int32_t) (c.hot * c.r), (int32_t) c.ring);
     ggml_tensor * cells_h = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, nullptr, n_vis, n_pgd, pos, c.r,
@@ -319,6 +321,7 @@ int paged_attention_diff(ggml_backend_t be, const paged_attn_case & c, const uin
         ggml_backend_tensor_set(owner, none_h.data(), 0, ggml_nbytes(owner));
         ggml_backend_tensor_set(stamp, none_h.data(), 0, ggml_nbytes(stamp));
         ggml_backend_tensor_set(stats, zero.data(), 0, ggml_nbytes(stats));
+        ggml_backend_tensor_set(seen, zero.data(), 0, ggml_nbytes(seen));
         ggml_backend_tensor_set(k_all, k_host, 0, ggml_nbytes(k_all));
         ggml_backend_tensor_set(v_all, v_host, 0, ggml_nbytes(v_all));
         std::mt19937 rng(seed);
@@ -352,7 +355,7 @@ int paged_attention_diff(ggml_backend_t be, const paged_attn_case & c, const uin
             for (float & x : qv) x = nd(rng);
             std::vector<int32_t> st(1 + c.ns, 0);
             st[0] = t + 1;
-            st[1] = t == reset_at;
+            st[1] = t >= reset_at;  // stream 0's second generation: one reset, at reset_at
             ggml_backend_tensor_set(q, qv.data(), 0, ggml_nbytes(q));
             ggml_backend_tensor_set(blocks, bl.data(), 0, ggml_nbytes(blocks));
             ggml_backend_tensor_set(n_vis, vis.data(), 0, ggml_nbytes(n_vis));

@@ -25,7 +25,7 @@ struct page_args {
     int64_t kb, n_q, H, n_blocks;
     size_t  B;
     int32_t step;
-    bool    reset;  // a new sequence in the stream: nothing resident is valid
+    bool    reset;  // a new generation of the stream: nothing resident is valid
 };
 
 void resolve_stream(const page_args & a) {
@@ -124,8 +124,12 @@ void pyqsa_cpu_qsa_page_resolve(const struct ggml_compute_params * params, struc
             a.store[k] = h ? store[k] + s * n_store * a.B : nullptr;
         }
         a.out    = (int32_t *) dst->data + s * a.kb * a.n_q;
-        a.reset  = ggml_nelements(dst->src[5]) > 1 && step[1 + s] != 0;
+        int32_t * seen = dst->src[9] ? (int32_t *) dst->src[9]->data + s : nullptr;
+        a.reset        = seen != nullptr && *seen != step[1 + s];
         resolve_stream(a);
+        if (seen != nullptr) {
+            *seen = step[1 + s];
+        }
     }
 }
 

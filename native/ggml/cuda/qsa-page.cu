@@ -43,7 +43,7 @@ __device__ void bitonic_sort(T * keys, int n) {
 __global__ void page_resolve(const int32_t * blocks, const int32_t * n_vis, int32_t * table, int32_t * owner,
                              int32_t * stamp, const int32_t * step_p, long long * stats, int32_t * out,
                              int32_t * miss_out, int32_t * slot_out, int32_t * n_miss_out,
-                             int kb, int n_q, int H, int Hp, int n_blocks, bool with_reset) {
+                             int kb, int n_q, int H, int Hp, int n_blocks, int32_t * seen) {
     extern __shared__ unsigned long long smem[];
     unsigned long long * keys = smem;                       // [Hp] (last use + 1) << 32 | slot
     int32_t *            miss = (int32_t *) (smem + Hp);    // [Hp] distinct missed blocks
@@ -51,7 +51,7 @@ __global__ void page_resolve(const int32_t * blocks, const int32_t * n_vis, int3
     const int s    = blockIdx.x;
     const int M    = kb * n_q;
     const int step = step_p[0];
-    const bool reset = with_reset && step_p[1 + s] != 0;
+    const bool reset = seen != nullptr && seen[s] != step_p[1 + s];
     blocks += (size_t) s * M;
     n_vis += (size_t) s * n_q;
     table += (size_t) s * n_blocks;
@@ -65,7 +65,7 @@ __global__ void page_resolve(const int32_t * blocks, const int32_t * n_vis, int3
         n_miss = 0;
         hits   = 0;
     }
-    if (reset) {  // a new sequence in the stream: nothing resident is valid
+    if (reset) {  // a new generation of the stream: nothing resident is valid
         for (int b = threadIdx.x; b < n_blocks; b += blockDim.x) {
             table[b] = -1;
         }
@@ -117,6 +117,9 @@ __global__ void page_resolve(const int32_t * blocks, const int32_t * n_vis, int3
         n_miss_out[s] = n_miss;
         stats[2 * s] += hits;
         stats[2 * s + 1] += n_miss;
+        if (seen != nullptr) {
+            seen[s] = step_p[1 + s];
+        }
     }
     __syncthreads();
 
@@ -294,7 +297,7 @@ void pyqsa_cuda_qsa_page_resolve(ggml_backend_cuda_context & ctx, ggml_tensor * 
         (const int32_t *) blocks->data, (const int32_t *) dst->src[1]->data, (int32_t *) table->data,
         (int32_t *) dst->src[3]->data, (int32_t *) dst->src[4]->data, (const int32_t *) dst->src[5]->data,
         (long long *) dst->src[6]->data, (int32_t *) dst->data, miss.get(), slot.get(), n_miss.get(), kb, n_q, H, Hp,
-        (int) table->ne[0], ggml_nelements(dst->src[5]) > 1);
+        (int) table->ne[0], dst->src[9] ? (int32_t *) dst->src[9]->data : nullptr);
     CUDA_CHECK(cudaGetLastError());
     const dim3 grid(kb * n_q, ns, hot_v ? 2 : 1);
     page_fetch<<<grid, 256, 0, ctx.stream()>>>(store, (char *) hot->data, store_v,
