@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import threading
 from collections.abc import Callable
@@ -189,7 +190,30 @@ def _uvicorn_server(app, host: str, port: int, on_ready: Callable[[str], None]):
     return Server(config)
 
 
+# the options _engine_options adds that _load takes, handed to the command as one dict
+_ENGINE_KEYS = (
+    "slots",
+    "ctx",
+    "batch_tokens",
+    "prefill_policy",
+    "max_waiting",
+    "threads",
+    "kv_type",
+    "gpu_layers",
+    "device",
+    "kv_offload",
+    "hot_blocks",
+)
+
+
 def _engine_options(f):
+    """The engine's options (and --chat-template) for serve and chat: the command receives the
+    engine's as one `engine_options` dict, for `_load(model, **engine_options)`."""
+
+    @functools.wraps(f)
+    def command(**kw):
+        return f(engine_options={k: kw.pop(k) for k in _ENGINE_KEYS}, **kw)
+
     options = [
         click.option("--slots", default=8, show_default=True, help="Concurrent sequences."),
         click.option(
@@ -258,8 +282,8 @@ def _engine_options(f):
         ),
     ]
     for opt in reversed(options):
-        f = opt(f)
-    return f
+        command = opt(command)
+    return command
 
 
 @click.command()
@@ -291,17 +315,7 @@ def serve(
     model_name,
     max_body_bytes,
     default_max_tokens,
-    slots,
-    ctx,
-    batch_tokens,
-    prefill_policy,
-    max_waiting,
-    threads,
-    kv_type,
-    gpu_layers,
-    device,
-    kv_offload,
-    hot_blocks,
+    engine_options,
     chat_template,
 ) -> None:
     """Serve MODEL (a qwen4exp GGUF; default: the embedded demo) over an OpenAI API."""
@@ -313,20 +327,7 @@ def serve(
         api_key = Path(api_key_file).read_text().strip()
         if not api_key:
             raise click.UsageError(f"{api_key_file} holds no key")
-    engine, llama_model, name = _load(
-        model,
-        slots,
-        ctx,
-        batch_tokens,
-        prefill_policy,
-        max_waiting,
-        threads,
-        kv_type,
-        gpu_layers,
-        device,
-        kv_offload,
-        hot_blocks,
-    )
+    engine, llama_model, name = _load(model, **engine_options)
     try:
         app = create_app(
             engine,
@@ -364,17 +365,7 @@ def chat(
     max_tokens,
     temperature,
     ignore_eos,
-    slots,
-    ctx,
-    batch_tokens,
-    prefill_policy,
-    max_waiting,
-    threads,
-    kv_type,
-    gpu_layers,
-    device,
-    kv_offload,
-    hot_blocks,
+    engine_options,
     chat_template,
 ) -> None:
     """Chat in the terminal with MODEL (default: the embedded demo) or a server at --url.
@@ -391,20 +382,7 @@ def chat(
         return
     from .app import create_app
 
-    engine, llama_model, name = _load(
-        model,
-        slots,
-        ctx,
-        batch_tokens,
-        prefill_policy,
-        max_waiting,
-        threads,
-        kv_type,
-        gpu_layers,
-        device,
-        kv_offload,
-        hot_blocks,
-    )
+    engine, llama_model, name = _load(model, **engine_options)
     app = create_app(engine, llama_model, name, _template(llama_model, chat_template), None)
     ready = threading.Event()
     urls: list[str] = []
