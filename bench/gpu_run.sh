@@ -10,8 +10,8 @@
 #                 --variants pyqsa,upstream (which libraries run, in this order, per context;
 #                 paged: pyqsa's with host-backed KV paging, --hot-blocks N, default 1024)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024")
-#                 --checks (after the builds: test-qsa-ops CUDA vs CPU and its decode-shape
-#                 timings, then tests/gpu/parity.sh)
+#                 --checks (after the builds: test-qsa-ops and test-qsa-page CUDA vs CPU and
+#                 their timings, tests/gpu/paging.sh, then tests/gpu/parity.sh)
 # Steps: unpack the carried upstream extract; build pyqsa's CUDA variant (setup path) and an
 # unpatched upstream CUDA `llama` in .build/bench/upstream-cuda, while the model is written to
 # .build/bench/ (all three in parallel); then decode.py per context, cheapest first, pyqsa then
@@ -118,7 +118,12 @@ if [ -n "$checks" ]; then
         { echo "pyqsa ops CUDA vs CPU: FAILED"; grep FAIL "$logs/test-qsa-ops.log" | head -n 20; status=1; }
     echo "pyqsa ops CUDA vs CPU: $(tail -n 1 "$logs/test-qsa-ops.log")"
     .build/cmake-cuda/bin/test-qsa-ops perf -b CUDA0 2>&1 | grep "us/run" > "$out/ops-perf.txt" || true
+    .build/cmake-cuda/bin/test-qsa-page test -b CUDA0 > "$logs/test-qsa-page.log" 2>&1 ||
+        { echo "pyqsa paging ops CUDA vs CPU: FAILED"; grep FAIL "$logs/test-qsa-page.log" | head -n 20; status=1; }
+    echo "pyqsa paging ops CUDA vs CPU: $(tail -n 1 "$logs/test-qsa-page.log")"
+    .build/cmake-cuda/bin/test-qsa-page perf -b CUDA0 2>&1 | grep -E "us/(step|run)" >> "$out/ops-perf.txt" || true
     cat "$out/ops-perf.txt"
+    tests/gpu/paging.sh || { echo "paging checks: FAILED"; status=1; }
     tests/gpu/parity.sh || { echo "checks: FAILED"; status=1; }
     echo "checks done ($(elapsed))"
 fi
