@@ -103,6 +103,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _hit_rate(after: tuple[int, int], before: tuple[int, int]) -> float | None:
+    """Hits / (hits + misses) between two (hits, misses) readings."""
+    hits, misses = after[0] - before[0], after[1] - before[1]
+    return hits / (hits + misses) if hits + misses else None
+
+
 class Emitter:
     """Writes each record as one JSON line to stdout and every --out file, flushed at once
     (a run killed at its time limit keeps what it measured)."""
@@ -207,6 +213,8 @@ class Bench:
         from pyqsa import native
 
         paging = native.paging_stats(self.ctx)
+        if paging:
+            paging["layers"] = native.paging_layers(self.ctx)
         return {"ledger": native.ledger(self.ctx), **({"paging": paging} if paging else {})}
 
     def close(self) -> None:
@@ -354,7 +362,13 @@ def run(args: argparse.Namespace) -> int:
                 if before and after:  # per decode step, warmup included
                     n_steps = args.warmup + args.steps
                     rec["paging_per_step"] = {
-                        k: (after[k] - before[k]) / n_steps for k in after if k != "hot_blocks"
+                        k: (after[k] - before[k]) / n_steps
+                        for k in after
+                        if k not in ("hot_blocks", "layers")
+                    }
+                    rec["hit_rate_per_layer"] = {
+                        il: _hit_rate(after["layers"][il], before["layers"][il])
+                        for il in after["layers"]
                     }
                 emit({"kind": "decode", "context": context, "n_seq": n, "flags": flags, **rec})
         finally:

@@ -171,6 +171,21 @@ def paging_stats(ctx: int) -> dict[str, int] | None:
     return {f: int(getattr(out, f)) for f in PAGING_FIELDS}
 
 
+def paging_layers(ctx: int) -> dict[int, tuple[int, int]] | None:
+    """Model layer index -> (hits, misses) of each paged layer; None when ctx does not page."""
+    ffi, lib = _api()
+    il, hits, misses = ffi.new("int32_t *"), ffi.new("uint64_t *"), ffi.new("uint64_t *")
+    out: dict[int, tuple[int, int]] = {}
+    while True:
+        rc = lib.pyqsa_paging_layer_get(ffi.cast("void *", ctx), len(out), il, hits, misses)
+        if rc == lib.PYQSA_ERR_UNSUPPORTED:
+            return None
+        if rc == lib.PYQSA_ERR_OUT_OF_RANGE:
+            return out
+        _check(rc, "pyqsa_paging_layer_get")
+        out[int(il[0])] = (int(hits[0]), int(misses[0]))
+
+
 def abort_flag_callback() -> int:
     """Address of pyqsa_abort_flag_is_set, an abort callback for llama_set_abort_callback."""
     ffi, lib = _api()

@@ -131,6 +131,12 @@ typedef struct pyqsa_paging_stats {
 // the context does not page (hot_blocks 0).
 PYQSA_API int32_t pyqsa_paging_stats_get(const void * ctx, pyqsa_paging_stats * out);
 
+// The i-th paged layer's counters (i from 0): its model layer index, hits and misses over
+// every stream. Returns PYQSA_OK, PYQSA_ERR_INVALID_ARG for a NULL argument,
+// PYQSA_ERR_UNSUPPORTED when ctx does not page, PYQSA_ERR_OUT_OF_RANGE past the last one.
+PYQSA_API int32_t pyqsa_paging_layer_get(const void * ctx, int32_t i, int32_t * il, uint64_t * hits,
+                                         uint64_t * misses);
+
 // An abort callback for llama_set_abort_callback (a ggml_abort_callback): true while the
 // int32_t at `flag` is nonzero, false for a NULL flag. Another thread stops a llama_decode by
 // setting the flag; the compute loop checks it after every graph node without calling into

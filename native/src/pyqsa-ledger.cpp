@@ -76,3 +76,23 @@ int32_t pyqsa_paging_stats_get(const void * ctx_v, pyqsa_paging_stats * out) {
     *out = { c.hits, c.misses, c.bytes_to_device, c.bytes_to_host, pager->hot_blocks() };
     return PYQSA_OK;
 }
+
+int32_t pyqsa_paging_layer_get(const void * ctx_v, int32_t i, int32_t * il, uint64_t * hits, uint64_t * misses) {
+    if (ctx_v == nullptr || il == nullptr || hits == nullptr || misses == nullptr) {
+        return PYQSA_ERR_INVALID_ARG;
+    }
+    const auto *           ctx   = static_cast<const llama_context *>(ctx_v);
+    const pyqsa_kv_pager * pager = pager_of(ctx);
+    if (pager == nullptr) {
+        return PYQSA_ERR_UNSUPPORTED;
+    }
+    llama_synchronize(const_cast<llama_context *>(ctx));
+    const pyqsa_kv_pager_counters c = pager->counters();
+    if (i < 0 || (size_t) i >= c.layers.size()) {
+        return PYQSA_ERR_OUT_OF_RANGE;
+    }
+    *il     = (int32_t) c.layers[i][0];
+    *hits   = c.layers[i][1];
+    *misses = c.layers[i][2];
+    return PYQSA_OK;
+}

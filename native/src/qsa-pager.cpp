@@ -195,16 +195,20 @@ std::map<ggml_backend_buffer_type_t, size_t> pyqsa_kv_pager::memory_breakdown(bo
 }
 
 pyqsa_kv_pager_counters pyqsa_kv_pager::counters() const {
-    pyqsa_kv_pager_counters c = { 0, 0, 0, written };
+    pyqsa_kv_pager_counters c = { 0, 0, 0, written, {} };
     std::vector<int64_t>    stats(2 * n_stream);
     for (const auto & [il, p] : layers) {
         ggml_backend_tensor_get(p.stats, stats.data(), 0, ggml_nbytes(p.stats));
         const uint64_t block_bytes = p.r * (p.dev_k->nb[1] + p.dev_v->nb[1]);
+        std::array<uint64_t, 3> layer = { (uint64_t) il, 0, 0 };
         for (uint32_t s = 0; s < n_stream; ++s) {
-            c.hits += stats[2 * s];
-            c.misses += stats[2 * s + 1];
-            c.bytes_to_device += stats[2 * s + 1] * block_bytes;
+            layer[1] += stats[2 * s];
+            layer[2] += stats[2 * s + 1];
         }
+        c.hits += layer[1];
+        c.misses += layer[2];
+        c.bytes_to_device += layer[2] * block_bytes;
+        c.layers.push_back(layer);
     }
     return c;
 }

@@ -16,6 +16,7 @@
 #include "ggml-backend.h"
 #include "ggml.h"
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -48,6 +49,7 @@ struct pyqsa_kv_pager_layer {
 // hits and misses of the hot caches, and the bytes moved each way over the host link
 struct pyqsa_kv_pager_counters {
     uint64_t hits, misses, bytes_to_device, bytes_to_host;
+    std::vector<std::array<uint64_t, 3>> layers;  // per paged layer: il, hits, misses
 };
 
 class pyqsa_kv_pager {

@@ -106,6 +106,10 @@ def test_paged_logits_equal_unpaged(model, kv_type, hot_blocks):
         stats = native.paging_stats(paged.ctx)
         assert stats["misses"] > 0 and stats["hits"] > 0, stats
         assert native.paging_stats(whole.ctx) is None
+        layers = native.paging_layers(paged.ctx)  # the demo's QSA layers: 3 and 7
+        assert sorted(layers) == [3, 7] and native.paging_layers(whole.ctx) is None
+        assert sum(h for h, _ in layers.values()) == stats["hits"]
+        assert sum(m for _, m in layers.values()) == stats["misses"]
         # the same K/V bytes, all in host memory when paged; the hot caches beside them
         lp, lw = native.ledger(paged.ctx), native.ledger(whole.ctx)
         assert lp["device.kv"] == 0 and lp["host.kv"] == lw["device.kv"] + lw["host.kv"] > 0
