@@ -4,7 +4,9 @@ target_sources(${GGML_CPU_NAME} PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-attn.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-block-cells.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-mask-cells.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-page.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-page-resolve.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-page-stage.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-page-write.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-score.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-topk.cpp)
 target_include_directories(${GGML_CPU_NAME} PRIVATE ${CMAKE_CURRENT_LIST_DIR}/cpu)

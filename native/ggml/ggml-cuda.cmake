@@ -4,7 +4,10 @@ target_sources(ggml-cuda PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-attn.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-block-cells.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-mask-cells.cu
-    ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-page.cu
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-page-copy.cu
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-page-resolve.cu
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-page-stage.cu
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-page-write.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-score.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-topk.cu)
 target_include_directories(ggml-cuda PRIVATE ${CMAKE_CURRENT_LIST_DIR}/cuda)

@@ -15,7 +15,7 @@ from pathlib import Path
 KV_OFFLOAD = ("auto", "host", "none")
 AUTO_DEVICE_SHARE = 0.8  # auto pages when the K/V would take more of the free device memory
 # the CUDA resolve kernel sorts a stream's hot slots in shared memory (PYQSA_PAGE_MAX_SLOTS in
-# native/ggml/cuda/qsa-page.cuh); past it the op would fall back to the CPU
+# native/ggml/cuda/qsa-page-resolve.cuh); past it the op would fall back to the CPU
 MAX_HOT_BLOCKS_GPU = 8192
 _KV_BLOCK = {"f32": (1, 4), "f16": (1, 2), "q8_0": (32, 34)}  # elements, bytes per block
 

@@ -6,7 +6,9 @@
 #include "qsa-attn.h"
 #include "qsa-block-cells.h"
 #include "qsa-mask-cells.h"
-#include "qsa-page.h"
+#include "qsa-page-resolve.h"
+#include "qsa-page-stage.h"
+#include "qsa-page-write.h"
 #include "qsa-score.h"
 #include "qsa-topk.h"
 

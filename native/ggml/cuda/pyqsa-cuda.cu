@@ -6,7 +6,9 @@
 #include "qsa-attn.cuh"
 #include "qsa-block-cells.cuh"
 #include "qsa-mask-cells.cuh"
-#include "qsa-page.cuh"
+#include "qsa-page-resolve.cuh"
+#include "qsa-page-stage.cuh"
+#include "qsa-page-write.cuh"
 #include "qsa-score.cuh"
 #include "qsa-topk.cuh"
 

@@ -1,0 +1,27 @@
+// CPU kernel of PYQSA_GGML_OP_QSA_PAGE_WRITE: rows split over the work items.
+#include "qsa-page-write.h"
+
+#include "ggml-cpu/ggml-cpu-impl.h"
+#include "ggml-impl.h"
+#include "pyqsa-ggml.h"
+
+#include <cstring>
+
+void pyqsa_cpu_qsa_page_write(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    const ggml_tensor * k        = dst->src[0];
+    const int64_t *     src_rows = (const int64_t *) dst->src[2]->data;
+    const size_t        B        = k->nb[1];
+    const int64_t       n        = ggml_nelements(dst->src[2]);
+    for (int j = 0; j < 2; ++j) {  // K, then V
+        const char *    rows     = (const char *) dst->src[j]->data;
+        const int64_t * dst_rows = (const int64_t *) dst->src[3 + j]->data;
+        char *          host     = (char *) pyqsa_ggml_host_ptr(dst, 2 + 2 * j);
+        for (int64_t i = params->ith; i < n; i += params->nth) {
+            if (dst_rows[i] < 0) {
+                continue;
+            }
+            GGML_ASSERT(src_rows[i] >= 0 && src_rows[i] < k->ne[1]);
+            std::memcpy(host + dst_rows[i] * B, rows + src_rows[i] * B, B);
+        }
+    }
+}

@@ -1,0 +1,31 @@
+// The block fetch of the paging ops (see qsa-page-copy.cuh).
+#include "qsa-page-copy.cuh"
+
+namespace {
+
+// grid (i, stream, K or V)
+__global__ void page_fetch(const char * store0, char * dev0, const char * store1, char * dev1, const int32_t * blocks,
+                           const int32_t * slots, const int32_t * n_blocks, int stride, size_t B, size_t stream_bytes,
+                           long long n_store) {
+    const int s = blockIdx.y;
+    const int i = blockIdx.x;
+    if (i >= n_blocks[s]) {
+        return;
+    }
+    const char * store = blockIdx.z == 0 ? store0 : store1;
+    char *       dev   = blockIdx.z == 0 ? dev0 : dev1;
+    const int    to    = slots ? slots[(size_t) s * stride + i] : i;
+    pyqsa_copy_row(dev + (size_t) s * stream_bytes + (size_t) to * B,
+                   store + ((size_t) s * n_store + blocks[(size_t) s * stride + i]) * B, B);
+}
+
+}  // namespace
+
+void pyqsa_cuda_page_fetch(cudaStream_t stream, const char * store0, char * dev0, const char * store1, char * dev1,
+                           const int32_t * blocks, const int32_t * slots, const int32_t * n_blocks, int max_blocks,
+                           int ns, int stride, size_t B, size_t stream_bytes, long long n_store) {
+    const dim3 grid(max_blocks, ns, dev1 ? 2 : 1);
+    page_fetch<<<grid, 256, 0, stream>>>(store0, dev0, store1, dev1, blocks, slots, n_blocks, stride, B, stream_bytes,
+                                         n_store);
+    CUDA_CHECK(cudaGetLastError());
+}

@@ -1,0 +1,26 @@
+// Row copies of the paging ops (qsa-page-*.cu): a device row copy, and the fetch of blocks from
+// a host store (pinned memory, read over PCIe without a staging copy) into device slots.
+#pragma once
+
+#include "ggml-cuda/common.cuh"
+
+// B bytes from src to dst by the calling CTA, 16 at a time when both are aligned
+__device__ __forceinline__ void pyqsa_copy_row(char * dst, const char * src, size_t B) {
+    if (B % 16 == 0 && ((uintptr_t) src | (uintptr_t) dst) % 16 == 0) {
+        for (size_t o = threadIdx.x * 16; o < B; o += blockDim.x * 16) {
+            *(int4 *) (dst + o) = *(const int4 *) (src + o);
+        }
+    } else {
+        for (size_t o = threadIdx.x; o < B; o += blockDim.x) {
+            dst[o] = src[o];
+        }
+    }
+}
+
+// Per stream s and i < n_blocks[s] (at most max_blocks): block blocks[s * stride + i] of the
+// stream's store (K, and V when store1 is set) to slot slots[s * stride + i] (or i when slots is
+// null) of its device rows; B bytes a block, streams n_store blocks apart in the store and
+// stream_bytes apart on the device.
+void pyqsa_cuda_page_fetch(cudaStream_t stream, const char * store0, char * dev0, const char * store1, char * dev1,
+                           const int32_t * blocks, const int32_t * slots, const int32_t * n_blocks, int max_blocks,
+                           int ns, int stride, size_t B, size_t stream_bytes, long long n_store);
