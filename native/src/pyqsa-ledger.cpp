@@ -62,32 +62,48 @@ int32_t pyqsa_ledger_get(const void * ctx_v, pyqsa_ledger * device, pyqsa_ledger
     return PYQSA_OK;
 }
 
+namespace {
+
+// the counters of ctx's pager once the device has finished its work; PYQSA_ERR_UNSUPPORTED in
+// *rc when the context does not page
+pyqsa_kv_pager_counters synced_counters(const void * ctx_v, int32_t * rc, int64_t * hot_blocks) {
+    const auto *           ctx   = static_cast<const llama_context *>(ctx_v);
+    const pyqsa_kv_pager * pager = pager_of(ctx);
+    if (pager == nullptr) {
+        *rc = PYQSA_ERR_UNSUPPORTED;
+        return {};
+    }
+    llama_synchronize(const_cast<llama_context *>(ctx));
+    *rc         = PYQSA_OK;
+    *hot_blocks = pager->hot_blocks();
+    return pager->counters();
+}
+
+}  // namespace
+
 int32_t pyqsa_paging_stats_get(const void * ctx_v, pyqsa_paging_stats * out) {
     if (ctx_v == nullptr || out == nullptr) {
         return PYQSA_ERR_INVALID_ARG;
     }
-    const auto *           ctx   = static_cast<const llama_context *>(ctx_v);
-    const pyqsa_kv_pager * pager = pager_of(ctx);
-    if (pager == nullptr) {
-        return PYQSA_ERR_UNSUPPORTED;
+    int32_t                       rc  = PYQSA_OK;
+    int64_t                       hot = 0;
+    const pyqsa_kv_pager_counters c   = synced_counters(ctx_v, &rc, &hot);
+    if (rc == PYQSA_OK) {
+        *out = { c.hits, c.misses, c.bytes_to_device, c.bytes_to_host, hot };
     }
-    llama_synchronize(const_cast<llama_context *>(ctx));
-    const pyqsa_kv_pager_counters c = pager->counters();
-    *out = { c.hits, c.misses, c.bytes_to_device, c.bytes_to_host, pager->hot_blocks() };
-    return PYQSA_OK;
+    return rc;
 }
 
 int32_t pyqsa_paging_layer_get(const void * ctx_v, int32_t i, int32_t * il, uint64_t * hits, uint64_t * misses) {
     if (ctx_v == nullptr || il == nullptr || hits == nullptr || misses == nullptr) {
         return PYQSA_ERR_INVALID_ARG;
     }
-    const auto *           ctx   = static_cast<const llama_context *>(ctx_v);
-    const pyqsa_kv_pager * pager = pager_of(ctx);
-    if (pager == nullptr) {
-        return PYQSA_ERR_UNSUPPORTED;
+    int32_t                       rc  = PYQSA_OK;
+    int64_t                       hot = 0;
+    const pyqsa_kv_pager_counters c   = synced_counters(ctx_v, &rc, &hot);
+    if (rc != PYQSA_OK) {
+        return rc;
     }
-    llama_synchronize(const_cast<llama_context *>(ctx));
-    const pyqsa_kv_pager_counters c = pager->counters();
     if (i < 0 || (size_t) i >= c.layers.size()) {
         return PYQSA_ERR_OUT_OF_RANGE;
     }
