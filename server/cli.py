@@ -23,6 +23,7 @@ def _load(
     slots: int,
     ctx: int,
     batch_tokens: int,
+    prefill_batch_tokens: int | None,
     prefill_policy: str,
     max_waiting: int,
     threads: int,
@@ -48,18 +49,22 @@ def _load(
         path, name = str(demo_model_path()), "pyqsa-demo"
     else:
         path, name = model, Path(model).name.removesuffix(".gguf")
-    config = EngineConfig(
-        path,
-        n_slots=slots,
-        ctx_per_slot=ctx,
-        max_batch_tokens=batch_tokens,
-        prefill_policy=prefill_policy,
-        max_waiting=max_waiting,
-        n_threads=threads,
-        kv_type=kv_type,
-        gpu_layers=gpu_layers,
-        device=device,
-    )
+    try:
+        config = EngineConfig(
+            path,
+            n_slots=slots,
+            ctx_per_slot=ctx,
+            max_batch_tokens=batch_tokens,
+            max_prefill_tokens=prefill_batch_tokens or 0,
+            prefill_policy=prefill_policy,
+            max_waiting=max_waiting,
+            n_threads=threads,
+            kv_type=kv_type,
+            gpu_layers=gpu_layers,
+            device=device,
+        )
+    except ValueError as e:  # settings that do not fit together, in the flags' names
+        raise click.UsageError(_in_flag_names(str(e))) from None
     gpu = paging.device_free(gpu_layers, device) is not None  # a GPU build, layers on a GPU
     if gpu and hot_blocks is not None and hot_blocks > paging.MAX_HOT_BLOCKS_GPU:
         raise click.UsageError(
@@ -195,6 +200,7 @@ _ENGINE_KEYS = (
     "slots",
     "ctx",
     "batch_tokens",
+    "prefill_batch_tokens",
     "prefill_policy",
     "max_waiting",
     "threads",
@@ -204,6 +210,22 @@ _ENGINE_KEYS = (
     "kv_offload",
     "hot_blocks",
 )
+
+
+# EngineConfig's field names as the flags that set them
+_FLAG_OF_FIELD = {
+    "max_prefill_tokens": "--prefill-batch-tokens",
+    "max_batch_tokens": "--batch-tokens",
+    "n_slots": "--slots",
+    "ctx_per_slot": "--ctx",
+    "max_waiting": "--max-waiting",
+}
+
+
+def _in_flag_names(message: str) -> str:
+    for field, flag in _FLAG_OF_FIELD.items():
+        message = message.replace(field, flag)
+    return message
 
 
 def _engine_options(f):
@@ -227,6 +249,12 @@ def _engine_options(f):
             default=256,
             show_default=True,
             help="Token budget of one step (decode first, then prompt chunks).",
+        ),
+        click.option(
+            "--prefill-batch-tokens",
+            type=click.IntRange(min=1),
+            help="Token budget of a step with no decode token in it (default: --batch-tokens); "
+            "larger prefills faster, at the cost of a larger compute buffer.",
         ),
         click.option(
             "--prefill-policy",

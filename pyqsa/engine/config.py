@@ -15,6 +15,7 @@ class EngineConfig:
     `n_slots` sequences run at once, each with room for `ctx_per_slot` tokens (prompt plus
     output); `max_batch_tokens` is the token budget of one step (decode tokens first, then
     prefill chunks shared by `prefill_policy`, "fair" or "fcfs": see scheduler.py);
+    `max_prefill_tokens` (0: the same) is the budget of a step with no decode token in it.
     `max_waiting` bounds the queue of requests waiting for a slot, beyond
     which submissions are refused rather than buffered without limit.
     """
@@ -23,6 +24,7 @@ class EngineConfig:
     n_slots: int = 8
     ctx_per_slot: int = 4096
     max_batch_tokens: int = 256
+    max_prefill_tokens: int = 0
     max_waiting: int = 64
     n_threads: int = 0  # 0: all cores
     kv_type: str = "f16"  # K/V cache of the indexed layers: f32, f16 or q8_0
@@ -49,6 +51,11 @@ class EngineConfig:
             raise ValueError(
                 f"max_batch_tokens ({self.max_batch_tokens}) must be >= n_slots ({self.n_slots})"
             )
+        if self.max_prefill_tokens and self.max_prefill_tokens < self.max_batch_tokens:
+            raise ValueError(
+                f"max_prefill_tokens ({self.max_prefill_tokens}) must be >= "
+                f"max_batch_tokens ({self.max_batch_tokens})"
+            )
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
         if self.prefill_policy not in PREFILL_POLICIES:
@@ -67,7 +74,7 @@ class EngineConfig:
         return ContextConfig(
             n_seqs=self.n_slots,
             ctx_per_seq=self.ctx_per_slot,
-            n_batch=self.max_batch_tokens,
+            n_batch=max(self.max_batch_tokens, self.max_prefill_tokens),
             n_threads=self.n_threads,
             kv_type=self.kv_type,
             hot_blocks=self.hot_blocks,

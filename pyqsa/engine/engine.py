@@ -100,7 +100,9 @@ class Engine:
         self.runner = runner
         self.vocab = vocab
         self.slots = SlotTable(config.n_slots, config.ctx_per_slot, runner.release)
-        self.scheduler = Scheduler(self.slots, config.max_batch_tokens, config.prefill_policy)
+        self.scheduler = Scheduler(
+            self.slots, config.max_batch_tokens, config.prefill_policy, config.max_prefill_tokens
+        )
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}
         self._ids = itertools.count()

@@ -185,7 +185,7 @@ class LlamaRunner:
         except ContextError as e:
             raise RunnerError(str(e)) from None
         self.mem = L.llama_get_memory(self.ctx)
-        self.max_tokens = config.max_batch_tokens
+        self.max_tokens = config.context_config().n_batch  # the larger of the two step budgets
         self.batch = L.llama_batch_init(self.max_tokens, 0, 1)
         self._install_abort()
 

@@ -94,12 +94,22 @@ class Chunk:
 
 
 class Scheduler:
-    def __init__(self, slots: SlotTable, max_batch_tokens: int, policy: str = "fair") -> None:
+    def __init__(
+        self,
+        slots: SlotTable,
+        max_batch_tokens: int,
+        policy: str = "fair",
+        max_prefill_tokens: int | None = None,
+    ) -> None:
         # NOTE: every running slot must be able to decode one token per step (EngineConfig
         # checks it for users): then decode never waits and every prompt gets >= 1 token.
         assert max_batch_tokens >= slots.n_slots
         self.slots = slots
         self.max_batch_tokens = max_batch_tokens
+        # the budget of a step with no decode token in it: larger steps prefill faster (bigger
+        # matrix products) and delay no running request; a request that arrives meanwhile waits
+        # for that one step
+        self.max_prefill_tokens = max(max_prefill_tokens or 0, max_batch_tokens)
         self.policy = PREFILL_POLICIES[policy]
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # oldest first
@@ -130,7 +140,7 @@ class Scheduler:
 
         decode = [r for r in self.running if r.num_pending == 1]
         prompts = [r for r in self.running if r.num_pending > 1]
-        budget = self.max_batch_tokens - len(decode)
+        budget = (self.max_batch_tokens if decode else self.max_prefill_tokens) - len(decode)
         shares = self.policy([r.num_pending for r in prompts], budget)
         chunks = [self._chunk(r, 1) for r in decode]
         chunks += [self._chunk(r, n) for r, n in zip(prompts, shares, strict=True) if n > 0]

@@ -198,3 +198,21 @@ def test_no_starvation_over_a_long_mixed_run(policy):
                 n_out = r.max_len - len(r.prompt)
                 bound = math.ceil(len(r.prompt) / (budget // n_slots)) + n_out - 1
                 assert done[r.request_id] - admitted[r.request_id] + 1 <= bound
+
+
+def test_a_step_without_decode_takes_the_prefill_budget():
+    s = Scheduler(SlotTable(2, 1000, lambda slot: None), max_batch_tokens=8, max_prefill_tokens=32)
+    a, b = req("a", 100), req("b", 5)
+    for r in (a, b):
+        s.add(r)
+    step = s.schedule()  # only prompts: the larger budget, shared fairly
+    assert plan(step) == [("a", 0, 0, 27, False), ("b", 1, 0, 5, True)]
+    advance(step)
+    step = s.schedule()  # b decodes now: the step budget again
+    assert plan(step) == [("a", 0, 27, 7, False), ("b", 1, 5, 1, True)]
+
+
+def test_the_prefill_budget_is_never_below_the_step_budget():
+    s = Scheduler(SlotTable(2, 1000, lambda slot: None), max_batch_tokens=8, max_prefill_tokens=4)
+    s.add(req("a", 100))
+    assert sum(len(c.tokens) for c in s.schedule()) == 8

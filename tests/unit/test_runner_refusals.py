@@ -52,3 +52,22 @@ def test_an_oversized_batch_is_refused_before_it_is_written(runner):
         runner.run([chunk(0, 0, PROMPT * 3)])  # 72 tokens
     assert (runner.run([chunk(0, 0, PROMPT)])[0] == expected).all()
     runner.release(0)
+
+
+def test_a_prefill_step_may_use_the_prefill_budget(tmp_path_factory):
+    """With max_prefill_tokens the runner takes a step that large (a step with no decode in it)."""
+    from pyqsa.demo_model import demo_model_path
+
+    path = str(demo_model_path(tmp_path_factory.mktemp("demo")))
+    model = LlamaModel(path)
+    cfg = EngineConfig(
+        path, n_slots=2, ctx_per_slot=256, max_batch_tokens=16, max_prefill_tokens=96, n_threads=1
+    )
+    r = LlamaRunner(model, cfg)
+    try:
+        assert r.run([chunk(0, 0, PROMPT * 3)])[0].shape == (model.n_vocab,)  # 72 tokens
+        with pytest.raises(RunnerError, match="exceeds 96"):
+            r.run([chunk(1, 0, PROMPT * 5)])  # 120 tokens
+    finally:
+        r.close()
+        model.close()

@@ -43,6 +43,7 @@ def test_bad_engine_flags_are_one_line_errors():
         (["--device", "-1"], "'--device'"),
         (["--device", "gpu0"], "'--device'"),
         (["--device", ""], "'--device'"),
+        (["--prefill-batch-tokens", "0"], "'--prefill-batch-tokens'"),
     ):
         r = CliRunner().invoke(main, ["serve", *args], env=NO_ENV_KEY)
         assert r.exit_code == 2 and f"Invalid value for {what}" in r.output, r.output
@@ -98,3 +99,15 @@ def test_device_names_a_gpu(monkeypatch, tmp_path):
         r = CliRunner().invoke(main, args, env=NO_ENV_KEY)
         assert r.exit_code == 1 and r.output.splitlines() == ["Error: not loaded here"], r.output
     assert loads == [(3, 1), (3, 1)]
+
+
+def test_engine_settings_that_do_not_fit_together_are_one_line_errors():
+    for args, msg in (
+        (["--batch-tokens", "2", "--slots", "8"], "--batch-tokens (2) must be >= --slots (8)"),
+        (
+            ["--batch-tokens", "16", "--prefill-batch-tokens", "8"],
+            "--prefill-batch-tokens (8) must be >= --batch-tokens (16)",
+        ),
+    ):
+        r = CliRunner().invoke(main, ["serve", *args], env=NO_ENV_KEY)
+        assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output, r.output
