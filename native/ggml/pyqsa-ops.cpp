@@ -12,6 +12,22 @@ void set_host_ptr(struct ggml_tensor * op, int i, const void * p) {
     ggml_set_op_params_i32(op, i + 1, (int32_t) (uint32_t) (addr >> 32));
 }
 
+// The rows a fetching op (page resolve, page stage) copies blocks into and the host stores it
+// copies them from: checked as a pair, then n_store and both addresses into params 1-5 (read
+// back by pyqsa_ggml_qsa_page_store).
+void set_stores(struct ggml_tensor * op, const struct ggml_tensor * dev, const void * store,
+                const struct ggml_tensor * dev_v, const void * store_v, int64_t n_store) {
+    // a block is one contiguous row; streams may sit further apart (a view of a larger tensor)
+    GGML_ASSERT(dev->nb[1] == ggml_row_size(dev->type, dev->ne[0]));
+    GGML_ASSERT(store != nullptr && n_store > 0 && n_store <= INT32_MAX);
+    GGML_ASSERT((dev_v == nullptr) == (store_v == nullptr));
+    GGML_ASSERT(dev_v == nullptr ||
+                (ggml_are_same_shape(dev_v, dev) && dev_v->nb[1] == dev->nb[1] && dev_v->nb[2] == dev->nb[2]));
+    ggml_set_op_params_i32(op, 1, (int32_t) n_store);
+    set_host_ptr(op, 2, store);
+    set_host_ptr(op, 4, store_v);
+}
+
 }  // namespace
 
 void * pyqsa_ggml_host_ptr(const struct ggml_tensor * op, int first_param) {
@@ -147,19 +163,13 @@ struct ggml_tensor * pyqsa_ggml_qsa_page_resolve(struct ggml_context * ctx, stru
     GGML_ASSERT(ggml_nelements(step) == 1 || ggml_nelements(step) == 1 + ns);
     GGML_ASSERT(table->ne[1] == ns && owner->ne[1] == ns && stamp->ne[0] == H && stamp->ne[1] == ns);
     GGML_ASSERT(stats->ne[0] == 2 && stats->ne[1] == ns);
-    // a block is one contiguous row; streams may sit further apart (a view of a larger cache)
-    GGML_ASSERT(hot->ne[1] == H && hot->ne[2] == ns && hot->nb[1] == ggml_row_size(hot->type, hot->ne[0]));
+    GGML_ASSERT(hot->ne[1] == H && hot->ne[2] == ns);
     GGML_ASSERT(H >= kb * n_q && "pyqsa: the hot cache must hold every block one step selects");
-    GGML_ASSERT(store != nullptr && table->ne[0] <= n_store && n_store <= INT32_MAX);
-    GGML_ASSERT((hot_v == nullptr) == (store_v == nullptr));
-    GGML_ASSERT(hot_v == nullptr || (ggml_are_same_shape(hot_v, hot) && hot_v->nb[1] == hot->nb[1] &&
-                                     hot_v->nb[2] == hot->nb[2]));
+    GGML_ASSERT(table->ne[0] <= n_store);
 
     struct ggml_tensor * result = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, kb, n_q, ns);
     ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_PAGE_RESOLVE);
-    ggml_set_op_params_i32(result, 1, (int32_t) n_store);
-    set_host_ptr(result, 2, store);
-    set_host_ptr(result, 4, store_v);
+    set_stores(result, hot, store, hot_v, store_v, n_store);
     result->op = GGML_OP_PYQSA;
     ggml_tensor * srcs[] = { blocks, n_vis, table, owner, stamp, step, stats, hot, hot_v };
     for (int i = 0; i < 9; ++i) {
@@ -183,17 +193,11 @@ struct ggml_tensor * pyqsa_ggml_qsa_page_stage(struct ggml_context * ctx, struct
     const int64_t ns = blocks->ne[2];
     GGML_ASSERT(blocks->type == GGML_TYPE_I32 && ggml_is_contiguous(blocks) && blocks->ne[3] == 1);
     GGML_ASSERT(n_paged->type == GGML_TYPE_I32 && ggml_is_contiguous(n_paged) && ggml_nelements(n_paged) == ggml_nrows(blocks));
-    GGML_ASSERT(stage->ne[2] == ns && stage->nb[1] == ggml_row_size(stage->type, stage->ne[0]));
-    GGML_ASSERT(store != nullptr && n_store > 0 && n_store <= INT32_MAX);
-    GGML_ASSERT((stage_v == nullptr) == (store_v == nullptr));
-    GGML_ASSERT(stage_v == nullptr || (ggml_are_same_shape(stage_v, stage) && stage_v->nb[1] == stage->nb[1] &&
-                                       stage_v->nb[2] == stage->nb[2]));
+    GGML_ASSERT(stage->ne[2] == ns);
 
     struct ggml_tensor * result = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, blocks->ne[0], blocks->ne[1], ns);
     ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_PAGE_STAGE);
-    ggml_set_op_params_i32(result, 1, (int32_t) n_store);
-    set_host_ptr(result, 2, store);
-    set_host_ptr(result, 4, store_v);
+    set_stores(result, stage, store, stage_v, store_v, n_store);
     result->op     = GGML_OP_PYQSA;
     result->src[0] = blocks;
     result->src[1] = n_paged;

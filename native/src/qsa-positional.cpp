@@ -300,28 +300,30 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
     const auto    slots_of = [&](ggml_tensor * t) {
         return ggml_view_3d(ctx, t, r * t->ne[0], H, ns, r * t->nb[1], n_rows * t->nb[1], 0);
     };
+    // the hot slot of every selected stored block
+    ggml_tensor *          slots;
+    const pyqsa_host_rows  in_host = { store_k, store_v, pager.kv_size() };
+    const pyqsa_host_rows * host   = nullptr;
     if (inp->resolve) {
         const auto state = [&](ggml_tensor * t) {
             return ggml_view_2d(ctx, t, t->ne[0], ns, t->nb[1], s0 * t->nb[1]);
         };
-        ggml_tensor * slots = pyqsa_ggml_qsa_page_resolve(ctx, blocks, inp->n_paged, state(l.table), state(l.owner),
-                                                          state(l.stamp), inp->step, state(l.stats), slots_of(ring[0]),
-                                                          store_k, slots_of(ring[1]), store_v, n_store);
+        slots = pyqsa_ggml_qsa_page_resolve(ctx, blocks, inp->n_paged, state(l.table), state(l.owner), state(l.stamp),
+                                            inp->step, state(l.stats), slots_of(ring[0]), store_k, slots_of(ring[1]),
+                                            store_v, n_store);
         pyqsa_ggml_qsa_page_resolve_set_generations(slots, ggml_view_1d(ctx, l.seen, ns, s0 * l.seen->nb[0]));
-        ggml_tensor * cells = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, slots, inp->n_vis, inp->n_paged, inp->q_pos,
-                                                               (int32_t) r, (int32_t) (H * r), (int32_t) pager.ring());
-        ggml_format_name(cells, "qsa_paged_cells-%d", il);
-        return pyqsa_qsa_attn_cells(ctx, q, k4, v4, cells, kq_scale);
+    } else {
+        // a prefill chunk: its queries' stored blocks are staged into the hot slots (the hot
+        // cache is forgotten: set_input starts a new generation), those past H (slot -1) are
+        // read from host memory
+        slots = pyqsa_ggml_qsa_page_stage(ctx, blocks, inp->n_paged, slots_of(ring[0]), store_k, slots_of(ring[1]),
+                                          store_v, n_store);
+        host  = &in_host;
     }
-    // a prefill chunk: its queries' stored blocks are staged into the hot slots (the hot cache
-    // is forgotten: set_input starts a new generation), those past H read from host memory
-    ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, inp->n_paged, slots_of(ring[0]), store_k,
-                                                     slots_of(ring[1]), store_v, n_store);
-    ggml_tensor * cells  = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, staged, inp->n_vis, inp->n_paged, inp->q_pos,
-                                                            (int32_t) r, (int32_t) (H * r), (int32_t) pager.ring());
+    ggml_tensor * cells = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, slots, inp->n_vis, inp->n_paged, inp->q_pos,
+                                                           (int32_t) r, (int32_t) (H * r), (int32_t) pager.ring());
     ggml_format_name(cells, "qsa_paged_cells-%d", il);
-    const pyqsa_host_rows host = { store_k, store_v, pager.kv_size() };
-    return pyqsa_qsa_attn_cells(ctx, q, k4, v4, cells, kq_scale, &host);
+    return pyqsa_qsa_attn_cells(ctx, q, k4, v4, cells, kq_scale, host);
 }
 
 }  // namespace
