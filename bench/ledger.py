@@ -13,8 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from decode import _ints  # noqa: E402
+
 from pyqsa import native  # noqa: E402
-from pyqsa.engine.context import ContextConfig, load_model, open_context  # noqa: E402
+from pyqsa.engine.context import ContextConfig, ContextError, load_model, open_context  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,16 +25,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seqs", type=int, default=8)
     ap.add_argument("--ctx", type=int, default=262144)
     ap.add_argument("--ubatch", type=int, default=512)
-    ap.add_argument("--hot-blocks", default="0,1024", help="comma-separated; 0: no paging")
+    ap.add_argument(
+        "--hot-blocks", type=_ints, default=[0, 1024], help="comma-separated; 0: no paging"
+    )
     args = ap.parse_args(argv)
     import llama_cpp as L
 
-    model = load_model(str(args.model), gpu_layers=999)
-    for hot in (int(h) for h in args.hot_blocks.split(",")):
-        cfg = ContextConfig(
-            n_seqs=args.seqs, ctx_per_seq=args.ctx, n_batch=args.ubatch, hot_blocks=hot
-        )
-        ctx = open_context(model, cfg)
+    try:
+        model = load_model(str(args.model), gpu_layers=999)
+    except (FileNotFoundError, ContextError) as e:
+        ap.error(str(e))
+    for hot in args.hot_blocks:
+        try:
+            cfg = ContextConfig(
+                n_seqs=args.seqs, ctx_per_seq=args.ctx, n_batch=args.ubatch, hot_blocks=hot
+            )
+            ctx = open_context(model, cfg)
+        except (ValueError, ContextError) as e:
+            ap.error(f"hot_blocks {hot}: {e}")
         rec = {"seqs": args.seqs, "ctx": args.ctx, "hot_blocks": hot, "ledger": native.ledger(ctx)}
         print(json.dumps(rec), flush=True)
         L.llama_free(ctx)
