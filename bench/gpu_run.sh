@@ -73,7 +73,7 @@ commit=$(sed -n 's/^llama_cpp_commit *= *//p' UPSTREAM)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 echo "repo ${PYQSA_BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}, upstream $commit"
 
-# (b) both CUDA builds and (c) the model, in parallel. Upstream links with --exclude-libs,ALL as
+# (b) both CUDA builds (upstream's only when a variant runs it) and (c) the model, in parallel. Upstream links with --exclude-libs,ALL as
 # pyqsa does (native/llama.cmake): on this image's toolchain its libraries otherwise export a
 # static libstdc++ copy and libllama crashes while loading any model.
 (
@@ -81,7 +81,8 @@ echo "repo ${PYQSA_BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknow
     python3 -m pip install -q --no-build-isolation --no-deps --no-index -e .
 ) > "$logs/build-pyqsa.log" 2>&1 &
 pid_pyqsa=$!
-(
+pid_upstream=
+[[ ,$variants, == *,upstream,* ]] && (
     cmake -S "$src" -B "$work/upstream-cuda" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DBUILD_SHARED_LIBS=ON -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF \
@@ -90,7 +91,7 @@ pid_pyqsa=$!
         -DLLAMA_BUILD_COMMIT="$commit" '-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--exclude-libs,ALL'
     cmake --build "$work/upstream-cuda" -j "$(nproc)" --target llama
 ) > "$logs/build-upstream.log" 2>&1 &
-pid_upstream=$!
+[[ ,$variants, == *,upstream,* ]] && pid_upstream=$!
 # the model's name follows the generator and vocab, so a changed generator writes a new one
 mhash=$(cat bench/synth_model.py .gpu-carry/ggml-vocab-qwen35.gguf | sha256sum | cut -c1-12)
 model="$work/flash-next-synth${small:+-small}-$mhash.gguf"
@@ -104,7 +105,7 @@ else
     pid_model=
 fi
 status=0
-for job in build-pyqsa:$pid_pyqsa build-upstream:$pid_upstream ${pid_model:+synth:$pid_model}; do
+for job in build-pyqsa:$pid_pyqsa ${pid_upstream:+build-upstream:$pid_upstream} ${pid_model:+synth:$pid_model}; do
     if wait "${job#*:}"; then echo "${job%%:*}: done ($(elapsed))"; else
         echo "${job%%:*}: FAILED ($(elapsed)), log tail:"
         tail -n 30 "$logs/${job%%:*}.log"
