@@ -2,6 +2,7 @@
 target_sources(${GGML_CPU_NAME} PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cpu/pyqsa-cpu.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-attn.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-attn-part.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-block-cells.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-mask-cells.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-page-resolve.cpp

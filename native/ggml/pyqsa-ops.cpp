@@ -28,17 +28,8 @@ void set_stores(struct ggml_tensor * op, const struct ggml_tensor * dev, const v
     set_host_ptr(op, 4, store_v);
 }
 
-}  // namespace
-
-void * pyqsa_ggml_host_ptr(const struct ggml_tensor * op, int first_param) {
-    const uint64_t lo = (uint32_t) ggml_get_op_params_i32(op, first_param);
-    const uint64_t hi = (uint32_t) ggml_get_op_params_i32(op, first_param + 1);
-    return (void *) (uintptr_t) (lo | (hi << 32));
-}
-
-struct ggml_tensor * pyqsa_ggml_qsa_attn(struct ggml_context * ctx, struct ggml_tensor * q,
-                                         struct ggml_tensor * k, struct ggml_tensor * v,
-                                         struct ggml_tensor * cells, float scale) {
+// the inputs of qsa_attn and qsa_attn_part
+void check_attn_inputs(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v, const ggml_tensor * cells) {
     GGML_ASSERT(q->type == GGML_TYPE_F32);
     GGML_ASSERT(cells->type == GGML_TYPE_I32);
     GGML_ASSERT(k->type == v->type);
@@ -50,6 +41,20 @@ struct ggml_tensor * pyqsa_ggml_qsa_attn(struct ggml_context * ctx, struct ggml_
     GGML_ASSERT(ggml_is_contiguous(cells));
     // one contiguous row per (head, cell), so a row can be read or dequantized in one go
     GGML_ASSERT(k->nb[0] == ggml_type_size(k->type) && v->nb[0] == ggml_type_size(v->type));
+}
+
+}  // namespace
+
+void * pyqsa_ggml_host_ptr(const struct ggml_tensor * op, int first_param) {
+    const uint64_t lo = (uint32_t) ggml_get_op_params_i32(op, first_param);
+    const uint64_t hi = (uint32_t) ggml_get_op_params_i32(op, first_param + 1);
+    return (void *) (uintptr_t) (lo | (hi << 32));
+}
+
+struct ggml_tensor * pyqsa_ggml_qsa_attn(struct ggml_context * ctx, struct ggml_tensor * q,
+                                         struct ggml_tensor * k, struct ggml_tensor * v,
+                                         struct ggml_tensor * cells, float scale) {
+    check_attn_inputs(q, k, v, cells);
 
     struct ggml_tensor * result = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, q->ne[0], q->ne[1], q->ne[2], q->ne[3]);
     ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_ATTN);
@@ -60,14 +65,6 @@ struct ggml_tensor * pyqsa_ggml_qsa_attn(struct ggml_context * ctx, struct ggml_
     result->src[2] = v;
     result->src[3] = cells;
     return result;
-}
-
-void pyqsa_ggml_qsa_attn_set_host(struct ggml_tensor * attn, const void * k_host, const void * v_host, int64_t n_host) {
-    GGML_ASSERT(attn->op == GGML_OP_PYQSA && ggml_get_op_params_i32(attn, 0) == PYQSA_GGML_OP_QSA_ATTN);
-    GGML_ASSERT(k_host != nullptr && v_host != nullptr && n_host > 0 && n_host <= INT32_MAX);
-    set_host_ptr(attn, 2, k_host);
-    set_host_ptr(attn, 4, v_host);
-    ggml_set_op_params_i32(attn, 6, (int32_t) n_host);
 }
 
 struct ggml_tensor * pyqsa_ggml_qsa_mask_cells(struct ggml_context * ctx, struct ggml_tensor * mask,
@@ -134,8 +131,7 @@ struct ggml_tensor * pyqsa_ggml_qsa_block_cells_paged(struct ggml_context * ctx,
                                                       struct ggml_tensor * slots, struct ggml_tensor * n_vis,
                                                       struct ggml_tensor * n_paged, struct ggml_tensor * pos,
                                                       int32_t r, int32_t hot_cells, int32_t ring) {
-    GGML_ASSERT(slots == nullptr ||
-                (slots->type == GGML_TYPE_I32 && ggml_are_same_shape(slots, blocks) && ggml_is_contiguous(slots)));
+    GGML_ASSERT(slots->type == GGML_TYPE_I32 && ggml_are_same_shape(slots, blocks) && ggml_is_contiguous(slots));
     GGML_ASSERT(n_paged->type == GGML_TYPE_I32 && ggml_nelements(n_paged) == ggml_nrows(blocks));
     GGML_ASSERT(hot_cells >= 0 && hot_cells % r == 0 && ring >= r);
 
@@ -189,20 +185,50 @@ void pyqsa_ggml_qsa_page_resolve_set_generations(struct ggml_tensor * resolve, s
 struct ggml_tensor * pyqsa_ggml_qsa_page_stage(struct ggml_context * ctx, struct ggml_tensor * blocks,
                                                struct ggml_tensor * n_paged, struct ggml_tensor * stage,
                                                const void * store, struct ggml_tensor * stage_v, const void * store_v,
-                                               int64_t n_store) {
+                                               int64_t n_store, int64_t b0, struct ggml_tensor * after) {
     const int64_t ns = blocks->ne[2];
     GGML_ASSERT(blocks->type == GGML_TYPE_I32 && ggml_is_contiguous(blocks) && blocks->ne[3] == 1);
     GGML_ASSERT(n_paged->type == GGML_TYPE_I32 && ggml_is_contiguous(n_paged) && ggml_nelements(n_paged) == ggml_nrows(blocks));
-    GGML_ASSERT(stage->ne[2] == ns);
+    GGML_ASSERT(stage->ne[2] == ns && b0 >= 0 && b0 < n_store);
 
-    struct ggml_tensor * result = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, blocks->ne[0], blocks->ne[1], ns);
+    struct ggml_tensor * result = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, ns);
     ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_PAGE_STAGE);
     set_stores(result, stage, store, stage_v, store_v, n_store);
+    ggml_set_op_params_i32(result, 6, (int32_t) b0);
     result->op     = GGML_OP_PYQSA;
     result->src[0] = blocks;
     result->src[1] = n_paged;
     result->src[2] = stage;
     result->src[3] = stage_v;
+    result->src[4] = after;
+    return result;
+}
+
+struct ggml_tensor * pyqsa_ggml_qsa_attn_part(struct ggml_context * ctx, struct ggml_tensor * q, struct ggml_tensor * k,
+                                              struct ggml_tensor * v, struct ggml_tensor * cells,
+                                              struct ggml_tensor * n_paged, struct ggml_tensor * state,
+                                              struct ggml_tensor * after, float scale, int32_t r, int32_t lo,
+                                              int32_t hi, int32_t base, int32_t ring, int32_t n_split, bool last) {
+    check_attn_inputs(q, k, v, cells);
+    const int64_t D = q->ne[0], H = q->ne[1], n_rows = q->ne[2] * q->ne[3];
+    GGML_ASSERT(n_paged->type == GGML_TYPE_I32 && ggml_is_contiguous(n_paged) && ggml_nelements(n_paged) == n_rows);
+    GGML_ASSERT(r > 0 && n_split >= 1 && ring >= 0 && (ring > 0 || (lo >= 0 && lo <= hi)));
+    GGML_ASSERT(state == nullptr || (state->type == GGML_TYPE_F32 && ggml_is_contiguous(state) &&
+                                     state->ne[0] == D + 2 && state->ne[1] == H && state->ne[2] == n_rows &&
+                                     state->ne[3] == n_split));
+
+    struct ggml_tensor * result = last ? ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D, H, q->ne[2], q->ne[3])
+                                       : ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D + 2, H, n_rows, n_split);
+    const int32_t params[] = { PYQSA_GGML_OP_QSA_ATTN_PART, 0, r, lo, hi, base, ring, n_split, last };
+    for (int i = 0; i < 9; ++i) {
+        ggml_set_op_params_i32(result, i, params[i]);
+    }
+    ggml_set_op_params_f32(result, 1, scale);
+    result->op = GGML_OP_PYQSA;
+    ggml_tensor * srcs[] = { q, k, v, cells, n_paged, state, after };
+    for (int i = 0; i < 7; ++i) {
+        result->src[i] = srcs[i];
+    }
     return result;
 }
 

@@ -19,6 +19,7 @@ enum pyqsa_ggml_op {
     PYQSA_GGML_OP_QSA_PAGE_RESOLVE = 6,
     PYQSA_GGML_OP_QSA_PAGE_WRITE = 7,
     PYQSA_GGML_OP_QSA_PAGE_STAGE = 8,
+    PYQSA_GGML_OP_QSA_ATTN_PART  = 9,
 };
 
 // Sparse attention: every query attends only to the KV cells listed for it (QSA: the selected
@@ -35,13 +36,6 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_attn(struct ggml_context * ctx,
                                                   struct ggml_tensor * v,
                                                   struct ggml_tensor * cells,
                                                   float scale);
-
-// Lets a qsa_attn node read the cells past its device cache from a host store too: a cell
-// c >= k->ne[2] (n_dev) is row c - n_dev of the query's stream in host memory (pinned, read in
-// place on CUDA), K at k_host + (s * n_host + c - n_dev) * k->nb[2] + head * k->nb[1], V alike;
-// rows laid out as k's. Not graph tensors, so no backend copies them.
-GGML_API void pyqsa_ggml_qsa_attn_set_host(struct ggml_tensor * attn, const void * k_host, const void * v_host,
-                                           int64_t n_host);
 
 // Cell lists from a selection mask: per query row, the indices of the finite mask entries in
 // increasing order, padded with -1.
@@ -98,8 +92,6 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_block_cells(struct ggml_context * c
 //   slots:   I32 [kb, n_q, n_stream] hot slot of each selected block (pyqsa_ggml_qsa_page_resolve
 //            with n_paged as its n_vis)
 //   n_paged: I32 [n_q * n_stream] blocks of each query's stream in the host store
-// A block below n_paged without a slot (slots NULL, or a slot of -1) stays in the host store, as
-// cells hot_cells + ring + position (a qsa_attn with pyqsa_ggml_qsa_attn_set_host reads them there).
 // returns I32 [kb * r + r - 1, n_q, n_stream] rows of the device cache, padded with -1
 GGML_API struct ggml_tensor * pyqsa_ggml_qsa_block_cells_paged(struct ggml_context * ctx,
                                                                struct ggml_tensor * blocks,
@@ -151,16 +143,17 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_resolve(struct ggml_context * 
                                                           const void * store_v,
                                                           int64_t n_store);
 
-// Prefill staging from a host store: per stream, the distinct blocks below n_paged that the
-// queries select, in increasing block order; the first S go to slots 0..S-1 of a staging area,
-// fetched as pyqsa_ggml_qsa_page_resolve fetches its misses. No state: every call stages anew.
+// Prefill staging of one window of a host store: per stream, every block b in [b0, b0 + S) below
+// n_paged that some query selects is copied to slot b - b0 of a staging area (the other slots
+// keep what they held). Windows taken in turn, each followed by a pyqsa_ggml_qsa_attn_part pass,
+// bring a prefill chunk's stored blocks to the device a window at a time.
 //   blocks:  I32 [kb, n_q, n_stream] selected block ids (pyqsa_ggml_qsa_topk)
 //   n_paged: I32 [n_q * n_stream] blocks of each query's stream in the host store
 //   stage:   [E, S, n_stream] any type, one contiguous row of B = nb[1] bytes per block, streams
 //            nb[2] apart (a view of a larger tensor may be given); written in place
 //   store, stage_v, store_v, n_store: as for pyqsa_ggml_qsa_page_resolve
-// returns I32 [kb, n_q, n_stream]: the staging slot of every selected block below n_paged, -1
-// for the others and for stored blocks past the first S (left in the host store)
+//   after:   optional node this one must follow (the previous pass, which read the staging area)
+// returns I32 [n_stream]: the blocks each stream copied
 GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_stage(struct ggml_context * ctx,
                                                         struct ggml_tensor * blocks,
                                                         struct ggml_tensor * n_paged,
@@ -168,7 +161,50 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_stage(struct ggml_context * ct
                                                         const void * store,
                                                         struct ggml_tensor * stage_v,
                                                         const void * store_v,
-                                                        int64_t n_store);
+                                                        int64_t n_store,
+                                                        int64_t b0,
+                                                        struct ggml_tensor * after);
+
+// The split count of pyqsa_ggml_qsa_attn on CUDA (the CPU kernel keeps one split): a query's
+// list of n_sel cells is cut into this many equal runs, each with its own online softmax, merged
+// at the end. A qsa_attn_part chain with as many splits gives the same bits.
+static inline int pyqsa_ggml_qsa_attn_cuda_splits(int64_t n_sel, int64_t n_rows, int64_t n_head) {
+    const int64_t ctas = n_rows * n_head > 0 ? n_rows * n_head : 1;
+    const int64_t by_cells = (n_sel + 63) / 64, by_ctas = 4096 / ctas;
+    const int64_t n = by_cells < by_ctas ? by_cells : by_ctas;
+    return n > 1 ? (int) n : 1;
+}
+
+// One pass of a resumable pyqsa_ggml_qsa_attn, for prefill over a paged cache: each query's
+// online-softmax state (per split: acc, max, sum) comes from the previous pass, takes the cells
+// of its list inside this pass's positions and goes on to the next pass. Passes over increasing,
+// disjoint position ranges, covering every listed cell, give the bits of one qsa_attn whose
+// splits match (cell lists are in increasing position order apart from -1 padding).
+//   q, cells: as for pyqsa_ggml_qsa_attn, cells being positions (pyqsa_ggml_qsa_block_cells)
+//   n_paged:  I32 [n_q * n_stream] blocks of each query's stream in the host store
+//   k, v:     [D, n_head_kv, n_rows, n_stream] this pass's rows
+//   state:    F32 [D + 2, n_head, n_q * n_stream, n_split] the previous pass, NULL for the first
+//   stored pass (ring == 0): positions [lo, hi) below n_paged * r, position c at row c - lo
+//   ring pass (ring > 0): positions from n_paged * r on, position c at row base + c % ring
+//   n_split:  runs per query list (pyqsa_ggml_qsa_attn_cuda_splits on CUDA, 1 on the CPU)
+//   after:    optional node this one must follow (the staging that wrote k/v)
+// returns the next state, or with last the attention output F32 [D, n_head, n_q, n_stream]
+GGML_API struct ggml_tensor * pyqsa_ggml_qsa_attn_part(struct ggml_context * ctx,
+                                                       struct ggml_tensor * q,
+                                                       struct ggml_tensor * k,
+                                                       struct ggml_tensor * v,
+                                                       struct ggml_tensor * cells,
+                                                       struct ggml_tensor * n_paged,
+                                                       struct ggml_tensor * state,
+                                                       struct ggml_tensor * after,
+                                                       float scale,
+                                                       int32_t r,
+                                                       int32_t lo,
+                                                       int32_t hi,
+                                                       int32_t base,
+                                                       int32_t ring,
+                                                       int32_t n_split,
+                                                       bool last);
 
 // Generations for a page-resolve node whose step input has 1 + n_stream entries: a stream whose
 // generation (step[1 + s]) differs from seen[s] empties its table, owners and stamps first, and

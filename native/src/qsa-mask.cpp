@@ -44,7 +44,7 @@ pyqsa_qsa_selection pyqsa_qsa_select_blocks(ggml_context * ctx, ggml_tensor * sc
 }
 
 ggml_tensor * pyqsa_qsa_attn_cells(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
-                                   ggml_tensor * cells, float kq_scale, const pyqsa_host_rows * host) {
+                                   ggml_tensor * cells, float kq_scale) {
     const int64_t D        = q->ne[0];
     const int64_t n_head   = q->ne[1];
     const int64_t n_stream = k->ne[3];
@@ -52,9 +52,6 @@ ggml_tensor * pyqsa_qsa_attn_cells(ggml_context * ctx, ggml_tensor * q, ggml_ten
 
     ggml_tensor * q4  = ggml_reshape_4d(ctx, ggml_cont(ctx, q), D, n_head, n_tps, n_stream);
     ggml_tensor * out = pyqsa_ggml_qsa_attn(ctx, q4, k, v, cells, kq_scale);  // [D, n_head, n_tps, ns]
-    if (host != nullptr) {
-        pyqsa_ggml_qsa_attn_set_host(out, host->k, host->v, host->n);
-    }
     return ggml_reshape_2d(ctx, out, D * n_head, n_tps * n_stream);
 }
 

@@ -32,15 +32,9 @@ pyqsa_qsa_selection pyqsa_qsa_select_blocks(ggml_context * ctx, ggml_tensor * sc
 //   q:     F32 [D, n_head, n_tokens] (n_tokens = n_tps * n_stream, stream-major)
 //   k, v:  [D, n_head_kv, n_kv, n_stream] views of the KV cache, one row per (head, cell)
 //   cells: I32 [n_sel, n_tps, n_stream]
-//   host:  where cells >= n_kv are read, or nullptr (pyqsa_ggml_qsa_attn_set_host)
 // returns F32 [D * n_head, n_tokens]
-struct pyqsa_host_rows {
-    const void * k;
-    const void * v;
-    int64_t      n;  // rows per stream
-};
 ggml_tensor * pyqsa_qsa_attn_cells(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
-                                   ggml_tensor * cells, float kq_scale, const pyqsa_host_rows * host = nullptr);
+                                   ggml_tensor * cells, float kq_scale);
 
 // pyqsa_qsa_attn_cells over the cells a selection mask keeps.
 //   mask: [n_kv, n_tps, 1, n_stream] from pyqsa_qsa_select_blocks

@@ -290,40 +290,55 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
     ggml_build_forward_expand(g.gf, pyqsa_ggml_qsa_page_write(ctx, ring[0], ring[1], inp->ring_rows, k_idxs, v_idxs,
                                                                l.host_k->data, l.host_v->data));
 
-    const size_t  stream_bytes = (size_t) l.host_k->nb[2];
-    const char *  store_k      = (const char *) l.host_k->data + s0 * stream_bytes;
-    const char *  store_v      = (const char *) l.host_v->data + s0 * l.host_v->nb[2];
-    ggml_tensor * k4 = as_heads(ctx, ring[0], k_cur, n_rows, ns);
-    ggml_tensor * v4 = as_heads(ctx, ring[1], v_cur, n_rows, ns);
-    const int64_t n_store  = pager.kv_size() / r;
+    const char *  store_k = (const char *) l.host_k->data + s0 * l.host_k->nb[2];
+    const char *  store_v = (const char *) l.host_v->data + s0 * l.host_v->nb[2];
+    ggml_tensor * k4      = as_heads(ctx, ring[0], k_cur, n_rows, ns);
+    ggml_tensor * v4      = as_heads(ctx, ring[1], v_cur, n_rows, ns);
+    const int64_t n_store = pager.kv_size() / r;
     // the hot slots as block rows: [r * E, H, ns]
     const auto    slots_of = [&](ggml_tensor * t) {
         return ggml_view_3d(ctx, t, r * t->ne[0], H, ns, r * t->nb[1], n_rows * t->nb[1], 0);
     };
-    // the hot slot of every selected stored block
-    ggml_tensor *          slots;
-    const pyqsa_host_rows  in_host = { store_k, store_v, pager.kv_size() };
-    const pyqsa_host_rows * host   = nullptr;
     if (inp->resolve) {
         const auto state = [&](ggml_tensor * t) {
             return ggml_view_2d(ctx, t, t->ne[0], ns, t->nb[1], s0 * t->nb[1]);
         };
-        slots = pyqsa_ggml_qsa_page_resolve(ctx, blocks, inp->n_paged, state(l.table), state(l.owner), state(l.stamp),
-                                            inp->step, state(l.stats), slots_of(ring[0]), store_k, slots_of(ring[1]),
-                                            store_v, n_store);
+        ggml_tensor * slots = pyqsa_ggml_qsa_page_resolve(ctx, blocks, inp->n_paged, state(l.table), state(l.owner),
+                                                          state(l.stamp), inp->step, state(l.stats), slots_of(ring[0]),
+                                                          store_k, slots_of(ring[1]), store_v, n_store);
         pyqsa_ggml_qsa_page_resolve_set_generations(slots, ggml_view_1d(ctx, l.seen, ns, s0 * l.seen->nb[0]));
-    } else {
-        // a prefill chunk: its queries' stored blocks are staged into the hot slots (the hot
-        // cache is forgotten: set_input starts a new generation), those past H (slot -1) are
-        // read from host memory
-        slots = pyqsa_ggml_qsa_page_stage(ctx, blocks, inp->n_paged, slots_of(ring[0]), store_k, slots_of(ring[1]),
-                                          store_v, n_store);
-        host  = &in_host;
+        ggml_tensor * cells = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, slots, inp->n_vis, inp->n_paged, inp->q_pos,
+                                                               (int32_t) r, (int32_t) (H * r), (int32_t) pager.ring());
+        ggml_format_name(cells, "qsa_paged_cells-%d", il);
+        return pyqsa_qsa_attn_cells(ctx, q, k4, v4, cells, kq_scale);
     }
-    ggml_tensor * cells = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, slots, inp->n_vis, inp->n_paged, inp->q_pos,
-                                                           (int32_t) r, (int32_t) (H * r), (int32_t) pager.ring());
-    ggml_format_name(cells, "qsa_paged_cells-%d", il);
-    return pyqsa_qsa_attn_cells(ctx, q, k4, v4, cells, kq_scale, host);
+
+    // A prefill chunk: the host store comes through the hot slots a window of H blocks at a time
+    // (only the blocks some query selects), each window followed by a resumable attention pass
+    // over the cells in it; the ring's cells come last. Passes keep qsa_attn's order and splits,
+    // so the result has its bits. The hot cache is forgotten (set_input starts a new generation).
+    ggml_tensor * cells = pyqsa_ggml_qsa_block_cells(ctx, blocks, inp->n_vis, inp->q_pos, (int32_t) r);
+    ggml_format_name(cells, "qsa_cells-%d", il);
+    const int64_t D = q->ne[0], n_head = q->ne[1], n_tps = n_tok / ns;
+    ggml_tensor * q4 = ggml_reshape_4d(ctx, ggml_cont(ctx, q), D, n_head, n_tps, ns);
+    // the CPU qsa_attn keeps one split; on CUDA its split count
+    const int32_t n_split = ggml_backend_buffer_is_host(l.dev_k->buffer)
+                                ? 1
+                                : pyqsa_ggml_qsa_attn_cuda_splits(cells->ne[0], n_tok, n_head);
+    // the ubatch's streams hold at most n_kv cells, so their stored blocks lie below n_kv / r
+    const int64_t n_kv      = g.mctx->get_attn()->get_n_kv();
+    const int64_t n_windows = ((n_kv + r - 1) / r + H - 1) / H;
+    ggml_tensor * state     = nullptr;
+    for (int64_t w = 0; w < n_windows; ++w) {
+        ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, inp->n_paged, slots_of(ring[0]), store_k,
+                                                         slots_of(ring[1]), store_v, n_store, w * H, state);
+        state = pyqsa_ggml_qsa_attn_part(ctx, q4, k4, v4, cells, inp->n_paged, state, staged, kq_scale, (int32_t) r,
+                                         (int32_t) (w * H * r), (int32_t) ((w + 1) * H * r), 0, 0, n_split, false);
+    }
+    ggml_tensor * out = pyqsa_ggml_qsa_attn_part(ctx, q4, k4, v4, cells, inp->n_paged, state, nullptr, kq_scale,
+                                                 (int32_t) r, 0, 0, (int32_t) (H * r), (int32_t) pager.ring(), n_split,
+                                                 true);
+    return ggml_reshape_2d(ctx, out, D * n_head, n_tok);
 }
 
 }  // namespace

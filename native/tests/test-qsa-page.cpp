@@ -241,8 +241,9 @@ std::vector<page_step> scenario(const page_shape & c, int n_steps, std::mt19937 
 // Paged decode attention against the unpaged op on one backend, over consecutive decode steps:
 // the whole K/V cache is the host store (pinned); the device holds `hot` block slots and a ring
 // of `ring` cells, to which each step writes the cells past the stored blocks. Two paged
-// outputs: through the hot cache (resolve), and with the stored blocks read from host memory in
-// place (the prefill path: block cells without slots, qsa_attn with host rows). Each step also
+// outputs: through the hot cache (resolve), and the prefill path (the store staged a window of
+// `hot` blocks at a time into a second device cache, each window followed by a qsa_attn_part
+// pass, then the ring's pass, with qsa_attn's split count on this backend). Each step also
 // writes its token's ring row back with qsa_page_write into a second host store, which must end
 // up equal to the first at those rows; midway, stream 0 starts a new generation (a new
 // sequence), after which all its visible selected blocks must miss once. Returns the first step whose output differs (or
@@ -265,7 +266,8 @@ int paged_attention_diff(ggml_backend_t be, const paged_attn_case & c, const uin
                          bool * supported) {
     const int64_t n_blocks = c.n_kv / c.r, cells = c.hot * c.r + c.ring;
     const size_t  row = ggml_row_size(GGML_TYPE_F16, c.D) * c.Hkv;  // one cell's K (or V)
-    ggml_init_params ip = { ggml_tensor_overhead() * 40 + ggml_graph_overhead(), nullptr, true };
+    const int64_t n_windows = (n_blocks + c.hot - 1) / c.hot;
+    ggml_init_params ip = { ggml_tensor_overhead() * (48 + 6 * n_windows) + ggml_graph_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(ip);
     ggml_tensor * q      = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.D, c.Hq, 1, c.ns);
     ggml_tensor * blocks = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, c.kb, 1, c.ns);
@@ -284,6 +286,8 @@ int paged_attention_diff(ggml_backend_t be, const paged_attn_case & c, const uin
     ggml_tensor * v_all  = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, c.D, c.Hkv, c.n_kv, c.ns);
     ggml_tensor * k_dev  = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, c.D, c.Hkv, cells, c.ns);
     ggml_tensor * v_dev  = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, c.D, c.Hkv, cells, c.ns);
+    ggml_tensor * k_pf   = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, c.D, c.Hkv, cells, c.ns);
+    ggml_tensor * v_pf   = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, c.D, c.Hkv, cells, c.ns);
     // the hot slots as block rows: [r * Hkv * D, hot, ns], streams a whole device cache apart
     const auto slots_of = [&](ggml_tensor * t) {
         return ggml_view_3d(ctx, t, c.D * c.Hkv * c.r, c.hot, c.ns, row * c.r, t->nb[3], 0);
@@ -293,18 +297,32 @@ int paged_attention_diff(ggml_backend_t be, const paged_attn_case & c, const uin
     pyqsa_ggml_qsa_page_resolve_set_generations(slots, seen);
     ggml_tensor * cells_p = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, slots, n_vis, n_pgd, pos, c.r,
                                                              (int32_t) (c.hot * c.r), (int32_t) c.ring);
-    ggml_tensor * cells_h = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, nullptr, n_vis, n_pgd, pos, c.r,
-                                                             (int32_t) (c.hot * c.r), (int32_t) c.ring);
     ggml_tensor * cells_u = pyqsa_ggml_qsa_block_cells(ctx, blocks, n_vis, pos, c.r);
     const float   scale   = 1.0f / std::sqrt((float) c.D);
     ggml_tensor * paged   = pyqsa_ggml_qsa_attn(ctx, q, k_dev, v_dev, cells_p, scale);
-    ggml_tensor * in_host = pyqsa_ggml_qsa_attn(ctx, q, k_dev, v_dev, cells_h, scale);
-    pyqsa_ggml_qsa_attn_set_host(in_host, k_host, v_host, c.n_kv);
     ggml_tensor * whole   = pyqsa_ggml_qsa_attn(ctx, q, k_all, v_all, cells_u, scale);
+    const bool    is_cpu  = ggml_backend_dev_type(ggml_backend_get_device(be)) == GGML_BACKEND_DEVICE_TYPE_CPU;
+    const int32_t n_split = is_cpu ? 1 : pyqsa_ggml_qsa_attn_cuda_splits(cells_u->ne[0], c.ns, c.Hq);
+    ggml_tensor * state   = nullptr;
+    std::vector<ggml_tensor *> ops;
+    for (int64_t w = 0; w < n_windows; ++w) {
+        ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, n_pgd, slots_of(k_pf), k_host, slots_of(v_pf),
+                                                         v_host, n_blocks, w * c.hot, state);
+        state = pyqsa_ggml_qsa_attn_part(ctx, q, k_pf, v_pf, cells_u, n_pgd, state, staged, scale, c.r,
+                                         (int32_t) (w * c.hot * c.r), (int32_t) ((w + 1) * c.hot * c.r), 0, 0, n_split,
+                                         false);
+        ops.insert(ops.end(), { staged, state });
+    }
+    ggml_tensor * in_host = pyqsa_ggml_qsa_attn_part(ctx, q, k_pf, v_pf, cells_u, n_pgd, state, nullptr, scale, c.r, 0,
+                                                     0, (int32_t) (c.hot * c.r), (int32_t) c.ring, n_split, true);
+    ops.push_back(in_host);
     const auto    rows_of = [&](ggml_tensor * t) { return ggml_view_2d(ctx, t, c.D * c.Hkv, cells * c.ns, row, 0); };
     ggml_tensor * write   = pyqsa_ggml_qsa_page_write(ctx, rows_of(k_dev), rows_of(v_dev), w_src, w_dst, w_dst, k_back, v_back);
     *supported = true;
-    for (ggml_tensor * t : { slots, paged, in_host, whole, cells_p, cells_h, write }) {
+    for (ggml_tensor * t : { slots, paged, whole, cells_p, write }) {
+        ops.push_back(t);
+    }
+    for (ggml_tensor * t : ops) {
         *supported = *supported && ggml_backend_supports_op(be, t);
     }
     int diff = -1;
@@ -342,6 +360,8 @@ int paged_attention_diff(ggml_backend_t be, const paged_attn_case & c, const uin
                     const size_t src = ((size_t) s * c.n_kv + p) * row;
                     ggml_backend_tensor_set(k_dev, k_host + src, dst, row);
                     ggml_backend_tensor_set(v_dev, v_host + src, dst, row);
+                    ggml_backend_tensor_set(k_pf, k_host + src, dst, row);
+                    ggml_backend_tensor_set(v_pf, v_host + src, dst, row);
                 }
                 std::set<int32_t> pick;
                 while ((int64_t) pick.size() < c.kb) {  // most picks near the end: hits and misses
@@ -428,7 +448,7 @@ void test_paged_attention(ggml_backend_t cpu, const char * only_backend, int & n
             const int diff = paged_attention_diff(be, c, k_host.data, v_host.data, k_back.data, v_back.data, 40, 7,
                                                   &misses, &supported);
             const std::string d = !supported ? "not supported "
-                                  : diff < 0 ? "hot-cache and in-host-memory attention equal to unpaged over 40 steps, "
+                                  : diff < 0 ? "hot-cache and staged-window attention equal to unpaged over 40 steps, "
                                                "write-back and reset checked (" + std::to_string(misses) + " misses) "
                                              : "differs from unpaged at step " + std::to_string(diff) + " ";
             report(c.name(), ggml_backend_dev_name(dev), d, supported && diff < 0 && misses > c.kb, n_ok, n_fail);
@@ -437,16 +457,18 @@ void test_paged_attention(ggml_backend_t cpu, const char * only_backend, int & n
     }
 }
 
-// qsa_page_stage on one backend: per stream, the distinct stored blocks the queries select, in
-// increasing order, the first S staged. Returns false when not supported.
+// qsa_page_stage on one backend: per stream, the blocks of the window [b0, b0 + S) below n_paged
+// that some query selects, copied to slot b - b0; the other slots keep their (zeroed) bytes.
+// Returns false when not supported.
 struct stage_case {
-    int64_t ns, n_q, kb, n_blocks, S;
+    int64_t ns, n_q, kb, n_blocks, S, b0;
     int32_t B;  // bytes per block
 
     std::string name() const {
         char buf[128];
-        std::snprintf(buf, sizeof(buf), "QSA_PAGE_STAGE(ns=%lld,n_q=%lld,kb=%lld,n_blocks=%lld,S=%lld,B=%d)", (long long) ns,
-                      (long long) n_q, (long long) kb, (long long) n_blocks, (long long) S, B);
+        std::snprintf(buf, sizeof(buf), "QSA_PAGE_STAGE(ns=%lld,n_q=%lld,kb=%lld,n_blocks=%lld,S=%lld,b0=%lld,B=%d)",
+                      (long long) ns, (long long) n_q, (long long) kb, (long long) n_blocks, (long long) S,
+                      (long long) b0, B);
         return buf;
     }
 };
@@ -458,11 +480,12 @@ bool run_stage(ggml_backend_t be, const stage_case & c, const uint8_t * store, c
     ggml_tensor * blocks = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, c.kb, c.n_q, c.ns);
     ggml_tensor * n_pgd  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, c.n_q * c.ns);
     ggml_tensor * stage  = ggml_new_tensor_3d(ctx, GGML_TYPE_I8, c.B, c.S, c.ns);
-    ggml_tensor * slots  = pyqsa_ggml_qsa_page_stage(ctx, blocks, n_pgd, stage, store, nullptr, nullptr, c.n_blocks);
-    const bool ok = ggml_backend_supports_op(be, slots);
+    ggml_tensor * counts = pyqsa_ggml_qsa_page_stage(ctx, blocks, n_pgd, stage, store, nullptr, nullptr, c.n_blocks,
+                                                     c.b0, nullptr);
+    const bool ok = ggml_backend_supports_op(be, counts);
     if (ok) {
         ggml_cgraph * gf = ggml_new_graph(ctx);
-        ggml_build_forward_expand(gf, slots);
+        ggml_build_forward_expand(gf, counts);
         ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
         ggml_backend_buffer_clear(buf, 0);
         ggml_backend_tensor_set(blocks, bl.data(), 0, ggml_nbytes(blocks));
@@ -471,9 +494,9 @@ bool run_stage(ggml_backend_t be, const stage_case & c, const uint8_t * store, c
             std::fprintf(stderr, "compute failed\n");
             std::exit(2);
         }
-        out.resize(ggml_nelements(slots));
+        out.resize(ggml_nelements(counts));
         staged.resize(ggml_nbytes(stage));
-        ggml_backend_tensor_get(slots, out.data(), 0, ggml_nbytes(slots));
+        ggml_backend_tensor_get(counts, out.data(), 0, ggml_nbytes(counts));
         ggml_backend_tensor_get(stage, staged.data(), 0, ggml_nbytes(stage));
         ggml_backend_buffer_free(buf);
     }
@@ -483,55 +506,49 @@ bool run_stage(ggml_backend_t be, const stage_case & c, const uint8_t * store, c
 
 void test_page_stage(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail) {
     const stage_case cases[] = {
-        { 2, 16, 8, 300, 40, 20 },       // more distinct blocks than slots: some left in the host store
-        { 3, 4, 16, 5000, 4096, 64 },    // all staged
-        { 1, 512, 32, 65536, 4096, 16 },  // a prefill chunk's shape at 256K
+        { 2, 16, 8, 300, 40, 120, 20 },          // a window in the middle, some slots left alone
+        { 3, 4, 16, 5000, 4096, 0, 64 },         // the first window
+        { 1, 512, 32, 65536, 1024, 32768, 16 },  // a window of a prefill chunk at 256K
     };
     for (const stage_case & c : cases) {
         host_store store(c.B * c.n_blocks * c.ns);
         for (size_t i = 0; i < (size_t) c.B * c.n_blocks * c.ns; ++i) store.data[i] = (uint8_t) rng();
         std::vector<int32_t> bl, pgd(c.n_q * c.ns);
         for (int64_t s = 0; s < c.ns; ++s) {
+            const int32_t paged = (int32_t) (c.n_blocks / 2 + rng() % (c.n_blocks / 2));
             for (int64_t q = 0; q < c.n_q; ++q) {
-                pgd[s * c.n_q + q] = (int32_t) (c.n_blocks / 2 + rng() % (c.n_blocks / 2));
-                std::set<int32_t> pick;  // blocks at and past n_paged too: not stored, slot -1
+                pgd[s * c.n_q + q] = paged;
+                std::set<int32_t> pick;  // blocks at and past n_paged too: not stored, not staged
                 while ((int64_t) pick.size() < c.kb) pick.insert((int32_t) (rng() % c.n_blocks));
                 bl.insert(bl.end(), pick.begin(), pick.end());
             }
         }
-        // expected: per stream, rank among the distinct stored selected blocks, below S
         bool good = true;
         std::vector<int32_t> out, out_other;
         std::vector<uint8_t> staged, staged_other;
         const bool supported = run_stage(cpu, c, store.data, bl, pgd, out, staged);
-        int64_t n_staged = 0, n_host = 0;
+        int64_t n_staged = 0;
+        const std::vector<uint8_t> zero(c.B, 0);
         for (int64_t s = 0; supported && s < c.ns; ++s) {
-            std::set<int32_t> stored;
+            std::set<int32_t> wanted;
             for (int64_t e = 0; e < c.kb * c.n_q; ++e) {
                 const int32_t b = bl[s * c.kb * c.n_q + e];
-                if (b < pgd[s * c.n_q + e / c.kb]) stored.insert(b);
+                if (b >= c.b0 && b < c.b0 + c.S && b < pgd[s * c.n_q + e / c.kb]) wanted.insert(b);
             }
-            const std::vector<int32_t> order(stored.begin(), stored.end());
-            for (int64_t e = 0; e < c.kb * c.n_q; ++e) {
-                const int32_t b    = bl[s * c.kb * c.n_q + e];
-                const auto    rank = std::lower_bound(order.begin(), order.end(), b) - order.begin();
-                const bool    in   = b < pgd[s * c.n_q + e / c.kb] && rank < c.S;
-                good = good && out[s * c.kb * c.n_q + e] == (in ? (int32_t) rank : -1);
-                n_host += b < pgd[s * c.n_q + e / c.kb] && !in;
+            good = good && out[s] == (int32_t) wanted.size();
+            for (int64_t i = 0; i < c.S; ++i) {
+                const uint8_t * want = wanted.count((int32_t) (c.b0 + i)) ? store.data + (s * c.n_blocks + c.b0 + i) * c.B
+                                                                          : zero.data();
+                good = good && std::memcmp(staged.data() + (s * c.S + i) * c.B, want, c.B) == 0;
             }
-            for (int64_t i = 0; i < std::min<int64_t>(c.S, (int64_t) order.size()); ++i) {
-                good = good && std::memcmp(staged.data() + (s * c.S + i) * c.B,
-                                           store.data + (s * c.n_blocks + order[i]) * c.B, c.B) == 0;
-                ++n_staged;
-            }
+            n_staged += (int64_t) wanted.size();
         }
-        const std::string d = "vs reference (" + std::to_string(n_staged) + " blocks staged, " +
-                              std::to_string(n_host) + " selections left in the host store) ";
+        const std::string d = "vs reference (" + std::to_string(n_staged) + " blocks staged) ";
         report(c.name(), "CPU", d, supported && good && n_staged > 0, n_ok, n_fail);
         on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
             const bool ok = run_stage(be, c, store.data, bl, pgd, out_other, staged_other);
             const bool eq = ok && out_other == out && staged_other == staged;
-            return std::make_pair(eq, std::string(!ok ? "not supported " : eq ? "vs CPU: slots and staged rows " : "vs CPU: differs "));
+            return std::make_pair(eq, std::string(!ok ? "not supported " : eq ? "vs CPU: counts and staged rows " : "vs CPU: differs "));
         });
     }
 }
@@ -653,45 +670,76 @@ int cmd_trace() {
     return rc;
 }
 
-// a paged prefill chunk's attention over cells left in the host store (what overflows the
-// staging): 512 queries, 2048 host cells each, Flash-Next heads, a 256K host store
-void perf_host_attention(ggml_backend_t be, const char * dev_name) {
-    const int64_t D = 256, Hq = 24, Hkv = 2, n_q = 512, n_sel = 2048, n_host = 262144, n_dev = 515;
-    const size_t  row   = ggml_row_size(GGML_TYPE_F16, D) * Hkv;
-    host_store    k_host(row * n_host), v_host(row * n_host);
-    std::memset(k_host.data, 0, row * n_host);
-    std::memset(v_host.data, 0, row * n_host);
-    ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
+// a paged prefill chunk's attention at 256K: 512 queries of one stream selecting 512 random blocks
+// of 4 cells each (plus the tail) from 65536 stored blocks, Flash-Next heads, a hot area of 1024
+// blocks: 64 staged windows and passes, then the ring's pass; against qsa_attn over the whole
+// cache on the device
+void perf_prefill_attention(ggml_backend_t be, const char * dev_name) {
+    const int64_t D = 256, Hq = 24, Hkv = 2, n_q = 512, kb = 512, n_blocks = 65536, hot = 1024, ring = 515;
+    const int32_t r = 4;
+    const int64_t n_kv = n_blocks * r + n_q, rows = hot * r + ring, n_windows = n_blocks / hot;
+    const size_t  row  = ggml_row_size(GGML_TYPE_F16, D) * Hkv;
+    host_store    k_host(row * n_kv), v_host(row * n_kv);
+    std::memset(k_host.data, 0, row * n_kv);
+    std::memset(v_host.data, 0, row * n_kv);
+    ggml_init_params ip = { ggml_tensor_overhead() * (16 + 6 * n_windows) + ggml_graph_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(ip);
-    ggml_tensor * q     = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D, Hq, n_q, 1);
-    ggml_tensor * k     = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, Hkv, n_dev, 1);
-    ggml_tensor * v     = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, Hkv, n_dev, 1);
-    ggml_tensor * cells = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, n_sel, n_q, 1);
-    ggml_tensor * out   = pyqsa_ggml_qsa_attn(ctx, q, k, v, cells, 0.0625f);
-    pyqsa_ggml_qsa_attn_set_host(out, k_host.data, v_host.data, n_host);
-    if (ggml_backend_supports_op(be, out)) {
-        ggml_cgraph * gf = ggml_new_graph(ctx);
-        ggml_build_forward_expand(gf, out);
+    ggml_tensor * q      = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D, Hq, n_q, 1);
+    ggml_tensor * blocks = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, kb, n_q, 1);
+    ggml_tensor * n_vis  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_q);
+    ggml_tensor * n_pgd  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_q);
+    ggml_tensor * pos    = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_q);
+    ggml_tensor * k_dev  = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, Hkv, rows, 1);
+    ggml_tensor * v_dev  = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, Hkv, rows, 1);
+    ggml_tensor * k_all  = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, Hkv, n_kv, 1);
+    ggml_tensor * v_all  = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, Hkv, n_kv, 1);
+    ggml_tensor * cells  = pyqsa_ggml_qsa_block_cells(ctx, blocks, n_vis, pos, r);
+    const auto slots_of  = [&](ggml_tensor * t) { return ggml_view_3d(ctx, t, D * Hkv * r, hot, 1, row * r, t->nb[3], 0); };
+    const int32_t n_split = pyqsa_ggml_qsa_attn_cuda_splits(cells->ne[0], n_q, Hq);
+    ggml_tensor * state   = nullptr;
+    for (int64_t w = 0; w < n_windows; ++w) {
+        ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, n_pgd, slots_of(k_dev), k_host.data,
+                                                         slots_of(v_dev), v_host.data, n_kv / r, w * hot, state);
+        state = pyqsa_ggml_qsa_attn_part(ctx, q, k_dev, v_dev, cells, n_pgd, state, staged, 0.0625f, r,
+                                         (int32_t) (w * hot * r), (int32_t) ((w + 1) * hot * r), 0, 0, n_split, false);
+    }
+    ggml_tensor * paged = pyqsa_ggml_qsa_attn_part(ctx, q, k_dev, v_dev, cells, n_pgd, state, nullptr, 0.0625f, r, 0, 0,
+                                                   (int32_t) (hot * r), (int32_t) ring, n_split, true);
+    ggml_tensor * whole = pyqsa_ggml_qsa_attn(ctx, q, k_all, v_all, cells, 0.0625f);
+    if (ggml_backend_supports_op(be, paged) && ggml_backend_supports_op(be, state)) {
         ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
         ggml_backend_buffer_clear(buf, 0);
-        std::vector<int32_t> cl(n_sel * n_q);
-        for (int64_t i = 0; i < n_q; ++i) {  // the same 512 blocks of 4 for every query: the best case for reuse
-            for (int64_t j = 0; j < n_sel; ++j) cl[i * n_sel + j] = (int32_t) (n_dev + (j / 4) * 512 + j % 4);
+        std::mt19937 rng(5);
+        std::vector<int32_t> bl, vis(n_q), pgd(n_q, (int32_t) n_blocks), ps(n_q);
+        for (int64_t i = 0; i < n_q; ++i) {
+            ps[i]  = (int32_t) (n_blocks * r + i);
+            vis[i] = (ps[i] + 1) / r;
+            std::set<int32_t> pick;
+            while ((int64_t) pick.size() < kb) pick.insert((int32_t) (rng() % n_blocks));
+            bl.insert(bl.end(), pick.begin(), pick.end());
         }
-        ggml_backend_tensor_set(cells, cl.data(), 0, ggml_nbytes(cells));
-        double total_us = 0.0;
-        const int reps = 3;
-        for (int rep = -1; rep < reps; ++rep) {
-            const auto t0 = std::chrono::steady_clock::now();
-            ggml_backend_graph_compute(be, gf);
-            ggml_backend_synchronize(be);
-            const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-            if (rep >= 0) total_us += us;
+        ggml_backend_tensor_set(blocks, bl.data(), 0, ggml_nbytes(blocks));
+        ggml_backend_tensor_set(n_vis, vis.data(), 0, ggml_nbytes(n_vis));
+        ggml_backend_tensor_set(n_pgd, pgd.data(), 0, ggml_nbytes(n_pgd));
+        ggml_backend_tensor_set(pos, ps.data(), 0, ggml_nbytes(pos));
+        for (ggml_tensor * out : { paged, whole }) {
+            ggml_cgraph * gf = ggml_new_graph(ctx);
+            ggml_build_forward_expand(gf, out);
+            std::vector<double> us;
+            for (int rep = -1; rep < 5; ++rep) {
+                const auto t0 = std::chrono::steady_clock::now();
+                ggml_backend_graph_compute(be, gf);
+                ggml_backend_synchronize(be);
+                if (rep >= 0) us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+            }
+            std::sort(us.begin(), us.end());
+            const double bytes = out == paged ? (double) n_blocks * r * 2 * row : 0.0;  // every block is selected
+            std::printf("  QSA prefill attention (n_q=%lld, kb=%lld, 256K, %s) %s: %.0f us/run (median of 5, %.0f-%.0f)%s\n",
+                        (long long) n_q, (long long) kb,
+                        out == paged ? "paged: 64 staged windows of 1024 blocks + ring" : "unpaged qsa_attn", dev_name,
+                        us[2], us[0], us[4],
+                        out == paged ? (", " + std::to_string((int) (bytes / us[2] / 1e3)) + " GB/s of host K/V staged").c_str() : "");
         }
-        const double bytes = (double) n_q * n_sel * 2 * row;  // K and V rows of every listed cell
-        std::printf("  QSA_ATTN host rows (n_q=%lld, n_sel=%lld, D=%lld, Hq=%lld, Hkv=%lld) %s: %.0f us/run, %.1f GB/s of listed K/V rows\n",
-                    (long long) n_q, (long long) n_sel, (long long) D, (long long) Hq, (long long) Hkv, dev_name,
-                    total_us / reps, bytes / (total_us / reps) / 1e3);
         ggml_backend_buffer_free(buf);
     }
     ggml_free(ctx);
@@ -738,7 +786,7 @@ int cmd_perf(const char * only_backend) {
                             misses * c.B() / (total_us / reps) / 1e3);
             }
         }
-        if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) perf_host_attention(be, ggml_backend_dev_name(dev));
+        if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) perf_prefill_attention(be, ggml_backend_dev_name(dev));
         ggml_backend_free(be);
     }
     return 0;

@@ -110,9 +110,11 @@ def test_paged_logits_equal_unpaged(model, kv_type, hot_blocks):
         assert sorted(layers) == [3, 7] and native.paging_layers(whole.ctx) is None
         assert sum(h for h, _ in layers.values()) == stats["hits"]
         assert sum(m for _, m in layers.values()) == stats["misses"]
-        # the same K/V bytes, all in host memory when paged; the hot caches beside them
+        # the same K/V bytes, all in host memory when paged (up to the buffers' alignment: on
+        # CUDA the device and pinned host buffers pad tensors differently); the hot caches beside
         lp, lw = native.ledger(paged.ctx), native.ledger(whole.ctx)
-        assert lp["device.kv"] == 0 and lp["host.kv"] == lw["device.kv"] + lw["host.kv"] > 0
+        kv = lw["device.kv"] + lw["host.kv"]
+        assert lp["device.kv"] == 0 and kv > 0 and abs(lp["host.kv"] - kv) <= 0.01 * kv, (lp, lw)
         assert lp["device.hot"] + lp["host.hot"] > 0 == lw["device.hot"] + lw["host.hot"]
     finally:
         paged.close()

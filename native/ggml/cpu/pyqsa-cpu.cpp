@@ -4,6 +4,7 @@
 #include "ggml-impl.h"
 #include "pyqsa-ggml.h"
 #include "qsa-attn.h"
+#include "qsa-attn-part.h"
 #include "qsa-block-cells.h"
 #include "qsa-mask-cells.h"
 #include "qsa-page-resolve.h"
@@ -37,6 +38,9 @@ void pyqsa_cpu_forward(const struct ggml_compute_params * params, struct ggml_te
             break;
         case PYQSA_GGML_OP_QSA_PAGE_WRITE:
             pyqsa_cpu_qsa_page_write(params, dst);
+            break;
+        case PYQSA_GGML_OP_QSA_ATTN_PART:
+            pyqsa_cpu_qsa_attn_part(params, dst);
             break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));

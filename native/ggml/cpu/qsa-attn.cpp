@@ -9,10 +9,7 @@
 #include <cmath>
 #include <vector>
 
-namespace {
-
-// row of D values of k or v (any supported type) as f32
-void load_row(const ggml_tensor * t, const char * row, float * out, int64_t D) {
+void pyqsa_cpu_attn_load_row(const ggml_tensor * t, const char * row, float * out, int64_t D) {
     switch (t->type) {
         case GGML_TYPE_F32:
             std::copy((const float *) row, (const float *) row + D, out);
@@ -26,7 +23,21 @@ void load_row(const ggml_tensor * t, const char * row, float * out, int64_t D) {
     }
 }
 
-}  // namespace
+void pyqsa_cpu_attn_state::add(const float * qrow, const float * krow, const float * vrow, int64_t D, float scale) {
+    float dot = 0.0f;
+    for (int64_t d = 0; d < D; ++d) {
+        dot += qrow[d] * krow[d];
+    }
+    const float score = dot * scale;
+    const float m_new = std::max(m, score);
+    const float old_w = std::exp(m - m_new);  // 0 on the first cell (m = -inf)
+    const float new_w = std::exp(score - m_new);
+    for (int64_t d = 0; d < D; ++d) {
+        acc[d] = acc[d] * old_w + new_w * vrow[d];
+    }
+    l = l * old_w + new_w;
+    m = m_new;
+}
 
 void pyqsa_cpu_qsa_attn(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
     const ggml_tensor * q     = dst->src[0];  // [D, H, n_q, ns]
@@ -34,10 +45,6 @@ void pyqsa_cpu_qsa_attn(const struct ggml_compute_params * params, struct ggml_t
     const ggml_tensor * v     = dst->src[2];  // [D, Hkv, n_kv, ns]
     const ggml_tensor * cells = dst->src[3];  // [n_sel, n_q, ns]
     const float scale = ggml_get_op_params_f32(dst, 1);
-    // cells past the device rows are read from the host store (pyqsa_ggml_qsa_attn_set_host)
-    const char *  k_host = (const char *) pyqsa_ggml_host_ptr(dst, 2);
-    const char *  v_host = (const char *) pyqsa_ggml_host_ptr(dst, 4);
-    const int64_t n_host = ggml_get_op_params_i32(dst, 6);
 
     const int64_t D     = q->ne[0];
     const int64_t H     = q->ne[1];
@@ -60,38 +67,22 @@ void pyqsa_cpu_qsa_attn(const struct ggml_compute_params * params, struct ggml_t
         const float *   qrow = (const float *) ((const char *) q->data + h * q->nb[1] + iq * q->nb[2] + s * q->nb[3]);
         const int32_t * list = (const int32_t *) ((const char *) cells->data + iq * cells->nb[1] + s * cells->nb[2]);
 
-        float m = -INFINITY;
-        float l = 0.0f;
         std::fill(acc.begin(), acc.end(), 0.0f);
-
+        pyqsa_cpu_attn_state st;
+        st.acc = acc.data();
         for (int64_t j = 0; j < n_sel; ++j) {
             const int32_t c = list[j];
             if (c < 0) {
                 continue;
             }
-            const bool host = c >= n_kv;
-            GGML_ASSERT(!host || (k_host != nullptr && c - n_kv < n_host));
-            const char * kbase = host ? k_host + (s * n_host + c - n_kv) * k->nb[2] : (const char *) k->data + c * k->nb[2] + s * k->nb[3];
-            const char * vbase = host ? v_host + (s * n_host + c - n_kv) * v->nb[2] : (const char *) v->data + c * v->nb[2] + s * v->nb[3];
-            load_row(k, kbase + hk * k->nb[1], krow.data(), D);
-            float dot = 0.0f;
-            for (int64_t d = 0; d < D; ++d) {
-                dot += qrow[d] * krow[d];
-            }
-            const float score = dot * scale;
-            const float m_new = std::max(m, score);
-            const float old_w = std::exp(m - m_new);  // 0 on the first cell (m = -inf)
-            const float new_w = std::exp(score - m_new);
-            load_row(v, vbase + hk * v->nb[1], vrow.data(), D);
-            for (int64_t d = 0; d < D; ++d) {
-                acc[d] = acc[d] * old_w + new_w * vrow[d];
-            }
-            l = l * old_w + new_w;
-            m = m_new;
+            GGML_ASSERT(c < n_kv);
+            pyqsa_cpu_attn_load_row(k, (const char *) k->data + c * k->nb[2] + s * k->nb[3] + hk * k->nb[1], krow.data(), D);
+            pyqsa_cpu_attn_load_row(v, (const char *) v->data + c * v->nb[2] + s * v->nb[3] + hk * v->nb[1], vrow.data(), D);
+            st.add(qrow, krow.data(), vrow.data(), D, scale);
         }
 
         float * out = (float *) ((char *) dst->data + h * dst->nb[1] + iq * dst->nb[2] + s * dst->nb[3]);
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float inv = st.l > 0.0f ? 1.0f / st.l : 0.0f;
         for (int64_t d = 0; d < D; ++d) {
             out[d] = acc[d] * inv;
         }

@@ -12,17 +12,16 @@ void pyqsa_cpu_qsa_block_cells(const struct ggml_compute_params * params, struct
     const int64_t       kb     = blocks->ne[0];
     const int64_t       n_out  = dst->ne[0];
     const int64_t       rows   = ggml_nrows(blocks);
-    // paged: slots of the blocks in the host store (without a slot: their host rows, after the
-    // device rows), the ring after the hot cells for the rest
+    // paged: slots of the blocks in the host store, the ring after the hot cells for the rest
     const bool      paged     = dst->src[4] != nullptr;
     const int32_t * slots     = dst->src[3] ? (const int32_t *) dst->src[3]->data : nullptr;
     const int32_t * n_paged   = paged ? (const int32_t *) dst->src[4]->data : nullptr;
     const int32_t   hot_cells = ggml_get_op_params_i32(dst, 2);
     const int32_t   ring      = ggml_get_op_params_i32(dst, 3);
     const auto      row_of    = [&](int32_t cell) { return paged ? hot_cells + cell % ring : cell; };
-    const auto      paged_row = [&](int64_t row, int64_t j, int32_t blk, int32_t t) {
-        const int32_t slot = slots ? slots[row * kb + j / r] : -1;
-        return slot >= 0 ? slot * r + t : hot_cells + ring + blk * r + t;
+    const auto      paged_row = [&](int64_t row, int64_t j, int32_t t) {
+        const int32_t slot = slots[row * kb + j / r];
+        return slot >= 0 ? slot * r + t : -1;
     };
 
     for (int64_t row = params->ith; row < rows; row += params->nth) {
@@ -34,7 +33,7 @@ void pyqsa_cpu_qsa_block_cells(const struct ggml_compute_params * params, struct
                 const int32_t blk = b[j / r];
                 const int32_t t   = (int32_t) (j % r);
                 if (blk < n_vis[row]) {
-                    cell = paged && blk < n_paged[row] ? paged_row(row, j, blk, t) : row_of(blk * r + t);
+                    cell = paged && blk < n_paged[row] ? paged_row(row, j, t) : row_of(blk * r + t);
                 }
             } else {
                 const int32_t c = n_vis[row] * r + (int32_t) (j - kb * r);

@@ -4,6 +4,7 @@
 
 #include "pyqsa-ggml.h"
 #include "qsa-attn.cuh"
+#include "qsa-attn-part.cuh"
 #include "qsa-block-cells.cuh"
 #include "qsa-mask-cells.cuh"
 #include "qsa-page-resolve.cuh"
@@ -41,6 +42,9 @@ void pyqsa_cuda_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         case PYQSA_GGML_OP_QSA_PAGE_WRITE:
             pyqsa_cuda_qsa_page_write(ctx, dst);
             break;
+        case PYQSA_GGML_OP_QSA_ATTN_PART:
+            pyqsa_cuda_qsa_attn_part(ctx, dst);
+            break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));
     }
@@ -60,6 +64,8 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
             return pyqsa_cuda_qsa_page_stage_supported(op);
         case PYQSA_GGML_OP_QSA_PAGE_WRITE:
             return pyqsa_cuda_qsa_page_write_supported(op);
+        case PYQSA_GGML_OP_QSA_ATTN_PART:
+            return pyqsa_cuda_qsa_attn_part_supported(op);
         case PYQSA_GGML_OP_QSA_TOPK:
         case PYQSA_GGML_OP_QSA_BLOCK_CELLS:
             return ggml_nrows(op->src[0]) <= 65535;

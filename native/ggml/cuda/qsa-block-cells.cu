@@ -4,8 +4,7 @@
 namespace {
 
 // n_paged == nullptr: cell index == position; else blocks below n_paged come from their hot slot
-// (without a slot: their host rows, after the device rows) and every other cell from the ring
-// after the hot cells (see pyqsa-ggml.h)
+// and every other cell from the ring after the hot cells (see pyqsa-ggml.h)
 __global__ void block_cells(const int32_t * blocks, const int32_t * n_vis, const int32_t * pos,
                             const int32_t * slots, const int32_t * n_paged, int32_t * dst, int kb, int r,
                             int n_out, int hot_cells, int ring) {
@@ -19,8 +18,8 @@ __global__ void block_cells(const int32_t * blocks, const int32_t * n_vis, const
             const int blk = blocks[(size_t) row * kb + j / r];
             if (blk < vis) {
                 if (blk < pgd) {
-                    const int slot = slots ? slots[(size_t) row * kb + j / r] : -1;
-                    cell = slot >= 0 ? slot * r + j % r : hot_cells + ring + blk * r + j % r;
+                    const int slot = slots[(size_t) row * kb + j / r];
+                    cell           = slot >= 0 ? slot * r + j % r : -1;
                 } else {
                     c = blk * r + j % r;
                 }

@@ -1,0 +1,110 @@
+// CUDA kernel of PYQSA_GGML_OP_QSA_ATTN_PART: qsa_attn's warp per (head, query, split), resumed
+// from the previous pass's state and stopped after this pass's cells. The warp reads its list 32
+// entries at a time and takes the entries of this pass in list order (a ballot), so the cells
+// reach the online softmax in the order qsa_attn's kernel adds them.
+#include "qsa-attn-part.cuh"
+
+#include "pyqsa-ggml.h"
+#include "qsa-attn-warp.cuh"
+
+#include <climits>
+
+using namespace pyqsa_attn;
+
+namespace {
+
+struct pass {
+    const float *   state;    // [n_split, n_rows, H, D + 2] or null (the first pass)
+    float *         next;     // the next state, or null (the last pass)
+    const int32_t * n_paged;  // [n_rows]
+    int r, lo, hi, base, ring;
+};
+
+// grid (H, n_q * ns, n_split), one warp per (head, query, split)
+template <ggml_type type, int DPL>
+__global__ void qsa_attn_part_kernel(const args a, const pass p) {
+    constexpr int D     = DPL * WARP;
+    const int     lane  = threadIdx.x;
+    const int     h     = blockIdx.x;
+    const int     row   = blockIdx.y;
+    const int     split = blockIdx.z;
+    const int     s     = row / a.n_q;
+
+    warp_attn<DPL> w(a, h, row, lane);
+    if (p.state != nullptr) {
+        const float * st = state_at<DPL>(p.state, a, h, row, split);
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+            w.acc[i] = st[i * WARP + lane];
+        }
+        w.m = st[D];
+        w.l = st[D + 1];
+    }
+    // the positions this pass takes
+    const long long stored = (long long) p.n_paged[row] * p.r;
+    const long long c0     = p.ring > 0 ? max((long long) p.lo, stored) : p.lo;
+    const long long c1     = p.ring > 0 ? LLONG_MAX : min((long long) p.hi, stored);
+
+    const int32_t * list = a.cells + (size_t) row * a.n_sel;
+    int             j0, j1;
+    split_range(a, split, j0, j1);
+    for (int jb = j0; jb < j1; jb += WARP) {
+        const int      c    = jb + lane < j1 ? list[jb + lane] : -1;
+        const bool     in   = c >= 0 && c >= c0 && c < c1;
+        unsigned       take = __ballot_sync(0xffffffffu, in);
+        while (take != 0) {
+            const int src = __ffs(take) - 1;
+            take &= take - 1;
+            const int cc = __shfl_sync(0xffffffffu, c, src);
+            w.template add_row<type>(a, p.ring > 0 ? p.base + cc % p.ring : cc - p.lo, s, h / a.group, lane);
+        }
+    }
+    if (p.next != nullptr) {
+        store_state<DPL>(state_at<DPL>(p.next, a, h, row, split), w.acc, w.m, w.l, lane);
+    } else {
+        write_partial<DPL>(a, w.acc, w.m, w.l, h, row, split, lane);
+    }
+}
+
+}  // namespace
+
+bool pyqsa_cuda_qsa_attn_part_supported(const ggml_tensor * op) {
+    return supported(op) && ggml_get_op_params_i32(op, 7) <= 65535;
+}
+
+void pyqsa_cuda_qsa_attn_part(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * q     = dst->src[0];  // [D, H, n_q, ns]
+    const ggml_tensor * k     = dst->src[1];  // [D, Hkv, n_rows, ns]
+    const ggml_tensor * state = dst->src[5];  // [D + 2, H, n_q * ns, n_split] or null
+    const bool          last  = ggml_get_op_params_i32(dst, 8) != 0;
+
+    args a    = make_args(q, k, dst->src[2], dst->src[3], dst, ggml_get_op_params_f32(dst, 1));
+    a.n_split = ggml_get_op_params_i32(dst, 7);
+    pass p;
+    p.state   = state ? (const float *) state->data : nullptr;
+    p.next    = last ? nullptr : (float *) dst->data;
+    p.n_paged = (const int32_t *) dst->src[4]->data;
+    p.r       = ggml_get_op_params_i32(dst, 2);
+    p.lo      = ggml_get_op_params_i32(dst, 3);
+    p.hi      = ggml_get_op_params_i32(dst, 4);
+    p.base    = ggml_get_op_params_i32(dst, 5);
+    p.ring    = ggml_get_op_params_i32(dst, 6);
+
+    const int    n_rows = (int) (q->ne[2] * q->ne[3]);
+    cudaStream_t stream = ctx.stream();
+    by_kv_type(k->type, [&](auto type) {
+        by_head_dim((int) q->ne[0], [&](auto dpl) {
+            constexpr int DPL    = decltype(dpl)::value;
+            const auto    launch = [&](const args & pa) {
+                qsa_attn_part_kernel<decltype(type)::value, DPL>
+                    <<<dim3(a.H, n_rows, a.n_split), WARP, 0, stream>>>(pa, p);
+                CUDA_CHECK(cudaGetLastError());
+            };
+            if (last) {
+                run_split<DPL>(ctx, a, n_rows, launch);
+            } else {
+                launch(a);
+            }
+        });
+    });
+}
