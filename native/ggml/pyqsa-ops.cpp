@@ -208,19 +208,20 @@ struct ggml_tensor * pyqsa_ggml_qsa_attn_part(struct ggml_context * ctx, struct 
                                               struct ggml_tensor * v, struct ggml_tensor * cells,
                                               struct ggml_tensor * n_paged, struct ggml_tensor * state,
                                               struct ggml_tensor * after, float scale, int32_t r, int32_t lo,
-                                              int32_t hi, int32_t base, int32_t ring, int32_t n_split, bool last) {
+                                              int32_t hi, int32_t base, int32_t ring, bool last) {
     check_attn_inputs(q, k, v, cells);
     const int64_t D = q->ne[0], H = q->ne[1], n_rows = q->ne[2] * q->ne[3];
     GGML_ASSERT(n_paged->type == GGML_TYPE_I32 && ggml_is_contiguous(n_paged) && ggml_nelements(n_paged) == n_rows);
-    GGML_ASSERT(r > 0 && n_split >= 1 && ring >= 0 && (ring > 0 || (lo >= 0 && lo <= hi)));
+    GGML_ASSERT(r > 0 && ring >= 0 && (ring > 0 || (lo >= 0 && lo <= hi)));
+    const int64_t n_split = pyqsa_ggml_qsa_attn_cuda_splits(cells->ne[0], n_rows, H);
     GGML_ASSERT(state == nullptr || (state->type == GGML_TYPE_F32 && ggml_is_contiguous(state) &&
                                      state->ne[0] == D + 2 && state->ne[1] == H && state->ne[2] == n_rows &&
                                      state->ne[3] == n_split));
 
     struct ggml_tensor * result = last ? ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D, H, q->ne[2], q->ne[3])
                                        : ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D + 2, H, n_rows, n_split);
-    const int32_t params[] = { PYQSA_GGML_OP_QSA_ATTN_PART, 0, r, lo, hi, base, ring, n_split, last };
-    for (int i = 0; i < 9; ++i) {
+    const int32_t params[] = { PYQSA_GGML_OP_QSA_ATTN_PART, 0, r, lo, hi, base, ring, last };
+    for (int i = 0; i < 8; ++i) {
         ggml_set_op_params_i32(result, i, params[i]);
     }
     ggml_set_op_params_f32(result, 1, scale);

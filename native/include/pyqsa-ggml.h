@@ -167,7 +167,7 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_stage(struct ggml_context * ct
 
 // The split count of pyqsa_ggml_qsa_attn on CUDA (the CPU kernel keeps one split): a query's
 // list of n_sel cells is cut into this many equal runs, each with its own online softmax, merged
-// at the end. A qsa_attn_part chain with as many splits gives the same bits.
+// at the end.
 static inline int pyqsa_ggml_qsa_attn_cuda_splits(int64_t n_sel, int64_t n_rows, int64_t n_head) {
     const int64_t ctas = n_rows * n_head > 0 ? n_rows * n_head : 1;
     const int64_t by_cells = (n_sel + 63) / 64, by_ctas = 4096 / ctas;
@@ -177,16 +177,17 @@ static inline int pyqsa_ggml_qsa_attn_cuda_splits(int64_t n_sel, int64_t n_rows,
 
 // One pass of a resumable pyqsa_ggml_qsa_attn, for prefill over a paged cache: each query's
 // online-softmax state (per split: acc, max, sum) comes from the previous pass, takes the cells
-// of its list inside this pass's positions and goes on to the next pass. Passes over increasing,
-// disjoint position ranges, covering every listed cell, give the bits of one qsa_attn whose
-// splits match (cell lists are in increasing position order apart from -1 padding).
+// of its list inside this pass's positions and goes on to the next pass. Every backend splits a
+// list as its qsa_attn does, so passes over increasing, disjoint position ranges that cover every
+// listed cell give the bits of that backend's qsa_attn (cell lists are in increasing position
+// order apart from -1 padding).
 //   q, cells: as for pyqsa_ggml_qsa_attn, cells being positions (pyqsa_ggml_qsa_block_cells)
 //   n_paged:  I32 [n_q * n_stream] blocks of each query's stream in the host store
 //   k, v:     [D, n_head_kv, n_rows, n_stream] this pass's rows
-//   state:    F32 [D + 2, n_head, n_q * n_stream, n_split] the previous pass, NULL for the first
+//   state:    F32 [D + 2, n_head, n_q * n_stream, S] the previous pass (S: the most splits a
+//             backend uses, pyqsa_ggml_qsa_attn_cuda_splits), NULL for the first
 //   stored pass (ring == 0): positions [lo, hi) below n_paged * r, position c at row c - lo
 //   ring pass (ring > 0): positions from n_paged * r on, position c at row base + c % ring
-//   n_split:  runs per query list (pyqsa_ggml_qsa_attn_cuda_splits on CUDA, 1 on the CPU)
 //   after:    optional node this one must follow (the staging that wrote k/v)
 // returns the next state, or with last the attention output F32 [D, n_head, n_q, n_stream]
 GGML_API struct ggml_tensor * pyqsa_ggml_qsa_attn_part(struct ggml_context * ctx,
@@ -203,7 +204,6 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_attn_part(struct ggml_context * ctx
                                                        int32_t hi,
                                                        int32_t base,
                                                        int32_t ring,
-                                                       int32_t n_split,
                                                        bool last);
 
 // Generations for a page-resolve node whose step input has 1 + n_stream entries: a stream whose

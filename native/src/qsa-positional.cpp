@@ -321,10 +321,6 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
     ggml_format_name(cells, "qsa_cells-%d", il);
     const int64_t D = q->ne[0], n_head = q->ne[1], n_tps = n_tok / ns;
     ggml_tensor * q4 = ggml_reshape_4d(ctx, ggml_cont(ctx, q), D, n_head, n_tps, ns);
-    // the CPU qsa_attn keeps one split; on CUDA its split count
-    const int32_t n_split = ggml_backend_buffer_is_host(l.dev_k->buffer)
-                                ? 1
-                                : pyqsa_ggml_qsa_attn_cuda_splits(cells->ne[0], n_tok, n_head);
     // the ubatch's streams hold at most n_kv cells, so their stored blocks lie below n_kv / r
     const int64_t n_kv      = g.mctx->get_attn()->get_n_kv();
     const int64_t n_windows = ((n_kv + r - 1) / r + H - 1) / H;
@@ -333,11 +329,10 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
         ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, inp->n_paged, slots_of(ring[0]), store_k,
                                                          slots_of(ring[1]), store_v, n_store, w * H, state);
         state = pyqsa_ggml_qsa_attn_part(ctx, q4, k4, v4, cells, inp->n_paged, state, staged, kq_scale, (int32_t) r,
-                                         (int32_t) (w * H * r), (int32_t) ((w + 1) * H * r), 0, 0, n_split, false);
+                                         (int32_t) (w * H * r), (int32_t) ((w + 1) * H * r), 0, 0, false);
     }
     ggml_tensor * out = pyqsa_ggml_qsa_attn_part(ctx, q4, k4, v4, cells, inp->n_paged, state, nullptr, kq_scale,
-                                                 (int32_t) r, 0, 0, (int32_t) (H * r), (int32_t) pager.ring(), n_split,
-                                                 true);
+                                                 (int32_t) r, 0, 0, (int32_t) (H * r), (int32_t) pager.ring(), true);
     return ggml_reshape_2d(ctx, out, D * n_head, n_tok);
 }
 

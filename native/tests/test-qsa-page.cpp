@@ -243,7 +243,7 @@ std::vector<page_step> scenario(const page_shape & c, int n_steps, std::mt19937 
 // of `ring` cells, to which each step writes the cells past the stored blocks. Two paged
 // outputs: through the hot cache (resolve), and the prefill path (the store staged a window of
 // `hot` blocks at a time into a second device cache, each window followed by a qsa_attn_part
-// pass, then the ring's pass, with qsa_attn's split count on this backend). Each step also
+// pass, then the ring's pass). Each step also
 // writes its token's ring row back with qsa_page_write into a second host store, which must end
 // up equal to the first at those rows; midway, stream 0 starts a new generation (a new
 // sequence), after which all its visible selected blocks must miss once. Returns the first step whose output differs (or
@@ -301,20 +301,17 @@ int paged_attention_diff(ggml_backend_t be, const paged_attn_case & c, const uin
     const float   scale   = 1.0f / std::sqrt((float) c.D);
     ggml_tensor * paged   = pyqsa_ggml_qsa_attn(ctx, q, k_dev, v_dev, cells_p, scale);
     ggml_tensor * whole   = pyqsa_ggml_qsa_attn(ctx, q, k_all, v_all, cells_u, scale);
-    const bool    is_cpu  = ggml_backend_dev_type(ggml_backend_get_device(be)) == GGML_BACKEND_DEVICE_TYPE_CPU;
-    const int32_t n_split = is_cpu ? 1 : pyqsa_ggml_qsa_attn_cuda_splits(cells_u->ne[0], c.ns, c.Hq);
     ggml_tensor * state   = nullptr;
     std::vector<ggml_tensor *> ops;
     for (int64_t w = 0; w < n_windows; ++w) {
         ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, n_pgd, slots_of(k_pf), k_host, slots_of(v_pf),
                                                          v_host, n_blocks, w * c.hot, state);
         state = pyqsa_ggml_qsa_attn_part(ctx, q, k_pf, v_pf, cells_u, n_pgd, state, staged, scale, c.r,
-                                         (int32_t) (w * c.hot * c.r), (int32_t) ((w + 1) * c.hot * c.r), 0, 0, n_split,
-                                         false);
+                                         (int32_t) (w * c.hot * c.r), (int32_t) ((w + 1) * c.hot * c.r), 0, 0, false);
         ops.insert(ops.end(), { staged, state });
     }
     ggml_tensor * in_host = pyqsa_ggml_qsa_attn_part(ctx, q, k_pf, v_pf, cells_u, n_pgd, state, nullptr, scale, c.r, 0,
-                                                     0, (int32_t) (c.hot * c.r), (int32_t) c.ring, n_split, true);
+                                                     0, (int32_t) (c.hot * c.r), (int32_t) c.ring, true);
     ops.push_back(in_host);
     const auto    rows_of = [&](ggml_tensor * t) { return ggml_view_2d(ctx, t, c.D * c.Hkv, cells * c.ns, row, 0); };
     ggml_tensor * write   = pyqsa_ggml_qsa_page_write(ctx, rows_of(k_dev), rows_of(v_dev), w_src, w_dst, w_dst, k_back, v_back);
@@ -682,7 +679,7 @@ void perf_prefill_attention(ggml_backend_t be, const char * dev_name) {
     host_store    k_host(row * n_kv), v_host(row * n_kv);
     std::memset(k_host.data, 0, row * n_kv);
     std::memset(v_host.data, 0, row * n_kv);
-    ggml_init_params ip = { ggml_tensor_overhead() * (16 + 6 * n_windows) + ggml_graph_overhead(), nullptr, true };
+    ggml_init_params ip = { ggml_tensor_overhead() * (16 + 6 * n_windows) + 2 * ggml_graph_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(ip);
     ggml_tensor * q      = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D, Hq, n_q, 1);
     ggml_tensor * blocks = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, kb, n_q, 1);
@@ -695,16 +692,15 @@ void perf_prefill_attention(ggml_backend_t be, const char * dev_name) {
     ggml_tensor * v_all  = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, Hkv, n_kv, 1);
     ggml_tensor * cells  = pyqsa_ggml_qsa_block_cells(ctx, blocks, n_vis, pos, r);
     const auto slots_of  = [&](ggml_tensor * t) { return ggml_view_3d(ctx, t, D * Hkv * r, hot, 1, row * r, t->nb[3], 0); };
-    const int32_t n_split = pyqsa_ggml_qsa_attn_cuda_splits(cells->ne[0], n_q, Hq);
     ggml_tensor * state   = nullptr;
     for (int64_t w = 0; w < n_windows; ++w) {
         ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, n_pgd, slots_of(k_dev), k_host.data,
                                                          slots_of(v_dev), v_host.data, n_kv / r, w * hot, state);
         state = pyqsa_ggml_qsa_attn_part(ctx, q, k_dev, v_dev, cells, n_pgd, state, staged, 0.0625f, r,
-                                         (int32_t) (w * hot * r), (int32_t) ((w + 1) * hot * r), 0, 0, n_split, false);
+                                         (int32_t) (w * hot * r), (int32_t) ((w + 1) * hot * r), 0, 0, false);
     }
     ggml_tensor * paged = pyqsa_ggml_qsa_attn_part(ctx, q, k_dev, v_dev, cells, n_pgd, state, nullptr, 0.0625f, r, 0, 0,
-                                                   (int32_t) (hot * r), (int32_t) ring, n_split, true);
+                                                   (int32_t) (hot * r), (int32_t) ring, true);
     ggml_tensor * whole = pyqsa_ggml_qsa_attn(ctx, q, k_all, v_all, cells, 0.0625f);
     if (ggml_backend_supports_op(be, paged) && ggml_backend_supports_op(be, state)) {
         ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
@@ -786,6 +782,7 @@ int cmd_perf(const char * only_backend) {
                             misses * c.B() / (total_us / reps) / 1e3);
             }
         }
+        std::fflush(stdout);
         if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) perf_prefill_attention(be, ggml_backend_dev_name(dev));
         ggml_backend_free(be);
     }

@@ -1,5 +1,5 @@
-// CPU kernel of PYQSA_GGML_OP_QSA_ATTN_PART: one (query, head) per work item, every split of its
-// list in turn, with the steps of qsa_attn's kernel (qsa-attn.h).
+// CPU kernel of PYQSA_GGML_OP_QSA_ATTN_PART: one (query, head) per work item, its whole list in
+// one split (as qsa_attn's CPU kernel, whose steps it shares: qsa-attn.h); split 0 of the state.
 #include "qsa-attn-part.h"
 
 #include "ggml-cpu/ggml-cpu-impl.h"
@@ -18,27 +18,23 @@ void pyqsa_cpu_qsa_attn_part(const struct ggml_compute_params * params, struct g
     const ggml_tensor * v       = dst->src[2];
     const ggml_tensor * cells   = dst->src[3];  // [n_sel, n_q, ns] positions
     const int32_t *     n_paged = (const int32_t *) dst->src[4]->data;
-    const ggml_tensor * state   = dst->src[5];  // [D + 2, H, n_q * ns, n_split] or null
+    const ggml_tensor * state   = dst->src[5];  // [D + 2, H, n_q * ns, S] or null
     const float   scale   = ggml_get_op_params_f32(dst, 1);
     const int32_t r       = ggml_get_op_params_i32(dst, 2);
     const int32_t lo      = ggml_get_op_params_i32(dst, 3);
     const int32_t hi      = ggml_get_op_params_i32(dst, 4);
     const int32_t base    = ggml_get_op_params_i32(dst, 5);
     const int32_t ring    = ggml_get_op_params_i32(dst, 6);
-    const int64_t n_split = ggml_get_op_params_i32(dst, 7);
-    const bool    last    = ggml_get_op_params_i32(dst, 8) != 0;
+    const bool    last    = ggml_get_op_params_i32(dst, 7) != 0;
 
     const int64_t D = q->ne[0], H = q->ne[1], n_q = q->ne[2], ns = q->ne[3];
     const int64_t group  = H / k->ne[1];
     const int64_t n_sel  = cells->ne[0];
     const int64_t n_rows = n_q * ns;
-    const int64_t chunk  = (n_sel + n_split - 1) / n_split;
-    // the state of (split, row, head): acc[D], max, sum
-    const auto    at     = [&](const float * t, int64_t sp, int64_t row, int64_t h) {
-        return t + ((sp * n_rows + row) * H + h) * (D + 2);
-    };
+    // the state of (row, head) in split 0: acc[D], max, sum
+    const auto    at     = [&](const float * t, int64_t row, int64_t h) { return t + (row * H + h) * (D + 2); };
 
-    std::vector<float> krow(D), vrow(D), acc(n_split * D), m(n_split), l(n_split);
+    std::vector<float> krow(D), vrow(D), acc(D);
     for (int64_t item = params->ith; item < n_rows * H; item += params->nth) {
         const int64_t h   = item % H;
         const int64_t row = item / H;
@@ -53,65 +49,39 @@ void pyqsa_cpu_qsa_attn_part(const struct ggml_compute_params * params, struct g
 
         const float *   qrow = (const float *) ((const char *) q->data + h * q->nb[1] + iq * q->nb[2] + s * q->nb[3]);
         const int32_t * list = (const int32_t *) ((const char *) cells->data + iq * cells->nb[1] + s * cells->nb[2]);
-        for (int64_t sp = 0; sp < n_split; ++sp) {
-            pyqsa_cpu_attn_state st;
-            st.acc = acc.data() + sp * D;
-            if (state != nullptr) {
-                const float * in = at((const float *) state->data, sp, row, h);
-                std::copy(in, in + D, st.acc);
-                st.m = in[D];
-                st.l = in[D + 1];
-            } else {
-                std::fill(st.acc, st.acc + D, 0.0f);
+        pyqsa_cpu_attn_state st;
+        st.acc = acc.data();
+        if (state != nullptr) {
+            const float * in = at((const float *) state->data, row, h);
+            std::copy(in, in + D, st.acc);
+            st.m = in[D];
+            st.l = in[D + 1];
+        } else {
+            std::fill(acc.begin(), acc.end(), 0.0f);
+        }
+        for (int64_t j = 0; j < n_sel; ++j) {
+            const int64_t c = list[j];
+            if (c < 0 || c < c0 || c >= c1) {
+                continue;
             }
-            for (int64_t j = sp * chunk; j < std::min(n_sel, (sp + 1) * chunk); ++j) {
-                const int64_t c = list[j];
-                if (c < 0 || c < c0 || c >= c1) {
-                    continue;
-                }
-                const int64_t i = row_of(c);
-                GGML_ASSERT(i >= 0 && i < k->ne[2]);
-                pyqsa_cpu_attn_load_row(k, (const char *) k->data + i * k->nb[2] + s * k->nb[3] + hk * k->nb[1], krow.data(), D);
-                pyqsa_cpu_attn_load_row(v, (const char *) v->data + i * v->nb[2] + s * v->nb[3] + hk * v->nb[1], vrow.data(), D);
-                st.add(qrow, krow.data(), vrow.data(), D, scale);
-            }
-            m[sp] = st.m;
-            l[sp] = st.l;
+            const int64_t i = row_of(c);
+            GGML_ASSERT(i >= 0 && i < k->ne[2]);
+            pyqsa_cpu_attn_load_row(k, (const char *) k->data + i * k->nb[2] + s * k->nb[3] + hk * k->nb[1], krow.data(), D);
+            pyqsa_cpu_attn_load_row(v, (const char *) v->data + i * v->nb[2] + s * v->nb[3] + hk * v->nb[1], vrow.data(), D);
+            st.add(qrow, krow.data(), vrow.data(), D, scale);
         }
 
         if (!last) {
-            for (int64_t sp = 0; sp < n_split; ++sp) {
-                float * out = (float *) at((const float *) dst->data, sp, row, h);
-                std::copy(acc.data() + sp * D, acc.data() + (sp + 1) * D, out);
-                out[D]     = m[sp];
-                out[D + 1] = l[sp];
-            }
+            float * out = (float *) at((const float *) dst->data, row, h);
+            std::copy(acc.begin(), acc.end(), out);
+            out[D]     = st.m;
+            out[D + 1] = st.l;
             continue;
         }
-        // the output; several splits merge as qsa_attn's CUDA kernel merges them
         float * out = (float *) ((char *) dst->data + h * dst->nb[1] + iq * dst->nb[2] + s * dst->nb[3]);
-        if (n_split == 1) {
-            const float inv = l[0] > 0.0f ? 1.0f / l[0] : 0.0f;
-            for (int64_t d = 0; d < D; ++d) {
-                out[d] = acc[d] * inv;
-            }
-            continue;
-        }
-        const float mx  = *std::max_element(m.begin(), m.end());
-        float       sum = 0.0f;
-        std::fill(krow.begin(), krow.end(), 0.0f);
-        if (mx > -INFINITY) {
-            for (int64_t sp = 0; sp < n_split; ++sp) {
-                const float w = std::exp(m[sp] - mx);
-                sum += w * l[sp];
-                for (int64_t d = 0; d < D; ++d) {
-                    krow[d] += w * acc[sp * D + d];
-                }
-            }
-        }
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const float inv = st.l > 0.0f ? 1.0f / st.l : 0.0f;
         for (int64_t d = 0; d < D; ++d) {
-            out[d] = krow[d] * inv;
+            out[d] = acc[d] * inv;
         }
     }
 }

@@ -69,17 +69,18 @@ __global__ void qsa_attn_part_kernel(const args a, const pass p) {
 }  // namespace
 
 bool pyqsa_cuda_qsa_attn_part_supported(const ggml_tensor * op) {
-    return supported(op) && ggml_get_op_params_i32(op, 7) <= 65535;
+    return supported(op);
 }
 
 void pyqsa_cuda_qsa_attn_part(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggml_tensor * q     = dst->src[0];  // [D, H, n_q, ns]
     const ggml_tensor * k     = dst->src[1];  // [D, Hkv, n_rows, ns]
     const ggml_tensor * state = dst->src[5];  // [D + 2, H, n_q * ns, n_split] or null
-    const bool          last  = ggml_get_op_params_i32(dst, 8) != 0;
+    const bool          last  = ggml_get_op_params_i32(dst, 7) != 0;
 
-    args a    = make_args(q, k, dst->src[2], dst->src[3], dst, ggml_get_op_params_f32(dst, 1));
-    a.n_split = ggml_get_op_params_i32(dst, 7);
+    const int n_rows = (int) (q->ne[2] * q->ne[3]);
+    args      a      = make_args(q, k, dst->src[2], dst->src[3], dst, ggml_get_op_params_f32(dst, 1));
+    a.n_split        = pyqsa_ggml_qsa_attn_cuda_splits(a.n_sel, n_rows, a.H);  // qsa_attn's
     pass p;
     p.state   = state ? (const float *) state->data : nullptr;
     p.next    = last ? nullptr : (float *) dst->data;
@@ -90,7 +91,6 @@ void pyqsa_cuda_qsa_attn_part(ggml_backend_cuda_context & ctx, ggml_tensor * dst
     p.base    = ggml_get_op_params_i32(dst, 5);
     p.ring    = ggml_get_op_params_i32(dst, 6);
 
-    const int    n_rows = (int) (q->ne[2] * q->ne[3]);
     cudaStream_t stream = ctx.stream();
     by_kv_type(k->type, [&](auto type) {
         by_head_dim((int) q->ne[0], [&](auto dpl) {
