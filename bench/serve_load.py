@@ -19,7 +19,13 @@ import httpx
 
 
 def one(url: str, model: str, prompt: list[int], max_tokens: int) -> dict:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0,
+    }
     t0 = time.perf_counter()
     first, n = None, 0
     with httpx.Client(timeout=3600) as c, c.stream("POST", f"{url}/v1/completions", json=body) as r:
@@ -42,18 +48,30 @@ def main() -> None:
     args = ap.parse_args()
     model = httpx.get(f"{args.url}/v1/models").json()["data"][0]["id"]
     rng = random.Random(0)
-    prompts = [[rng.randrange(100, 5000) for _ in range(args.prompt_tokens)] for _ in range(args.requests)]
+    prompts = [
+        [rng.randrange(100, 5000) for _ in range(args.prompt_tokens)] for _ in range(args.requests)
+    ]
     t0 = time.perf_counter()
     with ThreadPoolExecutor(args.requests) as pool:
         runs = list(pool.map(lambda p: one(args.url, model, p, args.max_tokens), prompts))
     wall = time.perf_counter() - t0
     ttft = [r["ttft_s"] for r in runs if r["ttft_s"] is not None]
-    print(json.dumps({
-        "requests": args.requests, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
-        "answered": sum(r["chunks"] > 0 for r in runs), "wall_s": round(wall, 2),
-        "ttft_s": {"median": round(statistics.median(ttft), 3), "max": round(max(ttft), 3)} if ttft else None,
-        "chunks": [r["chunks"] for r in runs], "total_s": [round(r["total_s"], 2) for r in runs],
-    }))
+    print(
+        json.dumps(
+            {
+                "requests": args.requests,
+                "prompt_tokens": args.prompt_tokens,
+                "max_tokens": args.max_tokens,
+                "answered": sum(r["chunks"] > 0 for r in runs),
+                "wall_s": round(wall, 2),
+                "ttft_s": {"median": round(statistics.median(ttft), 3), "max": round(max(ttft), 3)}
+                if ttft
+                else None,
+                "chunks": [r["chunks"] for r in runs],
+                "total_s": [round(r["total_s"], 2) for r in runs],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

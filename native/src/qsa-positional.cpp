@@ -324,15 +324,21 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
     // the ubatch's streams hold at most n_kv cells, so their stored blocks lie below n_kv / r
     const int64_t n_kv      = g.mctx->get_attn()->get_n_kv();
     const int64_t n_windows = ((n_kv + r - 1) / r + H - 1) / H;
-    ggml_tensor * state     = nullptr;
+    // every pass reads its own views of the device rows: a backend that cannot run the pass (a
+    // head size CUDA lacks) gets a copy of its inputs, and the scheduler copies a tensor once
+    // per graph, so a shared view would show later passes the first window
+    const auto    rows_k = [&] { return as_heads(ctx, ring[0], k_cur, n_rows, ns); };
+    const auto    rows_v = [&] { return as_heads(ctx, ring[1], v_cur, n_rows, ns); };
+    ggml_tensor * state  = nullptr;
     for (int64_t w = 0; w < n_windows; ++w) {
         ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, inp->n_paged, slots_of(ring[0]), store_k,
                                                          slots_of(ring[1]), store_v, n_store, w * H, state);
-        state = pyqsa_ggml_qsa_attn_part(ctx, q4, k4, v4, cells, inp->n_paged, state, staged, kq_scale, (int32_t) r,
-                                         (int32_t) (w * H * r), (int32_t) ((w + 1) * H * r), 0, 0, false);
+        state = pyqsa_ggml_qsa_attn_part(ctx, q4, rows_k(), rows_v(), cells, inp->n_paged, state, staged, kq_scale,
+                                         (int32_t) r, (int32_t) (w * H * r), (int32_t) ((w + 1) * H * r), 0, 0, false);
     }
-    ggml_tensor * out = pyqsa_ggml_qsa_attn_part(ctx, q4, k4, v4, cells, inp->n_paged, state, nullptr, kq_scale,
-                                                 (int32_t) r, 0, 0, (int32_t) (H * r), (int32_t) pager.ring(), true);
+    ggml_tensor * out = pyqsa_ggml_qsa_attn_part(ctx, q4, rows_k(), rows_v(), cells, inp->n_paged, state, nullptr,
+                                                 kq_scale, (int32_t) r, 0, 0, (int32_t) (H * r), (int32_t) pager.ring(),
+                                                 true);
     return ggml_reshape_2d(ctx, out, D * n_head, n_tok);
 }
 
