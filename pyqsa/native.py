@@ -156,7 +156,7 @@ def ledger(ctx: int) -> dict[str, int]:
     }
 
 
-PAGING_FIELDS = ("hits", "misses", "bytes_to_device", "bytes_to_host", "hot_blocks")
+PAGING_FIELDS = ("hits", "misses", "staged", "bytes_to_device", "bytes_to_host", "hot_blocks")
 
 
 def paging_stats(ctx: int) -> dict[str, int] | None:

@@ -64,9 +64,15 @@ class _EngineCollector(Collector):
                 "K/V blocks fetched from the host store into the hot cache",
                 value=p["misses"],
             )
+            yield CounterMetricFamily(
+                "pyqsa_paging_staged",
+                "K/V blocks staged from the host store for prompt chunks",
+                value=p["staged"],
+            )
             moved = CounterMetricFamily(
                 "pyqsa_paging_bytes",
-                "K/V bytes moved by paging: fetched to the device, written to the host store",
+                "K/V bytes moved by paging: fetched and staged to the device, written to the "
+                "host store",
                 labels=["direction"],
             )
             moved.add_metric(["to_device"], p["bytes_to_device"])

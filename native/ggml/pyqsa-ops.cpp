@@ -185,11 +185,13 @@ void pyqsa_ggml_qsa_page_resolve_set_generations(struct ggml_tensor * resolve, s
 struct ggml_tensor * pyqsa_ggml_qsa_page_stage(struct ggml_context * ctx, struct ggml_tensor * blocks,
                                                struct ggml_tensor * n_paged, struct ggml_tensor * stage,
                                                const void * store, struct ggml_tensor * stage_v, const void * store_v,
-                                               int64_t n_store, int64_t b0, struct ggml_tensor * after) {
+                                               int64_t n_store, int64_t b0, struct ggml_tensor * after,
+                                               struct ggml_tensor * tally) {
     const int64_t ns = blocks->ne[2];
     GGML_ASSERT(blocks->type == GGML_TYPE_I32 && ggml_is_contiguous(blocks) && blocks->ne[3] == 1);
     GGML_ASSERT(n_paged->type == GGML_TYPE_I32 && ggml_is_contiguous(n_paged) && ggml_nelements(n_paged) == ggml_nrows(blocks));
     GGML_ASSERT(stage->ne[2] == ns && b0 >= 0 && b0 < n_store);
+    GGML_ASSERT(tally == nullptr || (tally->type == GGML_TYPE_I64 && ggml_is_contiguous(tally) && ggml_nelements(tally) == ns));
 
     struct ggml_tensor * result = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, ns);
     ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_PAGE_STAGE);
@@ -201,6 +203,7 @@ struct ggml_tensor * pyqsa_ggml_qsa_page_stage(struct ggml_context * ctx, struct
     result->src[2] = stage;
     result->src[3] = stage_v;
     result->src[4] = after;
+    result->src[5] = tally;
     return result;
 }
 

@@ -153,6 +153,7 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_resolve(struct ggml_context * 
 //            nb[2] apart (a view of a larger tensor may be given); written in place
 //   store, stage_v, store_v, n_store: as for pyqsa_ggml_qsa_page_resolve
 //   after:   optional node this one must follow (the previous pass, which read the staging area)
+//   tally:   optional I64 [n_stream] (state): each stream's copied blocks are added to it
 // returns I32 [n_stream]: the blocks each stream copied
 GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_stage(struct ggml_context * ctx,
                                                         struct ggml_tensor * blocks,
@@ -163,7 +164,8 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_stage(struct ggml_context * ct
                                                         const void * store_v,
                                                         int64_t n_store,
                                                         int64_t b0,
-                                                        struct ggml_tensor * after);
+                                                        struct ggml_tensor * after,
+                                                        struct ggml_tensor * tally);
 
 // The split count of pyqsa_ggml_qsa_attn on CUDA (the CPU kernel keeps one split): a query's
 // list of n_sel cells is cut into this many equal runs, each with its own online softmax, merged

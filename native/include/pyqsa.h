@@ -121,7 +121,8 @@ PYQSA_API int32_t pyqsa_ledger_get(const void * ctx, pyqsa_ledger * device, pyqs
 typedef struct pyqsa_paging_stats {
     uint64_t hits;             // selected blocks found in the hot cache
     uint64_t misses;           // blocks fetched from the host store into the hot cache
-    uint64_t bytes_to_device;  // K/V bytes of those fetches
+    uint64_t staged;           // blocks staged from the host store for prefill chunks
+    uint64_t bytes_to_device;  // K/V bytes of those fetches and stagings
     uint64_t bytes_to_host;    // K/V bytes written to the host store
     int64_t  hot_blocks;       // the hot cache's blocks per stream and layer
 } pyqsa_paging_stats;

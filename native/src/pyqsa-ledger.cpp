@@ -89,7 +89,7 @@ int32_t pyqsa_paging_stats_get(const void * ctx_v, pyqsa_paging_stats * out) {
     int64_t                       hot = 0;
     const pyqsa_kv_pager_counters c   = synced_counters(ctx_v, &rc, &hot);
     if (rc == PYQSA_OK) {
-        *out = { c.hits, c.misses, c.bytes_to_device, c.bytes_to_host, hot };
+        *out = { c.hits, c.misses, c.staged, c.bytes_to_device, c.bytes_to_host, hot };
     }
     return rc;
 }

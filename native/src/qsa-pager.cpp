@@ -98,6 +98,7 @@ pyqsa_kv_pager::pyqsa_kv_pager(const llama_model & model, const std::vector<pyqs
         p.owner  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, H, n_stream);
         p.stamp  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, H, n_stream);
         p.stats  = ggml_new_tensor_2d(ctx, GGML_TYPE_I64, 2, n_stream);
+        p.staged = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n_stream);
         p.seen   = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_stream);
         p.keys   = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, hp.indexer_head_size, kv_size / r + W, n_stream);
         key_bytes[buft] += ggml_nbytes_pad(p.keys);
@@ -195,19 +196,25 @@ std::map<ggml_backend_buffer_type_t, size_t> pyqsa_kv_pager::memory_breakdown(bo
 }
 
 pyqsa_kv_pager_counters pyqsa_kv_pager::counters() const {
-    pyqsa_kv_pager_counters c = { 0, 0, 0, written, {} };
-    std::vector<int64_t>    stats(2 * n_stream);
+    pyqsa_kv_pager_counters c = { 0, 0, 0, 0, written, {} };
+    std::vector<int64_t>    stats(2 * n_stream), staged(n_stream);
     for (const auto & [il, p] : layers) {
         ggml_backend_tensor_get(p.stats, stats.data(), 0, ggml_nbytes(p.stats));
+        ggml_backend_tensor_get(p.staged, staged.data(), 0, ggml_nbytes(p.staged));
         const uint64_t block_bytes = p.r * (p.dev_k->nb[1] + p.dev_v->nb[1]);
         std::array<uint64_t, 3> layer = { (uint64_t) il, 0, 0 };
         for (uint32_t s = 0; s < n_stream; ++s) {
             layer[1] += stats[2 * s];
             layer[2] += stats[2 * s + 1];
         }
+        uint64_t n_staged = 0;
+        for (uint32_t s = 0; s < n_stream; ++s) {
+            n_staged += staged[s];
+        }
         c.hits += layer[1];
         c.misses += layer[2];
-        c.bytes_to_device += layer[2] * block_bytes;
+        c.staged += n_staged;
+        c.bytes_to_device += (layer[2] + n_staged) * block_bytes;
         c.layers.push_back(layer);
     }
     return c;

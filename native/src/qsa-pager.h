@@ -41,6 +41,7 @@ struct pyqsa_kv_pager_layer {
     ggml_tensor * owner;   // I32 [H, n_stream] hot slot -> block, -1 = free
     ggml_tensor * stamp;   // I32 [H, n_stream] step of the slot's last use
     ggml_tensor * stats;   // I64 [2, n_stream] hits, misses
+    ggml_tensor * staged;  // I64 [n_stream] blocks staged for prefill chunks
     ggml_tensor * seen;    // I32 [n_stream] the generation each stream's page state belongs to
     ggml_tensor * keys;    // F32 [Di, kv_size / r + W, n_stream] the indexer rows the positional path
                            // reads: block keys (row b), then a ring of raw keys (row kv_size / r + p % W)
@@ -48,7 +49,7 @@ struct pyqsa_kv_pager_layer {
 
 // hits and misses of the hot caches, and the bytes moved each way over the host link
 struct pyqsa_kv_pager_counters {
-    uint64_t hits, misses, bytes_to_device, bytes_to_host;
+    uint64_t hits, misses, staged, bytes_to_device, bytes_to_host;
     std::vector<std::array<uint64_t, 3>> layers;  // per paged layer: il, hits, misses
 };
 

@@ -332,7 +332,8 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
     ggml_tensor * state  = nullptr;
     for (int64_t w = 0; w < n_windows; ++w) {
         ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, inp->n_paged, slots_of(ring[0]), store_k,
-                                                         slots_of(ring[1]), store_v, n_store, w * H, state);
+                                                         slots_of(ring[1]), store_v, n_store, w * H, state,
+                                                         ggml_view_1d(ctx, l.staged, ns, s0 * l.staged->nb[0]));
         state = pyqsa_ggml_qsa_attn_part(ctx, q4, rows_k(), rows_v(), cells, inp->n_paged, state, staged, kq_scale,
                                          (int32_t) r, (int32_t) (w * H * r), (int32_t) ((w + 1) * H * r), 0, 0, false);
     }

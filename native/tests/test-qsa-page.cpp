@@ -305,7 +305,7 @@ int paged_attention_diff(ggml_backend_t be, const paged_attn_case & c, const uin
     std::vector<ggml_tensor *> ops;
     for (int64_t w = 0; w < n_windows; ++w) {
         ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, n_pgd, slots_of(k_pf), k_host, slots_of(v_pf),
-                                                         v_host, n_blocks, w * c.hot, state);
+                                                         v_host, n_blocks, w * c.hot, state, nullptr);
         state = pyqsa_ggml_qsa_attn_part(ctx, q, k_pf, v_pf, cells_u, n_pgd, state, staged, scale, c.r,
                                          (int32_t) (w * c.hot * c.r), (int32_t) ((w + 1) * c.hot * c.r), 0, 0, false);
         ops.insert(ops.end(), { staged, state });
@@ -455,7 +455,8 @@ void test_paged_attention(ggml_backend_t cpu, const char * only_backend, int & n
 }
 
 // qsa_page_stage on one backend: per stream, the blocks of the window [b0, b0 + S) below n_paged
-// that some query selects, copied to slot b - b0; the other slots keep their (zeroed) bytes.
+// that some query selects, copied to slot b - b0; the other slots keep their (zeroed) bytes; the
+// copied blocks are added to a tally.
 // Returns false when not supported.
 struct stage_case {
     int64_t ns, n_q, kb, n_blocks, S, b0;
@@ -477,8 +478,9 @@ bool run_stage(ggml_backend_t be, const stage_case & c, const uint8_t * store, c
     ggml_tensor * blocks = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, c.kb, c.n_q, c.ns);
     ggml_tensor * n_pgd  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, c.n_q * c.ns);
     ggml_tensor * stage  = ggml_new_tensor_3d(ctx, GGML_TYPE_I8, c.B, c.S, c.ns);
+    ggml_tensor * tally  = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, c.ns);
     ggml_tensor * counts = pyqsa_ggml_qsa_page_stage(ctx, blocks, n_pgd, stage, store, nullptr, nullptr, c.n_blocks,
-                                                     c.b0, nullptr);
+                                                     c.b0, nullptr, tally);
     const bool ok = ggml_backend_supports_op(be, counts);
     if (ok) {
         ggml_cgraph * gf = ggml_new_graph(ctx);
@@ -487,13 +489,20 @@ bool run_stage(ggml_backend_t be, const stage_case & c, const uint8_t * store, c
         ggml_backend_buffer_clear(buf, 0);
         ggml_backend_tensor_set(blocks, bl.data(), 0, ggml_nbytes(blocks));
         ggml_backend_tensor_set(n_pgd, pgd.data(), 0, ggml_nbytes(n_pgd));
+        const std::vector<int64_t> start(c.ns, 5);  // the tally adds to what it held
+        ggml_backend_tensor_set(tally, start.data(), 0, ggml_nbytes(tally));
         if (ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
             std::fprintf(stderr, "compute failed\n");
             std::exit(2);
         }
+        std::vector<int64_t> tallied(c.ns);
+        ggml_backend_tensor_get(tally, tallied.data(), 0, ggml_nbytes(tally));
         out.resize(ggml_nelements(counts));
         staged.resize(ggml_nbytes(stage));
         ggml_backend_tensor_get(counts, out.data(), 0, ggml_nbytes(counts));
+        for (int64_t s = 0; s < c.ns; ++s) {
+            if (tallied[s] != 5 + out[s]) out[s] = -1;  // a wrong tally fails the comparison below
+        }
         ggml_backend_tensor_get(stage, staged.data(), 0, ggml_nbytes(stage));
         ggml_backend_buffer_free(buf);
     }
@@ -695,7 +704,7 @@ void perf_prefill_attention(ggml_backend_t be, const char * dev_name) {
     ggml_tensor * state   = nullptr;
     for (int64_t w = 0; w < n_windows; ++w) {
         ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, n_pgd, slots_of(k_dev), k_host.data,
-                                                         slots_of(v_dev), v_host.data, n_kv / r, w * hot, state);
+                                                         slots_of(v_dev), v_host.data, n_kv / r, w * hot, state, nullptr);
         state = pyqsa_ggml_qsa_attn_part(ctx, q, k_dev, v_dev, cells, n_pgd, state, staged, 0.0625f, r,
                                          (int32_t) (w * hot * r), (int32_t) ((w + 1) * hot * r), 0, 0, false);
     }

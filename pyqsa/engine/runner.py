@@ -60,7 +60,7 @@ class Runner(Protocol):
         ...
 
     def paging_stats(self) -> dict[str, int] | None:
-        """Paging counters since the start (hits, misses, bytes_to_device, bytes_to_host,
+        """Paging counters since the start (hits, misses, staged, bytes_to_device, bytes_to_host,
         hot_blocks: pyqsa.native.paging_stats); called on the engine thread between steps.
         None when the runner does not page."""
         ...

@@ -104,7 +104,7 @@ def test_paged_logits_equal_unpaged(model, kv_type, hot_blocks):
                 d = np.abs(a - b).max()
                 assert np.array_equal(a, b), f"batch {n}: paged logits differ (max |d| {d})"
         stats = native.paging_stats(paged.ctx)
-        assert stats["misses"] > 0 and stats["hits"] > 0, stats
+        assert stats["misses"] > 0 and stats["hits"] > 0 and stats["staged"] > 0, stats
         assert native.paging_stats(whole.ctx) is None
         layers = native.paging_layers(paged.ctx)  # the demo's QSA layers: 3 and 7
         assert sorted(layers) == [3, 7] and native.paging_layers(whole.ctx) is None

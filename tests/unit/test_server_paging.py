@@ -120,6 +120,7 @@ class PagingRunner(FakeRunner):
         return {
             "hits": 3 * n,
             "misses": n,
+            "staged": 2 * n,
             "bytes_to_device": 256 * n,
             "bytes_to_host": 512 * n,
             "hot_blocks": 8,
@@ -146,6 +147,7 @@ def test_paging_counters_on_metrics():
         assert e.stats().paging == {
             "hits": 0,
             "misses": 0,
+            "staged": 0,
             "bytes_to_device": 0,
             "bytes_to_host": 0,
             "hot_blocks": 8,
@@ -162,6 +164,7 @@ def test_paging_counters_on_metrics():
         text = generate_latest(Metrics(e).registry).decode()
         assert f"pyqsa_paging_hits_total {3.0 * n}" in text
         assert f"pyqsa_paging_misses_total {1.0 * n}" in text
+        assert f"pyqsa_paging_staged_total {2.0 * n}" in text
         assert f'pyqsa_paging_bytes_total{{direction="to_device"}} {256.0 * n}' in text
         assert f'pyqsa_paging_bytes_total{{direction="to_host"}} {512.0 * n}' in text
         assert "pyqsa_paging_hot_blocks 8.0" in text

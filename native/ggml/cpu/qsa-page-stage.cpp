@@ -44,5 +44,8 @@ void pyqsa_cpu_qsa_page_stage(const struct ggml_compute_params * params, struct 
             ++n;
         }
         ((int32_t *) dst->data)[s] = n;
+        if (dst->src[5] != nullptr) {
+            ((int64_t *) dst->src[5]->data)[s] += n;
+        }
     }
 }

@@ -36,8 +36,8 @@ __global__ void page_stage_copy(const uint32_t * bits, const char * store0, char
     pyqsa_copy_row(dev + (size_t) s * stream_bytes + (size_t) i * B, store + ((size_t) s * n_store + b0 + i) * B, B);
 }
 
-// grid (stream): the blocks each stream copied
-__global__ void page_stage_count(const uint32_t * bits, int32_t * out, int n_words) {
+// grid (stream): the blocks each stream copied, also added to its tally when there is one
+__global__ void page_stage_count(const uint32_t * bits, int32_t * out, long long * tally, int n_words) {
     int n = 0;
     for (int w = threadIdx.x; w < n_words; w += blockDim.x) {
         n += __popc(bits[(size_t) blockIdx.x * n_words + w]);
@@ -45,6 +45,9 @@ __global__ void page_stage_count(const uint32_t * bits, int32_t * out, int n_wor
     n = warp_reduce_sum(n);
     if (threadIdx.x == 0) {
         out[blockIdx.x] = n;
+        if (tally != nullptr) {
+            tally[blockIdx.x] += n;
+        }
     }
 }
 
@@ -72,7 +75,8 @@ void pyqsa_cuda_qsa_page_stage(ggml_backend_cuda_context & ctx, ggml_tensor * ds
         bits.get(), store, (char *) stage->data, store_v, stage_v ? (char *) stage_v->data : nullptr, b0, n_words,
         stage->nb[1], stage->nb[2], n_store);
     CUDA_CHECK(cudaGetLastError());
-    page_stage_count<<<ns, WARP_SIZE, 0, stream>>>(bits.get(), (int32_t *) dst->data, n_words);
+    page_stage_count<<<ns, WARP_SIZE, 0, stream>>>(bits.get(), (int32_t *) dst->data,
+                                                   dst->src[5] ? (long long *) dst->src[5]->data : nullptr, n_words);
     CUDA_CHECK(cudaGetLastError());
 }
 
