@@ -32,14 +32,19 @@ def _load(
     device: int | None,
     kv_offload: str,
     hot_blocks: int | None,
+    kv_host_type: str | None,
 ):
     """Start an engine on MODEL (the embedded demo model when None)."""
     from pyqsa.demo_model import demo_model_path
     from pyqsa.engine import EngineConfig, load_engine, paging
     from pyqsa.engine.runner import LlamaModel, RunnerError
 
-    if kv_offload == "none" and hot_blocks is not None:
-        raise click.UsageError("--hot-blocks needs paging: --kv-offload host or auto, not none")
+    for flag, value in (("--hot-blocks", hot_blocks), ("--kv-host-type", kv_host_type)):
+        if kv_offload == "none" and value is not None:
+            raise click.UsageError(f"{flag} needs paging: --kv-offload host or auto, not none")
+    # with paging every QSA layer's K/V is in the host store, and the hot cache holds copies of
+    # its blocks, so the store's type is the K/V type
+    paged_type = kv_host_type or kv_type
     if device is not None:
         _check_device(device)
     if model is None:
@@ -77,21 +82,28 @@ def _load(
     # against the device memory they left free
     plan = None
     if kv_offload == "host":
-        plan = _paging_plan(kv, "host", hot_blocks, slots * ctx, kv_type, None)
+        plan = _paging_plan(kv, "host", hot_blocks, slots * ctx, paged_type, None)
     elif kv_offload == "none" or not gpu:
         plan = paging.PagingPlan(0, 0)
     try:
         llama_model = LlamaModel(path, gpu_layers, device)
         if plan is None:
             free = paging.device_free(gpu_layers, device)
-            plan = _paging_plan(kv, "auto", hot_blocks, slots * ctx, kv_type, free)
-        if hot_blocks is not None and not plan.hot_blocks:
+            plan = _paging_plan(kv, "auto", hot_blocks, slots * ctx, paged_type, free)
+        unused = [
+            f for f, v in (("--hot-blocks", hot_blocks), ("--kv-host-type", kv_host_type)) if v
+        ]
+        if unused and not plan.hot_blocks:
             click.echo(
                 "pyqsa: --kv-offload auto keeps the K/V on the device (no GPU, or they fit): "
-                "--hot-blocks unused; --kv-offload host pages anyway",
+                f"{' and '.join(unused)} unused; --kv-offload host pages anyway",
                 err=True,
             )
-        config = dataclasses.replace(config, hot_blocks=plan.hot_blocks)
+        config = dataclasses.replace(
+            config,
+            hot_blocks=plan.hot_blocks,
+            kv_type=paged_type if plan.hot_blocks else kv_type,
+        )
         engine, llama_model = load_engine(config, llama_model)
     except RunnerError as e:
         raise click.ClickException(str(e)) from None
@@ -101,7 +113,8 @@ def _load(
         store = stats.ledger.get("host.kv") or plan.kv_bytes
         click.echo(
             f"pyqsa: paging: hot cache {stats.paging['hot_blocks']} blocks per slot and QSA "
-            f"layer; host store {store / 2**30:.2f} GiB ({kv_type} K/V of {slots} x {ctx} tokens)",
+            f"layer; host store {store / 2**30:.2f} GiB ({config.kv_type} K/V of {slots} x {ctx} "
+            "tokens)",
             err=True,
         )
     return engine, llama_model, name
@@ -209,6 +222,7 @@ _ENGINE_KEYS = (
     "device",
     "kv_offload",
     "hot_blocks",
+    "kv_host_type",
 )
 
 
@@ -302,6 +316,12 @@ def _engine_options(f):
             type=click.IntRange(min=1),
             help="With paging: hot cache blocks per slot and QSA layer on the device (default: "
             "twice the blocks one query selects, from the model).",
+        ),
+        click.option(
+            "--kv-host-type",
+            type=click.Choice(list(KV_TYPES)),
+            help="With paging: the host store's K/V type (default: --kv-type). The hot cache "
+            "holds the store's blocks as they are, so it has this type too.",
         ),
         click.option(
             "--chat-template",

@@ -1,6 +1,8 @@
 """`pyqsa serve --api-key-file`: the key comes from a file, and wrong use stops before loading.
 Engine flags with bad values are one-line usage errors; `--device N` names a GPU."""
 
+import itertools
+
 import pytest
 from click.testing import CliRunner
 
@@ -40,6 +42,7 @@ def test_bad_engine_flags_are_one_line_errors():
         (["--hot-blocks", "0"], "'--hot-blocks'"),
         (["--hot-blocks", "-3"], "'--hot-blocks'"),
         (["--hot-blocks", "eight"], "'--hot-blocks'"),
+        (["--kv-host-type", "q4_0"], "'--kv-host-type'"),
         (["--device", "-1"], "'--device'"),
         (["--device", "gpu0"], "'--device'"),
         (["--device", ""], "'--device'"),
@@ -49,13 +52,14 @@ def test_bad_engine_flags_are_one_line_errors():
         assert r.exit_code == 2 and f"Invalid value for {what}" in r.output, r.output
 
 
-def test_hot_blocks_without_paging_is_a_usage_error():
-    for cmd in ("serve", "chat"):
-        args = [cmd, "--kv-offload", "none", "--hot-blocks", "8"]
-        r = CliRunner().invoke(main, args, env=NO_ENV_KEY)
+def test_paging_flags_without_paging_are_usage_errors():
+    for cmd, (flag, value) in itertools.product(
+        ("serve", "chat"), (("--hot-blocks", "8"), ("--kv-host-type", "q8_0"))
+    ):
+        r = CliRunner().invoke(main, [cmd, "--kv-offload", "none", flag, value], env=NO_ENV_KEY)
         assert r.exit_code == 2, r.output
         errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
-        assert errors == ["Error: --hot-blocks needs paging: --kv-offload host or auto, not none"]
+        assert errors == [f"Error: {flag} needs paging: --kv-offload host or auto, not none"]
 
 
 def test_device_on_a_cpu_only_build_is_a_usage_error():

@@ -111,6 +111,19 @@ def test_host_memory_admission(demo, monkeypatch, no_model_load):
     ]
 
 
+def test_kv_host_type_sets_the_host_store_type(demo, monkeypatch, no_model_load):
+    """The host store (and the hot cache, which holds its blocks) takes --kv-host-type: q8_0
+    K/V of the same tokens need 34/64 of the f16 bytes, still more than is available here."""
+    monkeypatch.setattr(paging, "host_available", lambda: GiB // 2)
+    args = ["serve", str(demo[1]), "--kv-offload", "host", "--slots", "8", "--ctx", "262144"]
+    r = CliRunner().invoke(main, [*args, "--kv-host-type", "q8_0"], env=NO_ENV_KEY)
+    assert r.exit_code == 1, r.output
+    assert r.output.splitlines() == [
+        "Error: paging needs 0.53 GiB of host memory for the QSA K/V (q8_0) of 2097152 tokens "
+        "(slots x ctx); 0.50 GiB is available (MemAvailable)"
+    ]
+
+
 class PagingRunner(FakeRunner):
     reads = 0
 
