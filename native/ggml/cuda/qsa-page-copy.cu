@@ -14,7 +14,7 @@ __global__ void page_fetch(const char * store0, char * dev0, const char * store1
     }
     const char * store = blockIdx.z == 0 ? store0 : store1;
     char *       dev   = blockIdx.z == 0 ? dev0 : dev1;
-    const int    to    = slots ? slots[(size_t) s * stride + i] : i;
+    const int    to    = slots[(size_t) s * stride + i];
     pyqsa_copy_row(dev + (size_t) s * stream_bytes + (size_t) to * B,
                    store + ((size_t) s * n_store + blocks[(size_t) s * stride + i]) * B, B);
 }

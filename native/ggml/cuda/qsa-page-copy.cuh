@@ -18,8 +18,7 @@ __device__ __forceinline__ void pyqsa_copy_row(char * dst, const char * src, siz
 }
 
 // Per stream s and i < n_blocks[s] (at most max_blocks): block blocks[s * stride + i] of the
-// stream's store (K, and V when store1 is set) to slot slots[s * stride + i] (or i when slots is
-// null) of its device rows; B bytes a block, streams n_store blocks apart in the store and
+// stream's store (K, and V when store1 is set) to slot slots[s * stride + i] of its device rows; B bytes a block, streams n_store blocks apart in the store and
 // stream_bytes apart on the device.
 void pyqsa_cuda_page_fetch(cudaStream_t stream, const char * store0, char * dev0, const char * store1, char * dev1,
                            const int32_t * blocks, const int32_t * slots, const int32_t * n_blocks, int max_blocks,
