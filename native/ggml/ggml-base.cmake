@@ -1,3 +1,4 @@
-# Included by the patched ggml/src/CMakeLists.txt (ggml_patches/0005): op constructors.
-target_sources(ggml-base PRIVATE ${CMAKE_CURRENT_LIST_DIR}/pyqsa-ops.cpp)
+# Included by the patched ggml/src/CMakeLists.txt (ggml_patches/0005): op constructors and the
+# lazily committed host buffer type.
+target_sources(ggml-base PRIVATE ${CMAKE_CURRENT_LIST_DIR}/pyqsa-ops.cpp ${CMAKE_CURRENT_LIST_DIR}/lazy-host-buffer.cpp)
 target_include_directories(ggml-base PUBLIC ${CMAKE_CURRENT_LIST_DIR}/../include)

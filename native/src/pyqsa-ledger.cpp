@@ -9,6 +9,7 @@
 #include "llama-memory-hybrid-idx.h"
 #include "llama-memory-recurrent.h"
 #include "llama-model.h"
+#include "pyqsa-lazy-host.h"
 #include "qsa-pager.h"
 
 #include <map>
@@ -22,9 +23,11 @@ const pyqsa_kv_pager * pager_of(const llama_context * ctx) {
     return hyb ? hyb->get_mem_attn()->get_pyqsa_pager() : nullptr;
 }
 
+// memory held: a lazily committed buffer (a paging context's unread indexer cache) counts the
+// pages it holds, not what it reserved
 void add(const breakdown & b, uint64_t pyqsa_ledger::*field, pyqsa_ledger * device, pyqsa_ledger * host) {
     for (const auto & [buft, size] : b) {
-        (ggml_backend_buft_is_host(buft) ? host : device)->*field += size;
+        (ggml_backend_buft_is_host(buft) ? host : device)->*field += pyqsa_lazy_host_held(buft, size);
     }
 }
 

@@ -1,6 +1,7 @@
 // Host-backed KV paging of the indexed layers (see qsa-pager.h).
 #include "qsa-pager.h"
 
+#include "pyqsa-lazy-host.h"
 #include "pyqsa-context.h"
 
 #include "llama-impl.h"
@@ -32,8 +33,8 @@ ggml_backend_buffer_type_t pyqsa_kv_cache_buft(const llama_model & model, int32_
     if (!pages(model) || model.hparams.dsv4_compress_ratios[il] == 0) {
         return buft;
     }
-    if (is_tag(name_tag, "idx_")) {
-        return ggml_backend_cpu_buffer_type();
+    if (is_tag(name_tag, "idx_")) {  // unread: the pager keeps the block keys
+        return pyqsa_lazy_host_buffer_type();
     }
     if (!is_tag(name_tag, "")) {
         return buft;
@@ -92,8 +93,8 @@ pyqsa_kv_pager::pyqsa_kv_pager(const llama_model & model, const std::vector<pyqs
         p.kb     = kb;
         p.host_k = l.k;
         p.host_v = l.v;
-        p.dev_k  = ggml_new_tensor_3d(ctx, l.k->type, l.k->ne[0], H * r + W, n_stream);
-        p.dev_v  = ggml_new_tensor_3d(ctx, l.v->type, l.v->ne[0], H * r + W, n_stream);
+        p.dev_k  = ggml_new_tensor_3d(ctx, l.k->type, l.k->ne[0], slots(r) * r + W, n_stream);
+        p.dev_v  = ggml_new_tensor_3d(ctx, l.v->type, l.v->ne[0], slots(r) * r + W, n_stream);
         p.table  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, kv_size / r, n_stream);
         p.owner  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, H, n_stream);
         p.stamp  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, H, n_stream);

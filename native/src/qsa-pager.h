@@ -3,19 +3,22 @@
 // With paging on (pyqsa_context_config::hot_blocks > 0), llama.cpp's K/V cache of these layers
 // is allocated in the device's pinned host memory (the host store: cell == position, so block b
 // of stream s is r contiguous rows), and the pager keeps per layer, on the device, one tensor of
-// H*r + W rows per stream: H hot block slots (the blocks recent steps selected) and a ring of W
-// cells holding the newest positions (position p at row H*r + p % W, W >= n_ubatch + r - 1).
-// A step writes its tokens' K/V to the ring and, through the ring, to the host store; a decode
-// step resolves its selected blocks to hot slots (pyqsa_ggml_qsa_page_resolve: misses fetched
-// from the host store, LRU eviction, state on the device); a prefill chunk, whose queries
-// select more distinct blocks than the hot cache holds, reads its blocks from the host store in
-// place. The indexer keeps on the device only the block keys and a ring of raw keys (the
-// indexer cache proper moves to host memory, unread). See native/PAGING.md.
+// S*r + W rows per stream: S block slots, the first H of them the hot cache (the blocks recent
+// steps selected), and a ring of W cells holding the newest positions (position p at row
+// S*r + p % W, W >= n_ubatch + r - 1). A step writes its tokens' K/V to the ring and, through
+// the ring, to the host store; a decode step resolves its selected blocks to hot slots
+// (pyqsa_ggml_qsa_page_resolve: misses fetched from the host store, LRU eviction, state on the
+// device); a prefill chunk, whose queries select more distinct blocks than the hot cache holds,
+// brings the host store through all S slots a window at a time (pyqsa_ggml_qsa_page_stage,
+// pyqsa_ggml_qsa_attn_part). S = H unless the context would take more than max_stage_windows
+// windows. The indexer keeps on the device only the block keys and a ring of raw keys (the
+// indexer cache proper moves to host memory, reserved but never written). See native/PAGING.md.
 #pragma once
 
 #include "ggml-backend.h"
 #include "ggml.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <map>
@@ -35,7 +38,7 @@ struct pyqsa_kv_pager_layer {
     int64_t       kb;      // blocks one query selects
     ggml_tensor * host_k;  // the host store (llama.cpp's cache tensors, in pinned host memory)
     ggml_tensor * host_v;
-    ggml_tensor * dev_k;   // [E, H*r + W, n_stream]: hot slots, then the ring
+    ggml_tensor * dev_k;   // [E, S*r + W, n_stream]: block slots (the first H hot), then the ring
     ggml_tensor * dev_v;
     ggml_tensor * table;   // I32 [kv_size / r, n_stream] block -> hot slot, -1 = not resident
     ggml_tensor * owner;   // I32 [H, n_stream] hot slot -> block, -1 = free
@@ -61,8 +64,14 @@ public:
 
     const pyqsa_kv_pager_layer * layer(int32_t il) const;  // nullptr: not paged
 
+    // a prefill chunk's graph passes over the host store in at most this many windows
+    static constexpr int64_t max_stage_windows = 64;
+
     int64_t hot_blocks() const { return H; }
     int64_t ring() const { return W; }
+    // block slots per stream of the layers of ratio r: the H hot ones, more when a prefill
+    // chunk's windows need them (kv_size / r blocks in max_stage_windows windows)
+    int64_t slots(uint32_t r) const { return std::max<int64_t>(H, (n_cells / r + max_stage_windows - 1) / max_stage_windows); }
     int64_t kv_size() const { return n_cells; }
 
     // a step number for the resolve ops of one graph; later calls get larger ones

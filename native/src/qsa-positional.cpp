@@ -122,7 +122,7 @@ void pyqsa_qsa_positional_input::set_input(const llama_ubatch * ubatch) {
 }
 
 void pyqsa_qsa_positional_input::set_paging_input(const llama_ubatch & ubatch, const int64_t * rows, int64_t s0) {
-    const int64_t H   = pager->hot_blocks();
+    const int64_t S   = pager->slots(r);
     const int64_t W   = pager->ring();
     const int64_t ns  = step->ne[0] - 1;
     const int64_t n   = ubatch.n_tokens;
@@ -142,7 +142,7 @@ void pyqsa_qsa_positional_input::set_paging_input(const llama_ubatch & ubatch, c
         const int64_t   s = rows[i] / kv_size - s0;
         // the ring holds the stream's cells from its first block not in the store on
         GGML_ASSERT(p - first[s] + first[s] % (llama_pos) r < W);
-        ring[i]  = s * (H * r + W) + H * r + p % W;
+        ring[i]  = s * (S * r + W) + S * r + p % W;
         raw[i]   = raw_row(s, p);
         paged[i] = first[s] / (llama_pos) r;
     }
@@ -271,7 +271,8 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
     const pyqsa_kv_pager & pager = *inp->pager;
     const int64_t r      = inp->r;
     const int64_t H      = pager.hot_blocks();
-    const int64_t n_rows = H * r + pager.ring();
+    const int64_t S      = pager.slots(r);
+    const int64_t n_rows = S * r + pager.ring();
     const int64_t ns     = blocks->ne[2];
     const int64_t n_tok  = k_cur->ne[2];
     // the ubatch's streams are consecutive; their first one, as llama.cpp's cache views have it
@@ -295,25 +296,26 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
     ggml_tensor * k4      = as_heads(ctx, ring[0], k_cur, n_rows, ns);
     ggml_tensor * v4      = as_heads(ctx, ring[1], v_cur, n_rows, ns);
     const int64_t n_store = pager.kv_size() / r;
-    // the hot slots as block rows: [r * E, H, ns]
-    const auto    slots_of = [&](ggml_tensor * t) {
-        return ggml_view_3d(ctx, t, r * t->ne[0], H, ns, r * t->nb[1], n_rows * t->nb[1], 0);
+    // the first n block slots as block rows: [r * E, n, ns]
+    const auto    slots_of = [&](ggml_tensor * t, int64_t n) {
+        return ggml_view_3d(ctx, t, r * t->ne[0], n, ns, r * t->nb[1], n_rows * t->nb[1], 0);
     };
     if (inp->resolve) {
         const auto state = [&](ggml_tensor * t) {
             return ggml_view_2d(ctx, t, t->ne[0], ns, t->nb[1], s0 * t->nb[1]);
         };
         ggml_tensor * slots = pyqsa_ggml_qsa_page_resolve(ctx, blocks, inp->n_paged, state(l.table), state(l.owner),
-                                                          state(l.stamp), inp->step, state(l.stats), slots_of(ring[0]),
-                                                          store_k, slots_of(ring[1]), store_v, n_store);
+                                                          state(l.stamp), inp->step, state(l.stats),
+                                                          slots_of(ring[0], H), store_k, slots_of(ring[1], H), store_v,
+                                                          n_store);
         pyqsa_ggml_qsa_page_resolve_set_generations(slots, ggml_view_1d(ctx, l.seen, ns, s0 * l.seen->nb[0]));
         ggml_tensor * cells = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, slots, inp->n_vis, inp->n_paged, inp->q_pos,
-                                                               (int32_t) r, (int32_t) (H * r), (int32_t) pager.ring());
+                                                               (int32_t) r, (int32_t) (S * r), (int32_t) pager.ring());
         ggml_format_name(cells, "qsa_paged_cells-%d", il);
         return pyqsa_qsa_attn_cells(ctx, q, k4, v4, cells, kq_scale);
     }
 
-    // A prefill chunk: the host store comes through the hot slots a window of H blocks at a time
+    // A prefill chunk: the host store comes through the block slots a window of S blocks at a time
     // (only the blocks some query selects), each window followed by a resumable attention pass
     // over the cells in it; the ring's cells come last. Passes keep qsa_attn's order and splits,
     // so the result has its bits. The hot cache is forgotten (set_input starts a new generation).
@@ -323,7 +325,7 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
     ggml_tensor * q4 = ggml_reshape_4d(ctx, ggml_cont(ctx, q), D, n_head, n_tps, ns);
     // the ubatch's streams hold at most n_kv cells, so their stored blocks lie below n_kv / r
     const int64_t n_kv      = g.mctx->get_attn()->get_n_kv();
-    const int64_t n_windows = ((n_kv + r - 1) / r + H - 1) / H;
+    const int64_t n_windows = ((n_kv + r - 1) / r + S - 1) / S;
     // every pass reads its own views of the device rows: a backend that cannot run the pass (a
     // head size CUDA lacks) gets a copy of its inputs, and the scheduler copies a tensor once
     // per graph, so a shared view would show later passes the first window
@@ -331,14 +333,14 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
     const auto    rows_v = [&] { return as_heads(ctx, ring[1], v_cur, n_rows, ns); };
     ggml_tensor * state  = nullptr;
     for (int64_t w = 0; w < n_windows; ++w) {
-        ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, inp->n_paged, slots_of(ring[0]), store_k,
-                                                         slots_of(ring[1]), store_v, n_store, w * H, state,
+        ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, inp->n_paged, slots_of(ring[0], S), store_k,
+                                                         slots_of(ring[1], S), store_v, n_store, w * S, state,
                                                          ggml_view_1d(ctx, l.staged, ns, s0 * l.staged->nb[0]));
         state = pyqsa_ggml_qsa_attn_part(ctx, q4, rows_k(), rows_v(), cells, inp->n_paged, state, staged, kq_scale,
-                                         (int32_t) r, (int32_t) (w * H * r), (int32_t) ((w + 1) * H * r), 0, 0, false);
+                                         (int32_t) r, (int32_t) (w * S * r), (int32_t) ((w + 1) * S * r), 0, 0, false);
     }
     ggml_tensor * out = pyqsa_ggml_qsa_attn_part(ctx, q4, rows_k(), rows_v(), cells, inp->n_paged, state, nullptr,
-                                                 kq_scale, (int32_t) r, 0, 0, (int32_t) (H * r), (int32_t) pager.ring(),
+                                                 kq_scale, (int32_t) r, 0, 0, (int32_t) (S * r), (int32_t) pager.ring(),
                                                  true);
     return ggml_reshape_2d(ctx, out, D * n_head, n_tok);
 }

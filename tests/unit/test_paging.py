@@ -149,3 +149,25 @@ def test_copied_sequence_equal_unpaged(model):
     finally:
         paged.close()
         whole.close()
+
+
+def test_unread_indexer_cache_holds_no_memory(model):
+    """A paging context's indexer cache (kv_size rows per QSA layer, which nothing reads: the
+    pager keeps the block keys) is reserved, not committed (native/include/pyqsa-lazy-host.h):
+    the ledger's indexer bytes are the pager's key rows (a quarter of the cells at ratio 4),
+    where the unpaged context's indexer cache holds a row per cell."""
+
+    def config(hot_blocks: int) -> ContextConfig:
+        return ContextConfig(
+            n_seqs=4, ctx_per_seq=65536, n_batch=N_BATCH, n_threads=2, hot_blocks=hot_blocks
+        )
+
+    paged, whole = open_context(model.ptr, config(8)), open_context(model.ptr, config(0))
+    try:
+        lp, lw = native.ledger(paged), native.ledger(whole)
+        cache = lw["device.indexer"] + lw["host.indexer"]
+        held = lp["device.indexer"] + lp["host.indexer"]
+        assert cache > 0 and held < cache / 2, (lp, lw)
+    finally:
+        L.llama_free(paged)
+        L.llama_free(whole)
