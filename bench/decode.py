@@ -50,6 +50,11 @@ def _ints(s: str) -> list[int]:
     return sorted({int(x) for x in s.split(",") if x.strip()})
 
 
+def decode_tokens(args: argparse.Namespace) -> int:
+    """Positions the decode runs of one context take after its prefill."""
+    return (args.warmup + args.steps) * len(args.seqs) * args.repeats
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model", type=Path)
@@ -59,6 +64,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seqs", type=_ints, default=[1, 8])
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="decode runs per sequence count after one prefill, each its own record (report.py "
+        "shows their median and spread)",
+    )
     ap.add_argument("--ubatch", type=int, default=512, help="prefill batch (n_batch = n_ubatch)")
     ap.add_argument("--gpu-layers", type=int, default=999, help="ignored by CPU-only builds")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -95,9 +107,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.hot_blocks and args.variant != "pyqsa":
         ap.error("--hot-blocks needs --variant pyqsa (upstream has no paging)")
-    if args.steps < 1 or args.warmup < 1:
-        ap.error("--steps and --warmup must be >= 1 (the first warmup step checks the copies)")
-    room = min(args.contexts) - (args.warmup + args.steps) * len(args.seqs)
+    if args.steps < 1 or args.warmup < 1 or args.repeats < 1:
+        ap.error(
+            "--steps, --warmup and --repeats must be >= 1 (a first warmup step checks the copies)"
+        )
+    room = min(args.contexts) - decode_tokens(args)
     if room < args.ubatch // 4:
         ap.error(f"context {min(args.contexts)} leaves only {room} tokens to prefill")
     return args
@@ -340,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         flags = bench.open(context, n_seq)
         try:
-            n_fill = context - (args.warmup + args.steps) * len(args.seqs)
+            n_fill = context - decode_tokens(args)
             secs = bench.prefill(n_fill)
             emit(
                 {
@@ -356,21 +370,32 @@ def run(args: argparse.Namespace) -> int:
             )
             for n in args.seqs:
                 pos = bench.copy_seq0(n)
-                before = bench.ledger().get("paging")
-                rec = bench.decode(n, pos)
-                after = bench.ledger().get("paging")
-                if before and after:  # per decode step, warmup included
-                    n_steps = args.warmup + args.steps
-                    rec["paging_per_step"] = {
-                        k: (after[k] - before[k]) / n_steps
-                        for k in after
-                        if k not in ("hot_blocks", "layers")
-                    }
-                    rec["hit_rate_per_layer"] = {
-                        il: _hit_rate(after["layers"][il], before["layers"][il])
-                        for il in after["layers"]
-                    }
-                emit({"kind": "decode", "context": context, "n_seq": n, "flags": flags, **rec})
+                for repeat in range(args.repeats):
+                    before = bench.ledger().get("paging")
+                    rec = bench.decode(n, pos)
+                    pos += args.warmup + args.steps
+                    after = bench.ledger().get("paging")
+                    if before and after:  # per decode step, warmup included
+                        n_steps = args.warmup + args.steps
+                        rec["paging_per_step"] = {
+                            k: (after[k] - before[k]) / n_steps
+                            for k in after
+                            if k not in ("hot_blocks", "layers")
+                        }
+                        rec["hit_rate_per_layer"] = {
+                            il: _hit_rate(after["layers"][il], before["layers"][il])
+                            for il in after["layers"]
+                        }
+                    emit(
+                        {
+                            "kind": "decode",
+                            "context": context,
+                            "n_seq": n,
+                            "repeat": repeat,
+                            "flags": flags,
+                            **rec,
+                        }
+                    )
         finally:
             bench.close()
     return 0

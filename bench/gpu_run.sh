@@ -9,7 +9,7 @@
 #                 --small (the tiny model of synth_model.py --small: a smoke test of the script)
 #                 --variants pyqsa,upstream (which libraries run, in this order, per context;
 #                 paged: pyqsa's with host-backed KV paging, --hot-blocks N, default 1024)
-#                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024")
+#                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024 --repeats 3")
 #                 --checks (after the builds: test-qsa-ops and test-qsa-page CUDA vs CPU and
 #                 their timings, tests/gpu/paging.sh, then tests/gpu/parity.sh)
 # Steps: unpack the carried upstream extract; build pyqsa's CUDA variant (setup path) and an

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,17 +32,26 @@ def load(paths: list[Path]) -> list[Rec]:
     return sorted(recs, key=lambda r: r.get("utc", ""))
 
 
-def latest(recs: list[Rec], kind: str) -> tuple[dict[tuple, Rec], dict[tuple, int]]:
-    """(variant, context[, n_seq]) -> newest record of the kind, and how many there were."""
+def latest(recs: list[Rec], kind: str) -> tuple[dict[tuple, Rec], dict[tuple, list[Rec]]]:
+    """(variant, context[, n_seq]) -> newest record of the kind, and the records of that key
+    from the newest one's commit (the runs a median is taken over)."""
     out: dict[tuple, Rec] = {}
-    count: dict[tuple, int] = {}
+    runs: dict[tuple, list[Rec]] = {}
     for r in recs:
         if r.get("kind") != kind:
             continue
         key = (r["variant"], r["context"]) + ((r["n_seq"],) if kind == "decode" else ())
         out[key] = r
-        count[key] = count.get(key, 0) + 1
-    return out, count
+        runs.setdefault(key, []).append(r)
+    for key, r in out.items():
+        runs[key] = [x for x in runs[key] if x.get("commit") == r.get("commit")]
+    return out, runs
+
+
+def _median_of(runs: list[Rec], field: str) -> dict[str, float]:
+    """The median of a field over runs, with its spread."""
+    xs = [x[field] for x in runs]
+    return {field: statistics.median(xs), f"{field}_min": min(xs), f"{field}_max": max(xs)}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -53,7 +63,7 @@ def _fmt(x: float | None, spec: str = ".1f") -> str:
 
 
 def decode_rows(recs: list[Rec]) -> list[Rec]:
-    by, count = latest(recs, "decode")
+    by, runs = latest(recs, "decode")
     rows = []
     for ctx, n in sorted({(k[1], k[2]) for k in by}):
         row: Rec = {"context": ctx, "n_seq": n}
@@ -63,18 +73,18 @@ def decode_rows(recs: list[Rec]) -> list[Rec]:
                 None
                 if r is None
                 else {
-                    "tok_s": r["tok_s"],
-                    "step_ms_median": r["step_ms_median"],
+                    **_median_of(runs[(v, ctx, n)], "tok_s"),
+                    **_median_of(runs[(v, ctx, n)], "step_ms_median"),
                     "pos_start": r["pos_start"],
-                    "runs": count[(v, ctx, n)],
+                    "runs": len(runs[(v, ctx, n)]),
                     **({"paging_per_step": r["paging_per_step"]} if "paging_per_step" in r else {}),
                 }
             )
             # decode time per step against this variant's smallest measured context
             base = min((k[1] for k in by if k[0] == v and k[2] == n), default=None)
             if r is not None and base is not None:
-                row[v]["step_vs_smallest"] = (
-                    r["step_ms_median"] / by[(v, base, n)]["step_ms_median"]
+                row[v]["step_vs_smallest"] = row[v]["step_ms_median"] / statistics.median(
+                    x["step_ms_median"] for x in runs[(v, base, n)]
                 )
                 row[v]["smallest_context"] = base
         tok = [row[v]["tok_s"] if row[v] else None for v in VARIANTS]
@@ -85,7 +95,7 @@ def decode_rows(recs: list[Rec]) -> list[Rec]:
 
 
 def prefill_rows(recs: list[Rec]) -> list[Rec]:
-    by, count = latest(recs, "prefill")
+    by, runs = latest(recs, "prefill")
     rows = []
     for ctx in sorted({k[1] for k in by}):
         row: Rec = {"context": ctx}
@@ -95,10 +105,10 @@ def prefill_rows(recs: list[Rec]) -> list[Rec]:
                 None
                 if r is None
                 else {
-                    "tok_s": r["tok_s"],
-                    "seconds": r["seconds"],
+                    **_median_of(runs[(v, ctx)], "tok_s"),
+                    **_median_of(runs[(v, ctx)], "seconds"),
                     "tokens": r["tokens"],
-                    "runs": count[(v, ctx)],
+                    "runs": len(runs[(v, ctx)]),
                 }
             )
         tok = [row[v]["tok_s"] if row[v] else None for v in VARIANTS]
@@ -112,7 +122,7 @@ def print_tables(recs: list[Rec], dec: list[Rec], pre: list[Rec]) -> None:
     w = sys.stdout.write
     shown = [v for v in VARIANTS if any(r[v] for r in dec + pre)]
     paged = "pyqsa-paged" in shown
-    w("## Decode (one token per sequence per step; median step of each run)\n")
+    w("## Decode (one token per sequence per step; median step of each run, median over runs)\n")
     head = " | ".join(f"{SHORT[v] + ' tok/s':>11} {'ms/step':>8} {'x@min':>5}" for v in shown)
     w(f"{'context':>8} {'seqs':>4} | {head} | {'pyqsa/upstr':>11}")
     w(f" | {'paged/pyqsa':>11}\n" if paged else "\n")
@@ -128,6 +138,14 @@ def print_tables(recs: list[Rec], dec: list[Rec], pre: list[Rec]) -> None:
         w(f"{_fmt(r['pyqsa_over_upstream'], '.2f'):>11}")
         w(f" | {_fmt(r['paged_over_pyqsa'], '.2f'):>11}\n" if paged else "\n")
     w("  x@min: this step time over the same variant's at its smallest measured context\n")
+    for r in dec:
+        for v in shown:
+            c = r[v]
+            if c and c["runs"] > 1:
+                w(
+                    f"  {SHORT[v]} {r['context']} x {r['n_seq']}: {c['runs']} runs, "
+                    f"{c['step_ms_median_min']:.2f}-{c['step_ms_median_max']:.2f} ms/step\n"
+                )
     for r in dec:
         p = (r.get("pyqsa-paged") or {}).get("paging_per_step")
         if p:
