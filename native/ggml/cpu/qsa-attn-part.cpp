@@ -59,8 +59,16 @@ void pyqsa_cpu_qsa_attn_part(const struct ggml_compute_params * params, struct g
         } else {
             std::fill(acc.begin(), acc.end(), 0.0f);
         }
-        for (int64_t j = 0; j < n_sel; ++j) {
+        // the CUDA kernel's walk (qsa-attn-part.cu): a list is its block cells in increasing
+        // order, -1 for blocks not visible, then the tail, past every stored position; so
+        // "c < 0 or c >= c0" holds from some entry on when the pass takes any cell, and a stored
+        // pass ends at its first entry past the window or at a -1
+        const int64_t first = std::partition_point(list, list + n_sel, [&](int32_t c) { return c >= 0 && c < c0; }) - list;
+        for (int64_t j = first; j < n_sel; ++j) {
             const int64_t c = list[j];
+            if (ring == 0 && (c < 0 || c >= c1)) {
+                break;
+            }
             if (c < 0 || c < c0 || c >= c1) {
                 continue;
             }

@@ -1,7 +1,8 @@
 // CUDA kernel of PYQSA_GGML_OP_QSA_ATTN_PART: qsa_attn's warp per (head, query, split), resumed
-// from the previous pass's state and stopped after this pass's cells. The warp reads its list 32
-// entries at a time and takes the entries of this pass in list order (a ballot), so the cells
-// reach the online softmax in the order qsa_attn's kernel adds them.
+// from the previous pass's state and stopped after this pass's cells. The warp reads the part of
+// its list this pass can take 32 entries at a time and takes the entries in the pass's positions
+// in list order (a ballot), so the cells reach the online softmax in the order qsa_attn's kernel
+// adds them.
 #include "qsa-attn-part.cuh"
 
 #include "pyqsa-ggml.h"
@@ -48,7 +49,21 @@ __global__ void qsa_attn_part_kernel(const args a, const pass p) {
     const int32_t * list = a.cells + (size_t) row * a.n_sel;
     int             j0, j1;
     split_range(a, split, j0, j1);
-    for (int jb = j0; jb < j1; jb += WARP) {
+    // A list is its block cells in increasing order, -1 for blocks not visible, then the tail,
+    // which lies past every stored position: "c < 0 or c >= c0" holds from some entry on
+    // whenever this pass takes any cell, so a binary search finds where to start, and a stored
+    // pass stops at its first entry past the window (or at a -1).
+    int first = j0;
+    for (int end = j1; first < end;) {
+        const int mid = (first + end) / 2;
+        const int c   = list[mid];
+        if (c >= 0 && c < c0) {
+            first = mid + 1;
+        } else {
+            end = mid;
+        }
+    }
+    for (int jb = first; jb < j1; jb += WARP) {
         const int      c    = jb + lane < j1 ? list[jb + lane] : -1;
         const bool     in   = c >= 0 && c >= c0 && c < c1;
         unsigned       take = __ballot_sync(0xffffffffu, in);
@@ -57,6 +72,9 @@ __global__ void qsa_attn_part_kernel(const args a, const pass p) {
             take &= take - 1;
             const int cc = __shfl_sync(0xffffffffu, c, src);
             w.template add_row<type>(a, p.ring > 0 ? p.base + cc % p.ring : cc - p.lo, s, h / a.group, lane);
+        }
+        if (p.ring == 0 && __any_sync(0xffffffffu, c < 0 || c >= c1)) {
+            break;
         }
     }
     if (p.next != nullptr) {
