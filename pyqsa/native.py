@@ -141,7 +141,7 @@ def context_qsa_mode(ctx: int) -> str:
     return QSA_MODES[out.qsa_mode]
 
 
-LEDGER_FIELDS = ("weights", "kv", "indexer", "recurrent", "compute", "hot")
+LEDGER_FIELDS = ("weights", "kv", "indexer", "recurrent", "compute", "hot", "staging", "tail")
 
 
 def ledger(ctx: int) -> dict[str, int]:

@@ -109,7 +109,9 @@ typedef struct pyqsa_ledger {
     uint64_t indexer;    // indexer key cache (raw keys of the tail, block keys)
     uint64_t recurrent;  // Gated DeltaNet (recurrent) state of every sequence
     uint64_t compute;    // compute buffers of the graph scheduler
-    uint64_t hot;        // paging: hot caches, rings and page tables of the indexed layers
+    uint64_t hot;        // paging: hot caches and page state of the indexed layers
+    uint64_t staging;    // paging: block slots past the hot ones, used only by prefill staging
+    uint64_t tail;       // paging: rings of the newest positions, written before the host store
 } pyqsa_ledger;
 
 // Fills *device with the bytes ctx (a struct llama_context *) holds in device buffers and

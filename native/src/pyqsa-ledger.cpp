@@ -59,8 +59,11 @@ int32_t pyqsa_ledger_get(const void * ctx_v, pyqsa_ledger * device, pyqsa_ledger
     }
     add(compute, &pyqsa_ledger::compute, device, host);
     if (const pyqsa_kv_pager * pager = pager_of(ctx)) {
-        add(pager->memory_breakdown(false), &pyqsa_ledger::hot, device, host);
-        add(pager->memory_breakdown(true), &pyqsa_ledger::indexer, device, host);
+        using part = pyqsa_kv_pager::part;
+        add(pager->memory_breakdown(part::hot), &pyqsa_ledger::hot, device, host);
+        add(pager->memory_breakdown(part::staging), &pyqsa_ledger::staging, device, host);
+        add(pager->memory_breakdown(part::tail), &pyqsa_ledger::tail, device, host);
+        add(pager->memory_breakdown(part::keys), &pyqsa_ledger::indexer, device, host);
     }
     return PYQSA_OK;
 }

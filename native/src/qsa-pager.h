@@ -91,8 +91,10 @@ public:
     // caches, rings and page tables; the hit/miss counters stay each stream's own
     void copy_stream(uint32_t src, uint32_t dst);
 
-    // bytes by buffer type: the hot caches, rings and page tables, or (keys) the indexer rows
-    std::map<ggml_backend_buffer_type_t, size_t> memory_breakdown(bool keys) const;
+    // what the pager's buffers hold: hot caches with their page state (and the buffers' padding),
+    // block slots past them that only prefill staging uses, the rings (tail), the indexer rows
+    enum class part { hot, staging, tail, keys };
+    std::map<ggml_backend_buffer_type_t, size_t> memory_breakdown(part what) const;
     pyqsa_kv_pager_counters  counters() const;  // reads the device's hit/miss counters (syncs)
 
 private:
@@ -100,7 +102,7 @@ private:
     std::map<uint32_t, std::vector<int32_t>> generations;
     std::vector<ggml_backend_buffer_t>      buffers;
     std::vector<ggml_context *>             ctxs;
-    std::map<ggml_backend_buffer_type_t, size_t> key_bytes;
+    std::map<ggml_backend_buffer_type_t, size_t> part_bytes[3];  // staging, tail, keys by buffer type
     int64_t  H, W, n_cells;
     uint32_t n_stream;
     int32_t  step = 0;

@@ -115,7 +115,9 @@ def test_paged_logits_equal_unpaged(model, kv_type, hot_blocks):
         lp, lw = native.ledger(paged.ctx), native.ledger(whole.ctx)
         kv = lw["device.kv"] + lw["host.kv"]
         assert lp["device.kv"] == 0 and kv > 0 and abs(lp["host.kv"] - kv) <= 0.01 * kv, (lp, lw)
-        assert lp["device.hot"] + lp["host.hot"] > 0 == lw["device.hot"] + lw["host.hot"]
+        held = {f: lp[f"device.{f}"] + lp[f"host.{f}"] for f in ("hot", "staging", "tail")}
+        assert held["hot"] > 0 and held["tail"] > 0 and held["staging"] == 0, lp  # 1024 cells
+        assert all(lw[f"{w}.{f}"] == 0 for w in ("device", "host") for f in held), lw
     finally:
         paged.close()
         whole.close()
@@ -155,7 +157,9 @@ def test_unread_indexer_cache_holds_no_memory(model):
     """A paging context's indexer cache (kv_size rows per QSA layer, which nothing reads: the
     pager keeps the block keys) is reserved, not committed (native/include/pyqsa-lazy-host.h):
     the ledger's indexer bytes are the pager's key rows (a quarter of the cells at ratio 4),
-    where the unpaged context's indexer cache holds a row per cell."""
+    where the unpaged context's indexer cache holds a row per cell. 8 hot blocks for 16384
+    blocks a stream: prefill stages through 256 block slots (64 windows), the 248 past the hot
+    cache counted as staging."""
 
     def config(hot_blocks: int) -> ContextConfig:
         return ContextConfig(
@@ -168,6 +172,8 @@ def test_unread_indexer_cache_holds_no_memory(model):
         cache = lw["device.indexer"] + lw["host.indexer"]
         held = lp["device.indexer"] + lp["host.indexer"]
         assert cache > 0 and held < cache / 2, (lp, lw)
+        # 248 slots x 4 cells x 128 bytes (2 KV heads x 32 f16) x K and V x 4 streams x 2 layers
+        assert lp["device.staging"] + lp["host.staging"] == 248 * 4 * 128 * 2 * 4 * 2, lp
     finally:
         L.llama_free(paged)
         L.llama_free(whole)
