@@ -11,7 +11,8 @@
 #                 paged: pyqsa's with host-backed KV paging, --hot-blocks N, default 1024)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024 --repeats 3")
 #                 --checks (after the builds: test-qsa-ops and test-qsa-page CUDA vs CPU and
-#                 their timings, tests/gpu/paging.sh, then tests/gpu/parity.sh)
+#                 their timings, tests/gpu/paging.sh, tests/gpu/serve_paged.sh (serve --slots 8
+#                 --ctx 262144 with paging, 8 concurrent requests), then tests/gpu/parity.sh)
 # Steps: unpack the carried upstream extract; build pyqsa's CUDA variant (setup path) and an
 # unpatched upstream CUDA `llama` in .build/bench/upstream-cuda, while the model is written to
 # .build/bench/ (all three in parallel); then decode.py per context, cheapest first, pyqsa then
@@ -20,8 +21,8 @@
 # contexts can get a call of their own (e.g. --contexts 131072,262144).
 # Results ($OUT takes 8 files at most): decode.jsonl (JSON lines, see bench/decode.py),
 # commands.txt, report.txt, gpu_run.log (with the tail of any failing step's log; the full
-# logs stay in .build/bench/logs/ on the machine); with --checks also ops-perf.txt and
-# tests/gpu/parity.sh's three logs.
+# logs stay in .build/bench/logs/ on the machine); with --checks also ops-perf.txt, the paging
+# and serve logs and tests/gpu/parity.sh's three logs (past 8 files, the last are left out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
@@ -125,6 +126,7 @@ if [ -n "$checks" ]; then
     .build/cmake-cuda/bin/test-qsa-page perf -b CUDA0 2>&1 | grep -E "us/(step|run)" >> "$out/ops-perf.txt" || true
     cat "$out/ops-perf.txt"
     tests/gpu/paging.sh || { echo "paging checks: FAILED"; status=1; }
+    tests/gpu/serve_paged.sh || { echo "serve with paging: FAILED"; status=1; }
     tests/gpu/parity.sh || { echo "checks: FAILED"; status=1; }
     echo "checks done ($(elapsed))"
 fi
