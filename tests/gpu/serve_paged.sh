@@ -9,18 +9,21 @@ out=${OUT:-/tmp/pyqsa-gpu-out}
 mkdir -p "$out"
 export PYTHONPATH=/tmp/pyqsa-site CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
 model=$(ls .build/bench/flash-next-synth-*.gguf | head -n 1)
-pyqsa serve "$model" --slots 8 --ctx 262144 --kv-offload host --port 8765 "$@" > "$out/serve.log" 2>&1 &
+log=/tmp/pyqsa-serve-paged.log  # its tail is shown on a failure
+pyqsa serve "$model" --slots 8 --ctx 262144 --kv-offload host --port 8765 "$@" > "$log" 2>&1 &
 pid=$!
 for _ in $(seq 180); do
     curl -sf http://127.0.0.1:8765/health > /dev/null && break
     kill -0 $pid 2> /dev/null || break
     sleep 1
 done
-grep -iE "paging|kv|ledger" "$out/serve.log" | head -n 8
+grep -E "^pyqsa: (memory|paging)" "$log"
 python3 bench/serve_load.py http://127.0.0.1:8765 --requests 8 --prompt-tokens 2000 --max-tokens 64 | tee "$out/serve_load.json"
 status=${PIPESTATUS[0]}
-curl -s http://127.0.0.1:8765/metrics | grep -E "^pyqsa_(paging|ledger|device|host)" | head -n 20
+curl -s http://127.0.0.1:8765/metrics | grep -E "^pyqsa_(paging|ledger)"
 kill $pid; wait $pid 2> /dev/null
 answered=$(python3 -c "import json,sys; print(json.load(open('$out/serve_load.json'))['answered'])" 2> /dev/null || echo 0)
-echo "serve --slots 8 --ctx 262144, paged: $answered of 8 requests answered: $([ $status = 0 ] && [ "$answered" = 8 ] && echo PASS || echo FAIL)"
-[ $status = 0 ] && [ "$answered" = 8 ]
+ok=$([ $status = 0 ] && [ "$answered" = 8 ] && echo PASS || echo FAIL)
+[ "$ok" = PASS ] || tail -n 30 "$log"
+echo "serve --slots 8 --ctx 262144, paged: $answered of 8 requests answered: $ok"
+[ "$ok" = PASS ]
