@@ -293,9 +293,10 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
 
     const char *  store_k = (const char *) l.host_k->data + s0 * l.host_k->nb[2];
     const char *  store_v = (const char *) l.host_v->data + s0 * l.host_v->nb[2];
-    ggml_tensor * k4      = as_heads(ctx, ring[0], k_cur, n_rows, ns);
-    ggml_tensor * v4      = as_heads(ctx, ring[1], v_cur, n_rows, ns);
     const int64_t n_store = pager.kv_size() / r;
+    // the device rows as attention reads them: [D, n_head_kv, n_rows, ns]
+    const auto    rows_k  = [&] { return as_heads(ctx, ring[0], k_cur, n_rows, ns); };
+    const auto    rows_v  = [&] { return as_heads(ctx, ring[1], v_cur, n_rows, ns); };
     // the first n block slots as block rows: [r * E, n, ns]
     const auto    slots_of = [&](ggml_tensor * t, int64_t n) {
         return ggml_view_3d(ctx, t, r * t->ne[0], n, ns, r * t->nb[1], n_rows * t->nb[1], 0);
@@ -312,7 +313,7 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
         ggml_tensor * cells = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, slots, inp->n_vis, inp->n_paged, inp->q_pos,
                                                                (int32_t) r, (int32_t) (S * r), (int32_t) pager.ring());
         ggml_format_name(cells, "qsa_paged_cells-%d", il);
-        return pyqsa_qsa_attn_cells(ctx, q, k4, v4, cells, kq_scale);
+        return pyqsa_qsa_attn_cells(ctx, q, rows_k(), rows_v(), cells, kq_scale);
     }
 
     // A prefill chunk: the host store comes through the block slots a window of S blocks at a time
@@ -329,9 +330,7 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
     // every pass reads its own views of the device rows: a backend that cannot run the pass (a
     // head size CUDA lacks) gets a copy of its inputs, and the scheduler copies a tensor once
     // per graph, so a shared view would show later passes the first window
-    const auto    rows_k = [&] { return as_heads(ctx, ring[0], k_cur, n_rows, ns); };
-    const auto    rows_v = [&] { return as_heads(ctx, ring[1], v_cur, n_rows, ns); };
-    ggml_tensor * state  = nullptr;
+    ggml_tensor * state = nullptr;
     for (int64_t w = 0; w < n_windows; ++w) {
         ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, inp->n_paged, slots_of(ring[0], S), store_k,
                                                          slots_of(ring[1], S), store_v, n_store, w * S, state,
