@@ -51,13 +51,37 @@ def draw(x: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int
     u = rng.random(x.size)
     x = x.astype(np.float64) / params.temperature
     idx = _candidates(x, params)
-    return int(idx[np.argmax(x[idx] - np.log(-np.log(u[idx])))])
+    if idx is None:
+        return _gumbel_argmax(x, u)
+    return int(idx[_gumbel_argmax(x[idx], u[idx])])
 
 
-def _candidates(x: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """Token ids that survive top_k, min_p and top_p on tempered logits `x`."""
+def _gumbel_argmax(x: np.ndarray, u: np.ndarray) -> int:
+    """argmax of x - log(-log(u)) (the first on ties), the noise worked out only where it can win.
+
+    The noise of every vocabulary entry (two logarithms each) was most of a 150K row's 6-8 ms
+    (2-core CI machine). The winner scores at least what the highest logit scores, and at most
+    its logit plus the row's largest noise, so only positions within that noise of the highest
+    logit's score take part: a handful for peaked logits (0.65 ms a row at logit spread 6), all
+    of them for a flat row (then the whole row, as before). Same scores in the same order: the
+    same winner as the expression over the whole row (tests/unit/test_engine_sampler.py)."""
+    j = int(np.argmax(x))
+    best = float(x[j] - np.log(-np.log(u[j])))
+    g_max = float(-np.log(-np.log(u.max())))
+    # the margin covers any rounding of the bound (1e-6 against scores of size ~50)
+    keep = x >= best - g_max - 1e-6
+    if np.count_nonzero(keep) > x.size // 4:  # a flat row: the whole row costs less than picking
+        return int(np.argmax(x - np.log(-np.log(u))))
+    can = np.flatnonzero(keep)
+    return int(can[np.argmax(x[can] - np.log(-np.log(u[can])))])
+
+
+def _candidates(x: np.ndarray, params: SamplingParams) -> np.ndarray | None:
+    """Token ids that survive top_k, min_p and top_p on tempered logits `x` (None: every id)."""
     if 0 < params.top_k < x.size:
         idx = np.argpartition(-x, params.top_k - 1)[: params.top_k]
+    elif params.min_p == 0 and params.top_p == 1:
+        return None
     else:
         idx = np.arange(x.size)
     if params.min_p == 0 and params.top_p == 1:

@@ -165,3 +165,38 @@ def test_greedy_ignores_noise_away_from_ties():
     for x in rows:
         y = (x + NOISE * noise.standard_normal(x.size)).astype(np.float32)
         assert draw(x, params, None) == draw(y, params, None)
+
+
+def _draw_whole_row(x, params, rng):
+    """draw's definition: Gumbel noise on every candidate (the oracle for its pruning)."""
+    from pyqsa.engine.sampler import _candidates
+
+    u = rng.random(x.size)
+    x = x.astype(np.float64) / params.temperature
+    idx = _candidates(x, params)
+    idx = np.arange(x.size) if idx is None else idx
+    return int(idx[np.argmax(x[idx] - np.log(-np.log(u[idx])))])
+
+
+@pytest.mark.parametrize("spread", [0.5, 3.0, 8.0, 30.0])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"temperature": 1.0},
+        {"temperature": 0.3},
+        {"temperature": 2.0},
+        {"temperature": 0.7, "top_k": 50},
+        {"temperature": 0.9, "top_p": 0.9},
+        {"temperature": 0.8, "min_p": 0.05},
+    ],
+)
+def test_pruned_draw_equals_the_whole_row(spread, kw):
+    """draw works out the noise only where it can win; the token is the whole row's argmax,
+    flat rows and peaked ones, ties included (every logit is repeated once)."""
+    gen = np.random.default_rng(int(spread * 10))
+    params = SamplingParams(**kw)
+    for seed in range(40):
+        x = (gen.standard_normal(5000) * spread).astype(np.float32)
+        x = np.concatenate([x, x[::-1]])
+        a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+        assert draw(x, params, a) == _draw_whole_row(x, params, b)
