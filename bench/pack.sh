@@ -4,8 +4,9 @@
 # commands to send. The machine's image has gguf's and tqdm's dependencies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -f .gpu-carry/upstream-extract.tar.gz ] && [ -f .gpu-carry/ggml-vocab-qwen35.gguf ] ||
-    tests/gpu/pack.sh
+# (the server's wheels came later: a carry without them is made again)
+[ -f .gpu-carry/upstream-extract.tar.gz ] && [ -f .gpu-carry/ggml-vocab-qwen35.gguf ] &&
+    compgen -G ".gpu-carry/opentelemetry_api-*.whl" > /dev/null || tests/gpu/pack.sh
 du -sh .gpu-carry
 head=$(git rev-parse HEAD)
 git diff --quiet HEAD -- ggml_patches native pyqsa bench setup.py ||
