@@ -78,6 +78,19 @@ class _EngineCollector(Collector):
             moved.add_metric(["to_device"], p["bytes_to_device"])
             moved.add_metric(["to_host"], p["bytes_to_host"])
             yield moved
+            if s.paging_layers:
+                per_layer = {
+                    what: CounterMetricFamily(
+                        f"pyqsa_paging_layer_{what}",
+                        f"Selected K/V blocks {text}, per QSA layer",
+                        labels=["layer"],
+                    )
+                    for what, text in (("hits", "found in the hot cache"), ("misses", "fetched"))
+                }
+                for il, (hits, misses) in sorted(s.paging_layers.items()):
+                    per_layer["hits"].add_metric([str(il)], hits)
+                    per_layer["misses"].add_metric([str(il)], misses)
+                yield from per_layer.values()
             yield GaugeMetricFamily(
                 "pyqsa_paging_hot_blocks",
                 "Hot cache blocks per slot and QSA layer",

@@ -82,6 +82,8 @@ class EngineStats:
     # once per PAGING_READ_INTERVAL_S and once due when the engine idles, so up to that
     # interval behind; None when it does not page
     paging: dict[str, int] | None = None
+    # model layer index -> (hits, misses) of each paged layer, read with `paging`
+    paging_layers: dict[int, tuple[int, int]] | None = None
 
 
 @dataclass(eq=False)
@@ -119,6 +121,7 @@ class Engine:
         self._waiting = 0
         self._ledger: dict[str, int] = {}
         self._paging: dict[str, int] | None = None
+        self._paging_layers: dict[int, tuple[int, int]] | None = None
         self._paging_due = float("-inf")  # time.monotonic() from which they may be read again
         self._paging_stale = False  # forward passes ran since they were read (when it pages)
         self._steps_run = 0
@@ -217,6 +220,9 @@ class Engine:
                 steps=self._steps_run,
                 step_seconds=dict(self._step_seconds),
                 paging=dict(self._paging) if self._paging is not None else None,
+                paging_layers=dict(self._paging_layers)
+                if self._paging_layers is not None
+                else None,
             )
 
     # -- engine thread ---------------------------------------------------------------------
@@ -406,11 +412,11 @@ class Engine:
         one and wait for the device to read, so at most once per PAGING_READ_INTERVAL_S
         (`force`: now); between reads stats() keeps the last ones."""
         ledger = self.runner.ledger()
-        paging = self._paging
+        paging, layers = self._paging, self._paging_layers
         if counters:
             now = time.monotonic()
             if force or now >= self._paging_due:
-                paging = self.runner.paging_stats()
+                paging, layers = self.runner.paging_stats(), self.runner.paging_layers()
                 self._paging_due = now + PAGING_READ_INTERVAL_S
                 self._paging_stale = False
             else:
@@ -420,6 +426,7 @@ class Engine:
             self._waiting = len(self.scheduler.waiting)
             self._ledger = ledger
             self._paging = paging
+            self._paging_layers = layers
 
 
 def load_engine(config: EngineConfig, model: LlamaModel | None = None) -> tuple[Engine, LlamaModel]:

@@ -65,6 +65,11 @@ class Runner(Protocol):
         None when the runner does not page."""
         ...
 
+    def paging_layers(self) -> dict[int, tuple[int, int]] | None:
+        """Model layer index -> (hits, misses) of each paged layer since the start
+        (pyqsa.native.paging_layers); None when the runner does not page."""
+        ...
+
 
 def _llama():
     import llama_cpp
@@ -244,6 +249,9 @@ class LlamaRunner:
 
     def paging_stats(self) -> dict[str, int] | None:
         return native.paging_stats(self.ctx)
+
+    def paging_layers(self) -> dict[int, tuple[int, int]] | None:
+        return native.paging_layers(self.ctx)
 
     def close(self) -> None:
         L = _llama()

@@ -66,6 +66,9 @@ class FakeRunner:
     def paging_stats(self) -> dict[str, int] | None:
         return None
 
+    def paging_layers(self) -> dict[int, tuple[int, int]] | None:
+        return None
+
 
 class FakeVocab:
     def __init__(self, pieces: dict[int, bytes] | None = None) -> None:

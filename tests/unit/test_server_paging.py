@@ -139,6 +139,10 @@ class PagingRunner(FakeRunner):
             "hot_blocks": 8,
         }
 
+    def paging_layers(self) -> dict[int, tuple[int, int]] | None:
+        n = len(self.batches)
+        return {3: (2 * n, n), 7: (n, 0)}
+
 
 def _poll(until, timeout: float = 5.0):
     """until() once true (the paging counters are read at most once a second), or fail."""
@@ -181,6 +185,8 @@ def test_paging_counters_on_metrics():
         assert f'pyqsa_paging_bytes_total{{direction="to_device"}} {256.0 * n}' in text
         assert f'pyqsa_paging_bytes_total{{direction="to_host"}} {512.0 * n}' in text
         assert "pyqsa_paging_hot_blocks 8.0" in text
+        assert f'pyqsa_paging_layer_hits_total{{layer="3"}} {2.0 * n}' in text
+        assert 'pyqsa_paging_layer_misses_total{layer="7"} 0.0' in text
     finally:
         e.stop()
     unpaged = Engine(config, FakeRunner(), FakeVocab()).start()
