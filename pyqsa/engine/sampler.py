@@ -86,7 +86,8 @@ def _candidates(x: np.ndarray, params: SamplingParams) -> np.ndarray | None:
         idx = np.arange(x.size)
     if params.min_p == 0 and params.top_p == 1:
         return idx
-    p = np.exp(x[idx] - x[idx].max())
+    xi = x[idx]
+    p = np.exp(xi - xi.max())
     p /= p.sum()
     if params.min_p > 0:
         keep = p >= params.min_p * p.max()
