@@ -113,8 +113,7 @@ def _load(
         store = stats.ledger.get("host.kv") or plan.kv_bytes
         click.echo(
             f"pyqsa: paging: hot cache {stats.paging['hot_blocks']} blocks per slot and QSA "
-            f"layer; host store {store / 2**30:.2f} GiB ({config.kv_type} K/V of {slots} x {ctx} "
-            "tokens)",
+            f"layer; host store {_size(store)} ({config.kv_type} K/V of {slots} x {ctx} tokens)",
             err=True,
         )
     return engine, llama_model, name
@@ -165,13 +164,19 @@ def _paging_plan(kv, kv_offload, hot_blocks, n_tokens, kv_type, free_device):
         raise click.ClickException(str(e)) from None
 
 
+def _size(n: int) -> str:
+    """Bytes as GiB from 1 GiB on, else MiB (the demo's and the hot caches' figures)."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 def _ledger_line(ledger: dict[str, int]) -> str:
-    """'device: weights 9.8 GiB, kv 2.0 GiB, ...; host: ...', categories that hold bytes."""
+    """'device: weights 9.07 GiB, kv 2.00 GiB, hot 840.0 MiB, ...; host: ...', categories
+    that hold bytes."""
     parts = []
     for where in ("device", "host"):
         held = [(k.split(".", 1)[1], v) for k, v in ledger.items() if k.startswith(where) and v]
         if held:
-            parts.append(f"{where}: " + ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in held))
+            parts.append(f"{where}: " + ", ".join(f"{k} {_size(v)}" for k, v in held))
     return "; ".join(parts) or "(no ledger)"
 
 

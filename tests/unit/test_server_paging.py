@@ -244,7 +244,7 @@ def test_serve_pages_on_the_demo_model(demo):
         threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
         paging_line = [x for x in lines if x.startswith("pyqsa: paging:")]
         assert paging_line == [
-            "pyqsa: paging: hot cache 8 blocks per slot and QSA layer; host store 0.00 GiB "
+            "pyqsa: paging: hot cache 8 blocks per slot and QSA layer; host store 0.8 MiB "
             "(f16 K/V of 3 x 512 tokens)\n"
         ]
         before = _metrics(url)
