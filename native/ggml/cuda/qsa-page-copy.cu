@@ -1,6 +1,9 @@
 // The block fetch of the paging ops (see qsa-page-copy.cuh).
 #include "qsa-page-copy.cuh"
 
+#include "pyqsa-cuda.cuh"
+#include "pyqsa-ggml.h"
+
 namespace {
 
 // grid (i, stream, K or V)
@@ -28,4 +31,15 @@ void pyqsa_cuda_page_fetch(cudaStream_t stream, const char * store0, char * dev0
     page_fetch<<<grid, 256, 0, stream>>>(store0, dev0, store1, dev1, blocks, slots, n_blocks, stride, B, stream_bytes,
                                          n_store);
     CUDA_CHECK(cudaGetLastError());
+}
+
+bool pyqsa_cuda_page_stores_mapped(const ggml_tensor * op) {
+    for (int k = 0; k < 2; ++k) {
+        int64_t      n_store = 0;
+        const void * store   = pyqsa_ggml_qsa_page_store(op, k, &n_store);
+        if ((k == 0 || store != nullptr) && !pyqsa_cuda_host_mapped(store)) {
+            return false;
+        }
+    }
+    return true;
 }

@@ -23,3 +23,7 @@ __device__ __forceinline__ void pyqsa_copy_row(char * dst, const char * src, siz
 void pyqsa_cuda_page_fetch(cudaStream_t stream, const char * store0, char * dev0, const char * store1, char * dev1,
                            const int32_t * blocks, const int32_t * slots, const int32_t * n_blocks, int max_blocks,
                            int ns, int stride, size_t B, size_t stream_bytes, long long n_store);
+
+// Whether a fetching op's host stores (pyqsa_ggml_qsa_page_store: K, and V when it has one) are
+// pinned or device memory, which the kernels read in place; pageable memory they cannot read.
+bool pyqsa_cuda_page_stores_mapped(const ggml_tensor * op);

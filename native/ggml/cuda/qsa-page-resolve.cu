@@ -170,12 +170,6 @@ void pyqsa_cuda_qsa_page_resolve(ggml_backend_cuda_context & ctx, ggml_tensor * 
 }
 
 bool pyqsa_cuda_qsa_page_resolve_supported(const ggml_tensor * op) {
-    // the kernel reads the stores in place: pinned (or device) memory only, never pageable
-    for (int k = 0; k < (op->src[8] ? 2 : 1); ++k) {
-        int64_t n_store = 0;
-        if (!pyqsa_cuda_host_mapped(pyqsa_ggml_qsa_page_store(op, k, &n_store))) {
-            return false;
-        }
-    }
-    return op->src[7]->ne[1] <= PYQSA_PAGE_MAX_SLOTS && op->src[0]->ne[2] <= 65535;
+    return pyqsa_cuda_page_stores_mapped(op) && op->src[7]->ne[1] <= PYQSA_PAGE_MAX_SLOTS &&
+           op->src[0]->ne[2] <= 65535;
 }

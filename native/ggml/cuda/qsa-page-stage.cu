@@ -81,11 +81,5 @@ void pyqsa_cuda_qsa_page_stage(ggml_backend_cuda_context & ctx, ggml_tensor * ds
 }
 
 bool pyqsa_cuda_qsa_page_stage_supported(const ggml_tensor * op) {
-    for (int k = 0; k < (op->src[3] ? 2 : 1); ++k) {
-        int64_t n_store = 0;
-        if (!pyqsa_cuda_host_mapped(pyqsa_ggml_qsa_page_store(op, k, &n_store))) {
-            return false;
-        }
-    }
-    return op->src[0]->ne[2] <= 65535 && op->src[2]->ne[1] <= INT32_MAX;
+    return pyqsa_cuda_page_stores_mapped(op) && op->src[0]->ne[2] <= 65535 && op->src[2]->ne[1] <= INT32_MAX;
 }
