@@ -329,12 +329,15 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
     const int64_t n_windows = ((n_kv + r - 1) / r + S - 1) / S;
     // every pass reads its own views of the device rows: a backend that cannot run the pass (a
     // head size CUDA lacks) gets a copy of its inputs, and the scheduler copies a tensor once
-    // per graph, so a shared view would show later passes the first window
-    ggml_tensor * state = nullptr;
+    // per graph, so a shared view would show later passes the first window. The staging op
+    // writes in place, so one view of what it writes serves every window.
+    ggml_tensor * stage_k = slots_of(ring[0], S);
+    ggml_tensor * stage_v = slots_of(ring[1], S);
+    ggml_tensor * tally   = ggml_view_1d(ctx, l.staged, ns, s0 * l.staged->nb[0]);
+    ggml_tensor * state   = nullptr;
     for (int64_t w = 0; w < n_windows; ++w) {
-        ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, inp->n_paged, slots_of(ring[0], S), store_k,
-                                                         slots_of(ring[1], S), store_v, n_store, w * S, state,
-                                                         ggml_view_1d(ctx, l.staged, ns, s0 * l.staged->nb[0]));
+        ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, inp->n_paged, stage_k, store_k, stage_v, store_v,
+                                                         n_store, w * S, state, tally);
         state = pyqsa_ggml_qsa_attn_part(ctx, q4, rows_k(), rows_v(), cells, inp->n_paged, state, staged, kq_scale,
                                          (int32_t) r, (int32_t) (w * S * r), (int32_t) ((w + 1) * S * r), 0, 0, false);
     }
