@@ -104,9 +104,10 @@ pyqsa_kv_pager::pyqsa_kv_pager(const llama_model & model, const std::vector<pyqs
         p.keys   = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, hp.indexer_head_size, kv_size / r + W, n_stream);
         // K and V rows of every stream: slots past the hot ones, the ring
         const size_t rows_bytes = 2 * n_stream * p.dev_k->nb[1];
-        part_bytes[0][buft] += (slots(r) - H) * r * rows_bytes;
-        part_bytes[1][buft] += W * rows_bytes;
-        part_bytes[2][buft] += ggml_nbytes_pad(p.keys);
+        std::array<size_t, 4> & bytes = part_bytes[buft];
+        bytes[(size_t) part::staging] += (slots(r) - H) * r * rows_bytes;
+        bytes[(size_t) part::tail] += W * rows_bytes;
+        bytes[(size_t) part::keys] += ggml_nbytes_pad(p.keys);
         ggml_format_name(p.dev_k, "pyqsa_hot_k_l%d", l.il);
         ggml_format_name(p.dev_v, "pyqsa_hot_v_l%d", l.il);
         layers[l.il] = p;
@@ -192,20 +193,11 @@ void pyqsa_kv_pager::copy_stream(uint32_t src, uint32_t dst) {
 std::map<ggml_backend_buffer_type_t, size_t> pyqsa_kv_pager::memory_breakdown(part what) const {
     std::map<ggml_backend_buffer_type_t, size_t> b;
     for (ggml_backend_buffer_t buf : buffers) {
-        const ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(buf);
-        size_t parts[3];
-        for (int i = 0; i < 3; ++i) {
-            const auto it = part_bytes[i].find(buft);
-            parts[i]      = it == part_bytes[i].end() ? 0 : it->second;
-        }
-        switch (what) {
-            case part::hot:
-                b[buft] += ggml_backend_buffer_get_size(buf) - parts[0] - parts[1] - parts[2];
-                break;
-            case part::staging: b[buft] += parts[0]; break;
-            case part::tail:    b[buft] += parts[1]; break;
-            case part::keys:    b[buft] += parts[2]; break;
-        }
+        const ggml_backend_buffer_type_t buft  = ggml_backend_buffer_get_type(buf);
+        const std::array<size_t, 4> &    bytes = part_bytes.at(buft);  // every buffer's type has its entry
+        b[buft] += what != part::hot ? bytes[(size_t) what]
+                                     : ggml_backend_buffer_get_size(buf) - bytes[(size_t) part::staging] -
+                                           bytes[(size_t) part::tail] - bytes[(size_t) part::keys];
     }
     return b;
 }

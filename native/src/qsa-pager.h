@@ -102,7 +102,8 @@ private:
     std::map<uint32_t, std::vector<int32_t>> generations;
     std::vector<ggml_backend_buffer_t>      buffers;
     std::vector<ggml_context *>             ctxs;
-    std::map<ggml_backend_buffer_type_t, size_t> part_bytes[3];  // staging, tail, keys by buffer type
+    // by buffer type, the bytes of each part but hot (which is what the buffers hold besides)
+    std::map<ggml_backend_buffer_type_t, std::array<size_t, 4>> part_bytes;
     int64_t  H, W, n_cells;
     uint32_t n_stream;
     int32_t  step = 0;
