@@ -100,3 +100,17 @@ def test_decode_repeats_and_their_median(small_gguf, tmp_path):
     ms = sorted(r["step_ms_median"] for r in recs[1:])
     assert f"pyqsa 256 x 1: 3 runs, {ms[0]:.2f}-{ms[2]:.2f} ms/step" in rep.stdout
     assert f"{1e3 / ms[1]:>11.1f} {ms[1]:>8.2f}" in rep.stdout  # the median run's row
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "three"])
+def test_bad_repeats_is_a_usage_error(tmp_path, value):
+    """--repeats below 1 or not a number stops decode.py with argparse's one-line error."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "decode.py"), str(tmp_path / "none.gguf")]
+        + ["--variant", "pyqsa", "--repeats", value],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "repeats" in proc.stderr.splitlines()[-1]
