@@ -112,7 +112,13 @@ def extract_llama_cpp(sdist: Path, up: Upstream, dest: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     with tarfile.open(sdist) as tar:
-        tar.extractall(tmp, filter="data")
+        # extraction filters came with Python 3.12 and 3.10.12 / 3.11.4; pyqsa supports older
+        # 3.10 and 3.11 too (Debian 12 ships 3.11.2), where the sdist's pinned sha256, checked
+        # before this, is what vouches for its paths
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(tmp, filter="data")
+        else:
+            tar.extractall(tmp)
     inner = tmp / up.sdist_root
     if not (inner / "vendor" / "llama.cpp" / "CMakeLists.txt").exists():
         raise UpstreamError(f"{sdist.name} does not contain vendor/llama.cpp")

@@ -1,9 +1,12 @@
 """The build foundation: pinned upstream, patch series, native library, `pyqsa info`."""
 
+import dataclasses
+import io
 import json
 import re
 import shutil
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -146,3 +149,28 @@ def test_sdist_hash_mismatch_is_refused(tmp_path):
 
 def test_cached_sdist_matches_pin():
     upstream.verify_sdist(upstream.CACHE_DIR / UP.sdist, UP)
+
+
+@pytest.mark.parametrize("has_filters", [True, False])
+def test_extract_works_with_and_without_tar_filters(tmp_path, monkeypatch, has_filters):
+    """Pythons before 3.10.12 / 3.11.4 (Debian 12's 3.11.2) have no extraction filters:
+    extracting the (hash-checked) sdist must not pass one there."""
+    up = dataclasses.replace(UP, sdist="fake-1.0.tar.gz", sha256="0" * 64)
+    sdist = tmp_path / up.sdist
+    with tarfile.open(sdist, "w:gz") as tar:
+        data = b"project(llama.cpp)\n"
+        info = tarfile.TarInfo(f"{up.sdist_root}/vendor/llama.cpp/CMakeLists.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    if not has_filters:
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+        plain = tarfile.TarFile.extractall
+
+        def extractall(self, path=".", members=None, *, numeric_owner=False, **kw):
+            assert not kw, f"this Python's extractall takes no {sorted(kw)}"
+            return plain(self, path, members, numeric_owner=numeric_owner)
+
+        monkeypatch.setattr(tarfile.TarFile, "extractall", extractall)
+    dest = upstream.extract_llama_cpp(sdist, up, tmp_path / "extract")
+    assert (dest / "vendor" / "llama.cpp" / "CMakeLists.txt").read_bytes() == data
+    assert (dest / ".pyqsa-sha256").read_text().strip() == up.sha256
