@@ -84,7 +84,7 @@ def test_decode_repeats_and_their_median(small_gguf, tmp_path):
     """--repeats: decode runs one after another after one prefill, each a record; report.py
     takes the median over them and shows their spread."""
     out = tmp_path / "decode.jsonl"
-    args = ["--contexts", "256", "--seqs", "1", "--steps", "2", "--warmup", "1", "--repeats", "3"]
+    args = ["--contexts", "256", "--seqs", "2", "--steps", "2", "--warmup", "1", "--repeats", "3"]
     args += ["--threads", "1", "--no-extra-bufts", "--lib", str(LIB), "--out", str(out)]
     _run(str(BENCH / "decode.py"), str(small_gguf), "--variant", "pyqsa", *args)
     recs = [json.loads(line) for line in out.read_text().splitlines()]
@@ -96,10 +96,14 @@ def test_decode_repeats_and_their_median(small_gguf, tmp_path):
     ]
     assert recs[0]["tokens"] == 256 - 3 * 3
     assert [r["pos_start"] for r in recs[1:]] == [247, 250, 253]
+    # only the first run decodes fresh copies of sequence 0; later ones hold diverged sequences
+    assert recs[1]["copy_max_abs_diff"] == 0.0
+    assert all("copy_max_abs_diff" not in r for r in recs[2:])
     rep = _run(str(BENCH / "report.py"), str(out), "--no-save")
     ms = sorted(r["step_ms_median"] for r in recs[1:])
-    assert f"pyqsa 256 x 1: 3 runs, {ms[0]:.2f}-{ms[2]:.2f} ms/step" in rep.stdout
-    assert f"{1e3 / ms[1]:>11.1f} {ms[1]:>8.2f}" in rep.stdout  # the median run's row
+    assert f"pyqsa 256 x 2: 3 runs, {ms[0]:.2f}-{ms[2]:.2f} ms/step" in rep.stdout
+    assert f"{2e3 / ms[1]:>11.1f} {ms[1]:>8.2f}" in rep.stdout  # the median run's row
+    assert "max |logit diff|: 0.0\n" in rep.stdout
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "three"])
