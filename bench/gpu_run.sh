@@ -10,7 +10,7 @@
 #                 --variants pyqsa,upstream (which libraries run, in this order, per context;
 #                 paged: pyqsa's with host-backed KV paging, --hot-blocks N, default 1024)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024 --repeats 3")
-#                 --checks (after the builds: test-qsa-ops and test-qsa-page CUDA vs CPU and
+#                 --checks (after the builds: test-qsa-ops, test-qsa-page and test-sample CUDA vs CPU and
 #                 their timings, tests/gpu/paging.sh, tests/gpu/serve_paged.sh (serve --slots 8
 #                 --ctx 262144 with paging, 8 concurrent requests), then tests/gpu/parity.sh)
 # Steps: unpack the carried upstream extract; build pyqsa's CUDA variant (setup path) and an
@@ -124,6 +124,10 @@ if [ -n "$checks" ]; then
         { echo "pyqsa paging ops CUDA vs CPU: FAILED"; grep FAIL "$logs/test-qsa-page.log" | head -n 20; status=1; }
     echo "pyqsa paging ops CUDA vs CPU: $(tail -n 1 "$logs/test-qsa-page.log")"
     .build/cmake-cuda/bin/test-qsa-page perf -b CUDA0 2>&1 | grep -E "us/(step|run)" >> "$out/ops-perf.txt" || true
+    .build/cmake-cuda/bin/test-sample test -b CUDA0 > "$logs/test-sample.log" 2>&1 ||
+        { echo "sample op CUDA vs CPU: FAILED"; grep FAIL "$logs/test-sample.log" | head -n 20; status=1; }
+    echo "sample op CUDA vs CPU: $(tail -n 1 "$logs/test-sample.log")"
+    .build/cmake-cuda/bin/test-sample perf 2>&1 | grep "us/step" >> "$out/ops-perf.txt" || true
     cat "$out/ops-perf.txt"
     tests/gpu/paging.sh || { echo "paging checks: FAILED"; status=1; }
     tests/gpu/serve_paged.sh || { echo "serve with paging: FAILED"; status=1; }

@@ -42,6 +42,10 @@ target_compile_features(test-qsa-ops PRIVATE cxx_std_17)
 add_executable(test-qsa-page ${CMAKE_CURRENT_LIST_DIR}/tests/test-qsa-page.cpp)
 target_link_libraries(test-qsa-page PRIVATE ggml)
 target_compile_features(test-qsa-page PRIVATE cxx_std_17)
+# the sample op: test-sample [test|perf] [-b BACKEND]
+add_executable(test-sample ${CMAKE_CURRENT_LIST_DIR}/tests/test-sample.cpp)
+target_link_libraries(test-sample PRIVATE ggml)
+target_compile_features(test-sample PRIVATE cxx_std_17)
 
 # Each shared library keeps the symbols of the static archives it links to itself. The CUDA image's
 # toolchain links a static libstdc++ into the libraries; exported, one library's copy interposed

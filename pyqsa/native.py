@@ -200,6 +200,44 @@ def take_error() -> str | None:
     return ffi.string(buf).decode("utf-8", errors="replace") if n > 0 else None
 
 
+@dataclass(frozen=True)
+class SampleResult:
+    token: int
+    logprob: float  # NaN when no log-probabilities were asked for
+    top: tuple[tuple[int, float], ...]
+
+
+def sample(
+    logits,
+    *,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    seed: int = 0,
+    counter: int = 0,
+    n_top: int = -1,
+) -> SampleResult:
+    """One row drawn by the native host sampler (pyqsa_sample: the sample op's CPU kernel).
+    `logits` a float32 numpy row; n_top -1: no log-probabilities."""
+    import numpy as np
+
+    ffi, lib = _api()
+    x = np.ascontiguousarray(logits, dtype=np.float32)
+    p = ffi.new("pyqsa_sample_params *")
+    p.temperature, p.top_k, p.top_p, p.min_p = temperature, top_k, top_p, min_p
+    seed %= 2**64
+    p.seed_lo, p.seed_hi, p.counter, p.n_top = seed & 0xFFFFFFFF, seed >> 32, counter % 2**32, n_top
+    out = ffi.new("pyqsa_sample_result *")
+    _check(lib.pyqsa_sample(ffi.cast("const float *", x.ctypes.data), x.size, p, out), "pyqsa_sample")
+    top = tuple(
+        (int(out.top_ids[j]), float(out.top_logprobs[j]))
+        for j in range(max(n_top, 0))
+        if out.top_ids[j] >= 0  # -1 past a row shorter than n_top
+    )
+    return SampleResult(int(out.token), float(out.logprob), top)
+
+
 def raw():
     """(ffi, lib) for callers that need the raw cffi objects (tests of return codes)."""
     return _api()

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "ggml.h"
+#include "pyqsa.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -20,6 +21,7 @@ enum pyqsa_ggml_op {
     PYQSA_GGML_OP_QSA_PAGE_WRITE = 7,
     PYQSA_GGML_OP_QSA_PAGE_STAGE = 8,
     PYQSA_GGML_OP_QSA_ATTN_PART  = 9,
+    PYQSA_GGML_OP_SAMPLE         = 10,
 };
 
 // Sparse attention: every query attends only to the KV cells listed for it (QSA: the selected
@@ -235,6 +237,19 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_write(struct ggml_context * ct
                                                         struct ggml_tensor * v_rows,
                                                         void * k_host,
                                                         void * v_host);
+
+// Token sampling where the logits are: each row drawn by the rules of pyqsa_sample_params
+// (pyqsa.h), so only the token and its log-probabilities leave the device.
+//   logits: F32 [n_vocab, n_rows], rows contiguous
+//   params: I32 [8, n_rows], one pyqsa_sample_params per row, bit for bit
+// returns I32 [42, n_rows], one pyqsa_sample_result per row, bit for bit
+GGML_API struct ggml_tensor * pyqsa_ggml_sample(struct ggml_context * ctx,
+                                                struct ggml_tensor * logits,
+                                                struct ggml_tensor * params);
+
+// The same rules on one host row (the CPU kernel's work per row, and pyqsa_sample's).
+GGML_API void pyqsa_sample_row(const float * logits, int64_t n_vocab, const struct pyqsa_sample_params * params,
+                               struct pyqsa_sample_result * out);
 
 // Host address i (0 or 1) that a pyqsa op keeps in its params from index first_param on.
 GGML_API void * pyqsa_ggml_host_ptr(const struct ggml_tensor * op, int first_param);

@@ -154,6 +154,38 @@ PYQSA_API bool pyqsa_abort_flag_is_set(void * flag);
 // empty buf while an error is pending (the error is kept).
 PYQSA_API int32_t pyqsa_last_error(char * buf, size_t cap);
 
+// One row's sampling (pyqsa/engine/sampler.py is the reference; native/ggml/sample-row.cpp and
+// the sample op of pyqsa-ggml.h implement the same rules). Temperature 0 is greedy: the
+// largest logit, the lowest id on ties. Otherwise, on y = logit / temperature: top_k keeps the
+// k best ids by (logit desc, id asc); min_p keeps ids with exp(y - y_max) >= min_p; top_p keeps
+// the shortest prefix in (y desc, id asc) order whose mass reaches top_p; then the id with the
+// largest y - log(-log(u)), u the request's counter-based uniform for (seed, counter, id).
+typedef struct pyqsa_sample_params {
+    float    temperature;  // 0: greedy
+    int32_t  top_k;        // 0: off
+    float    top_p;        // 1: off
+    float    min_p;        // 0: off
+    uint32_t seed_lo;      // the request's 64-bit seed
+    uint32_t seed_hi;
+    uint32_t counter;      // which draw of the request this is (0, 1, ...)
+    int32_t  n_top;        // -1: no log-probabilities; 0..20: the token's and the n_top best's
+} pyqsa_sample_params;
+
+// The drawn token and log-probabilities under softmax of the raw row (not tempered or cut;
+// logprob is NaN when n_top is -1); top ids in (logit desc, id asc) order, -1 past n_top.
+typedef struct pyqsa_sample_result {
+    int32_t token;
+    float   logprob;
+    int32_t top_ids[20];
+    float   top_logprobs[20];
+} pyqsa_sample_result;
+
+// Samples one row of n_vocab logits on the host (the CPU kernel of the sample op).
+// PYQSA_ERR_INVALID_ARG for a NULL pointer, n_vocab < 1 or above INT32_MAX, or n_top outside
+// -1..20.
+PYQSA_API int32_t pyqsa_sample(const float * logits, int64_t n_vocab, const pyqsa_sample_params * params,
+                               pyqsa_sample_result * out);
+
 // cffi-end
 
 #ifdef __cplusplus

@@ -2,6 +2,7 @@
 #include "pyqsa.h"
 
 #include "ggml-backend.h"
+#include "pyqsa-ggml.h"
 
 #include <cstdio>
 #include <cstring>
@@ -64,4 +65,14 @@ bool pyqsa_abort_flag_is_set(void * flag) {
     // relaxed: the flag only asks the compute loop to stop; it orders no other memory
     return flag != nullptr &&
            __atomic_load_n(static_cast<const int32_t *>(flag), __ATOMIC_RELAXED) != 0;
+}
+
+int32_t pyqsa_sample(const float * logits, int64_t n_vocab, const pyqsa_sample_params * params,
+                     pyqsa_sample_result * out) {
+    if (logits == nullptr || params == nullptr || out == nullptr || n_vocab < 1 || n_vocab > INT32_MAX ||
+        params->n_top < -1 || params->n_top > 20) {
+        return PYQSA_ERR_INVALID_ARG;
+    }
+    pyqsa_sample_row(logits, n_vocab, params, out);
+    return PYQSA_OK;
 }

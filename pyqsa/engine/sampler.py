@@ -1,15 +1,19 @@
-"""Token sampling on one logits row with numpy.
+"""Token sampling on one logits row with numpy: the reference of pyqsa's samplers.
 
 Order (as in llama.cpp's default chain): logit bias, penalties, then greedy argmax or
-temperature -> top_k -> min_p -> top_p -> a draw from the request's own seeded generator.
+temperature -> top_k -> min_p -> top_p -> a draw. The rules are those of
+`pyqsa_sample_params` (native/include/pyqsa.h), which the native samplers (host:
+native/ggml/sample-row.cpp; the device op: native/ggml/cuda/sample.cu) implement too:
+ranks are (logit desc, id asc), so every cut is deterministic at ties, and the draw is
+Gumbel-max with counter-based uniforms (`uniforms`): a token's noise depends only on the
+request's seed, the draw's counter and the token id. The parameters are rounded to float32,
+as the native samplers read them.
 
 A seeded request samples the same tokens whatever else shares its batch, although batched
-logits differ from a lone request's by ~1e-6: the draw is Gumbel-max keyed by token id (see
-`draw`), whose result moves only when such noise decides a near-tie between the two best
-candidates, or swaps near-tied tokens at a cutoff and the swapped one wins.
-tests/unit/test_engine_sampler.py measures it: of 2,400 draws on rows perturbed by 1e-6, none
-changed (the inverse-CDF draw this replaced: 22). Greedy picks the argmax, identical unless
-the two best logits are that close.
+logits differ from a lone request's by ~1e-6: the draw is keyed by token id, so its result
+moves only when such noise decides a near-tie between the two best candidates, or swaps
+near-tied tokens at a cutoff and the swapped one wins. tests/unit/test_engine_sampler.py
+measures it. Greedy picks the argmax, identical unless the two best logits are that close.
 """
 
 from __future__ import annotations
@@ -38,79 +42,120 @@ def apply_penalties(
     return x
 
 
-def draw(x: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """Pick a token from penalized logits `x`."""
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer on uint64 (wrapping), as native/ggml/sample-rng.h."""
+    z = z ^ (z >> np.uint64(30))
+    z = z * np.uint64(0xBF58476D1CE4E5B9)
+    z = z ^ (z >> np.uint64(27))
+    z = z * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def draw_key(seed: int, counter: int) -> int:
+    """The key of a request's draw number `counter` (its uniforms come from it)."""
+    with np.errstate(over="ignore"):
+        inner = _mix64(np.uint64(counter % 2**32) + _GOLDEN)
+        return int(_mix64(np.uint64(seed % 2**64) + inner))
+
+
+def uniforms(key: int, n: int) -> np.ndarray:
+    """The draw's uniform in (0, 1) for every token id below n."""
+    ids = np.arange(1, n + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        bits = _mix64(np.uint64(key) + ids * _GOLDEN) >> np.uint64(11)
+    return (bits.astype(np.float64) + 0.5) * 2.0**-53
+
+
+def _f32(v: float) -> float:
+    return float(np.float32(v))
+
+
+def draw(x: np.ndarray, params: SamplingParams, key: int) -> int:
+    """Pick a token from penalized logits `x` (float32) with the draw's key."""
     if params.greedy:
         return int(np.argmax(x))  # ties: lowest token id
     # NOTE: Gumbel-max: the winner among the candidates of logit / T + G, with G a Gumbel
-    # draw per token id, is a sample of softmax(logit / T) over them. The draws are per id
-    # and every id gets one each step, so which tokens are candidates, and in which order,
-    # changes nothing else: noise moves the result only when it changes the winner or drops
-    # it from the candidates. (A draw by inverse CDF over candidates sorted by probability
-    # jumps whenever noise swaps two near-equal tokens anywhere before the drawn one.)
-    u = rng.random(x.size)
-    x = x.astype(np.float64) / params.temperature
-    idx = _candidates(x, params)
+    # draw per token id, is a sample of softmax(logit / T) over them. The draws are per id,
+    # so which tokens are candidates, and in which order, changes nothing else: noise moves
+    # the result only when it changes the winner or drops it from the candidates. (A draw by
+    # inverse CDF over candidates sorted by probability jumps whenever noise swaps two
+    # near-equal tokens anywhere before the drawn one.)
+    x = np.asarray(x, dtype=np.float32)
+    u = uniforms(key, x.size)
+    y = x.astype(np.float64) / _f32(params.temperature)
+    idx = _candidates(x, y, params)
     if idx is None:
-        return _gumbel_argmax(x, u)
-    return int(idx[_gumbel_argmax(x[idx], u[idx])])
+        return _gumbel_argmax(y, u)
+    return int(idx[_gumbel_argmax(y[idx], u[idx])])
 
 
-def _gumbel_argmax(x: np.ndarray, u: np.ndarray) -> int:
-    """argmax of x - log(-log(u)) (the first on ties), the noise worked out only where it can win.
+def _gumbel_argmax(y: np.ndarray, u: np.ndarray) -> int:
+    """argmax of y - log(-log(u)) (the first on ties), the noise worked out only where it can win.
 
     The noise of every vocabulary entry (two logarithms each) was most of a 150K row's 6-8 ms
     (2-core CI machine). The winner scores at least what the highest logit scores, and at most
     its logit plus the row's largest noise, so only positions within that noise of the highest
-    logit's score take part: a handful for peaked logits (0.65 ms a row at logit spread 6), all
-    of them for a flat row (then the whole row, as before). Same scores in the same order: the
-    same winner as the expression over the whole row (tests/unit/test_engine_sampler.py)."""
-    j = int(np.argmax(x))
-    best = float(x[j] - np.log(-np.log(u[j])))
+    logit's score take part: a handful for peaked logits, all of them for a flat row (then the
+    whole row). Same scores in the same order: the same winner as the expression over the whole
+    row (tests/unit/test_engine_sampler.py)."""
+    j = int(np.argmax(y))
+    best = float(y[j] - np.log(-np.log(u[j])))
     g_max = float(-np.log(-np.log(u.max())))
     # the margin covers any rounding of the bound (1e-6 against scores of size ~50)
-    keep = x >= best - g_max - 1e-6
-    if np.count_nonzero(keep) > x.size // 4:  # a flat row: the whole row costs less than picking
-        return int(np.argmax(x - np.log(-np.log(u))))
+    keep = y >= best - g_max - 1e-6
+    if np.count_nonzero(keep) > y.size // 4:  # a flat row: the whole row costs less than picking
+        return int(np.argmax(y - np.log(-np.log(u))))
     can = np.flatnonzero(keep)
-    return int(can[np.argmax(x[can] - np.log(-np.log(u[can])))])
+    return int(can[np.argmax(y[can] - np.log(-np.log(u[can])))])
 
 
-def _candidates(x: np.ndarray, params: SamplingParams) -> np.ndarray | None:
-    """Token ids that survive top_k, min_p and top_p on tempered logits `x` (None: every id)."""
+def _ranked(x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """`ids` in rank order: logit desc, id asc."""
+    return ids[np.lexsort((ids, -x[ids]))]
+
+
+def _candidates(x: np.ndarray, y: np.ndarray, params: SamplingParams) -> np.ndarray | None:
+    """Token ids that survive top_k, min_p and top_p (None: every id); `x` the logits, `y` the
+    tempered ones (the same order)."""
+    top_p, min_p = _f32(params.top_p), _f32(params.min_p)
     if 0 < params.top_k < x.size:
-        idx = np.argpartition(-x, params.top_k - 1)[: params.top_k]
-    elif params.min_p == 0 and params.top_p == 1:
+        # the k best by rank: every id above the k-th logit, then its ties by lowest id
+        kth = np.partition(x, x.size - params.top_k)[x.size - params.top_k]
+        above = np.flatnonzero(x > kth)
+        idx = np.concatenate([above, np.flatnonzero(x == kth)[: params.top_k - above.size]])
+    elif min_p == 0 and top_p == 1:
         return None
     else:
         idx = np.arange(x.size)
-    if params.min_p == 0 and params.top_p == 1:
-        return idx
-    xi = x[idx]
-    p = np.exp(xi - xi.max())
-    p /= p.sum()
-    if params.min_p > 0:
-        keep = p >= params.min_p * p.max()
-        idx, p = idx[keep], p[keep] / p[keep].sum()
-    if params.top_p < 1:
-        idx, p = _top_p(idx, p, params.top_p)
+    y_max = float(y.max())
+    if min_p > 0:
+        idx = idx[np.exp(y[idx] - y_max) >= min_p]
+    if top_p < 1:
+        idx = _top_p(x, y, idx, y_max, top_p)
     return idx
 
 
-def _top_p(idx: np.ndarray, p: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
-    """The most probable tokens whose mass first reaches `top_p` (at least one)."""
+def _top_p(x: np.ndarray, y: np.ndarray, idx: np.ndarray, y_max: float, top_p: float) -> np.ndarray:
+    """The shortest rank-order prefix of `idx` whose mass reaches top_p: an id stays while the
+    mass ranked before it is below top_p of the whole."""
     # NOTE: sorting a 150K vocabulary costs ~30 ms per token; the nucleus is almost always
-    # within the top few hundred, so sort a growing top-m partition until it holds the mass.
-    m = min(256, p.size)
+    # within the top few hundred, so rank a growing top-m (ties at its edge included) until it
+    # holds the mass.
+    p = np.exp(y[idx] - y_max)
+    target = top_p * float(p.sum())
+    m = min(256, idx.size)
     while True:
-        part = np.argpartition(-p, m - 1)[:m] if m < p.size else np.arange(p.size)
-        if m == p.size or p[part].sum() >= top_p:
-            break
-        m = min(m * 8, p.size)
-    part = part[np.argsort(-p[part], kind="stable")]
-    keep = int(np.searchsorted(np.cumsum(p[part]), top_p)) + 1
-    part = part[: min(keep, part.size)]
-    return idx[part], p[part] / p[part].sum()
+        edge = np.partition(x[idx], idx.size - m)[idx.size - m]
+        part = _ranked(x, idx[x[idx] >= edge])
+        mass = np.exp(y[part] - y_max)
+        before = np.cumsum(mass) - mass
+        keep = int(np.count_nonzero(before < target))
+        if keep < part.size or part.size == idx.size:
+            return part[:keep]
+        m = min(m * 8, idx.size)
 
 
 def logprobs(x: np.ndarray, token: int, n_top: int) -> TokenLogprob:
@@ -120,24 +165,27 @@ def logprobs(x: np.ndarray, token: int, n_top: int) -> TokenLogprob:
     lp = x - (m + np.log(np.exp(x - m).sum()))
     top: tuple[tuple[int, float], ...] = ()
     if n_top > 0:
-        idx = np.argpartition(-lp, n_top - 1)[:n_top]
-        idx = idx[np.argsort(-lp[idx], kind="stable")]
+        n_top = min(n_top, x.size)
+        kth = np.partition(x, x.size - n_top)[x.size - n_top]
+        idx = _ranked(x, np.flatnonzero(x >= kth))[:n_top]
         top = tuple((int(i), float(lp[i])) for i in idx)
     return TokenLogprob(token, float(lp[token]), top)
 
 
 class Sampler:
-    """Sampling state of one request: its generator."""
+    """Sampling state of one request: its seed and how many draws it has made."""
 
     def __init__(self, params: SamplingParams, seed: int) -> None:
         self.params = params
-        # any integer is a valid seed (OpenAI takes negative ones); numpy wants 0 <= seed
-        self.rng = np.random.default_rng((params.seed if params.seed is not None else seed) % 2**64)
+        # any integer is a valid seed (OpenAI takes negative ones): its low 64 bits
+        self.seed = (params.seed if params.seed is not None else seed) % 2**64
+        self.counter = 0
 
     def __call__(
         self, logits: np.ndarray, tokens: list[int], n_prompt: int
     ) -> tuple[int, TokenLogprob | None]:
         x = apply_penalties(logits, self.params, tokens, n_prompt)
-        token = draw(x, self.params, self.rng)
+        token = draw(x, self.params, draw_key(self.seed, self.counter))
+        self.counter += 1
         lp = None if self.params.logprobs is None else logprobs(x, token, self.params.logprobs)
         return token, lp

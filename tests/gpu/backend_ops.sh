@@ -37,4 +37,8 @@ if .build/cmake-cuda/bin/test-qsa-page test -b CUDA0 > "$out/test-qsa-page.log" 
 echo "pyqsa paging op: $r ($(tail -n 1 "$out/test-qsa-page.log"))"
 grep -E "FAIL" "$out/test-qsa-page.log" | head -n 20 || true
 .build/cmake-cuda/bin/test-qsa-page perf 2>&1 | tee "$out/perf-qsa-page.log"
+if .build/cmake-cuda/bin/test-sample test -b CUDA0 > "$out/test-sample.log" 2>&1; then r=PASS; else r=FAIL; status=1; fi
+echo "pyqsa sample op: $r ($(tail -n 1 "$out/test-sample.log"))"
+grep -E "FAIL" "$out/test-sample.log" | head -n 20 || true
+.build/cmake-cuda/bin/test-sample perf 2>&1 | tee "$out/perf-sample.log"
 exit $status

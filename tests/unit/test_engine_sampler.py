@@ -2,12 +2,12 @@ import numpy as np
 import pytest
 
 from pyqsa.engine import InvalidSamplingParam, SamplingParams
-from pyqsa.engine.sampler import Sampler, apply_penalties, draw, logprobs
+from pyqsa.engine.sampler import Sampler, apply_penalties, draw, draw_key, logprobs, uniforms
 
 
 def test_greedy_is_argmax_with_lowest_id_on_ties():
     x = np.array([0.0, 3.0, 1.0, 3.0], np.float32)
-    assert draw(x, SamplingParams(temperature=0), np.random.default_rng(0)) == 1
+    assert draw(x, SamplingParams(temperature=0), draw_key(0, 0)) == 1
 
 
 def test_seeded_requests_repeat_and_differ_by_seed():
@@ -24,11 +24,10 @@ def test_seeded_requests_repeat_and_differ_by_seed():
 
 def test_top_k_top_p_min_p_restrict_the_candidates():
     x = np.log(np.array([0.5, 0.3, 0.15, 0.05], np.float64)).astype(np.float32)
-    rng = np.random.default_rng(0)
 
     def support(**kw):
         p = SamplingParams(temperature=1.0, **kw)
-        return {draw(x, p, rng) for _ in range(400)}
+        return {draw(x, p, draw_key(0, i)) for i in range(400)}
 
     assert support() == {0, 1, 2, 3}
     assert support(top_k=2) == {0, 1}
@@ -136,8 +135,8 @@ def count_changed_draws(kw: dict, rows: list[np.ndarray], seeds: range) -> int:
         y = (x + NOISE * noise.standard_normal(x.size)).astype(np.float32)
         assert np.abs(y - x).max() > 0
         for seed in seeds:
-            a = draw(x, params, np.random.default_rng(seed))
-            b = draw(y, params, np.random.default_rng(seed))
+            a = draw(x, params, draw_key(seed, 0))
+            b = draw(y, params, draw_key(seed, 0))
             changed += a != b
     return changed
 
@@ -164,18 +163,18 @@ def test_greedy_ignores_noise_away_from_ties():
     params = SamplingParams(temperature=0)
     for x in rows:
         y = (x + NOISE * noise.standard_normal(x.size)).astype(np.float32)
-        assert draw(x, params, None) == draw(y, params, None)
+        assert draw(x, params, 0) == draw(y, params, 0)
 
 
-def _draw_whole_row(x, params, rng):
+def _draw_whole_row(x, params, key):
     """draw's definition: Gumbel noise on every candidate (the oracle for its pruning)."""
     from pyqsa.engine.sampler import _candidates
 
-    u = rng.random(x.size)
-    x = x.astype(np.float64) / params.temperature
-    idx = _candidates(x, params)
+    u = uniforms(key, x.size)
+    y = x.astype(np.float64) / float(np.float32(params.temperature))
+    idx = _candidates(x, y, params)
     idx = np.arange(x.size) if idx is None else idx
-    return int(idx[np.argmax(x[idx] - np.log(-np.log(u[idx])))])
+    return int(idx[np.argmax(y[idx] - np.log(-np.log(u[idx])))])
 
 
 @pytest.mark.parametrize("spread", [0.5, 3.0, 8.0, 30.0])
@@ -198,5 +197,36 @@ def test_pruned_draw_equals_the_whole_row(spread, kw):
     for seed in range(40):
         x = (gen.standard_normal(5000) * spread).astype(np.float32)
         x = np.concatenate([x, x[::-1]])
-        a, b = np.random.default_rng(seed), np.random.default_rng(seed)
-        assert draw(x, params, a) == _draw_whole_row(x, params, b)
+        key = draw_key(seed, 3)
+        assert draw(x, params, key) == _draw_whole_row(x, params, key)
+
+
+def test_uniforms_are_uniform_and_keyed():
+    """The counter-based uniforms: in (0, 1), flat, different for another seed or counter and
+    the same for the same pair (what makes a seeded request repeat)."""
+    u = uniforms(draw_key(7, 0), 200_000)
+    assert 0 < u.min() and u.max() < 1
+    assert np.histogram(u, bins=10, range=(0, 1))[0] == pytest.approx([20_000] * 10, rel=0.03)
+    assert np.array_equal(u, uniforms(draw_key(7, 0), 200_000))
+    assert not np.array_equal(u, uniforms(draw_key(7, 1), 200_000))
+    assert not np.array_equal(u, uniforms(draw_key(8, 0), 200_000))
+    # any integer seed: its low 64 bits
+    assert draw_key(-1, 0) == draw_key(2**64 - 1, 0)
+
+
+def test_cuts_at_ties_keep_the_lowest_ids():
+    """Every cut ranks by (logit desc, id asc), so ties at a cut are deterministic."""
+    x = np.array([1.0, 3.0, 2.0, 3.0, 2.0, 2.0], np.float32)
+
+    def support(**kw):
+        p = SamplingParams(temperature=1.0, **kw)
+        return {draw(x, p, draw_key(1, i)) for i in range(300)}
+
+    assert support(top_k=3) == {1, 3, 2}
+    assert support(top_k=2) == {1, 3}
+    # shares: ids 1 and 3 0.617, then 2, 4, 5 0.114 each, 0 0.042: the mass before id 4 is
+    # 0.731, so 0.7 keeps only the first of the three tied ids and 0.8 the first two
+    assert support(top_p=0.7) == {1, 3, 2}
+    assert support(top_p=0.8) == {1, 3, 2, 4}
+    lp = logprobs(x, token=1, n_top=4)
+    assert [t for t, _ in lp.top] == [1, 3, 2, 4]

@@ -1,6 +1,8 @@
 """The native ggml ops against their references: test-qsa-ops (each op against a
 double-precision reference, native/tests/test-qsa-ops.cpp) and test-qsa-page (the paging op
-against a sequential LRU model over multi-step scenarios, native/tests/test-qsa-page.cpp).
+against a sequential LRU model over multi-step scenarios, native/tests/test-qsa-page.cpp) and
+test-sample (the sample op against a brute-force reference of its rules,
+native/tests/test-sample.cpp).
 
 On a CPU-only machine this checks the CPU kernels; on the GPU machine the same binaries also
 check CUDA against CPU (tests/gpu/backend_ops.sh)."""
@@ -13,7 +15,7 @@ import pytest
 from pyqsa._build.native import BuildConfig
 
 
-@pytest.mark.parametrize("binary,min_checks", [("test-qsa-ops", 20), ("test-qsa-page", 7)])
+@pytest.mark.parametrize("binary,min_checks", [("test-qsa-ops", 20), ("test-qsa-page", 7), ("test-sample", 5)])
 def test_ops_match_their_references(binary, min_checks):
     path = BuildConfig.from_env().build_dir / "bin" / binary
     assert path.exists(), f"{path} missing: the build did not make {binary}"

@@ -12,6 +12,7 @@
 #include "qsa-page-write.h"
 #include "qsa-score.h"
 #include "qsa-topk.h"
+#include "sample.h"
 
 void pyqsa_cpu_forward(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
     switch (ggml_get_op_params_i32(dst, 0)) {
@@ -41,6 +42,9 @@ void pyqsa_cpu_forward(const struct ggml_compute_params * params, struct ggml_te
             break;
         case PYQSA_GGML_OP_QSA_ATTN_PART:
             pyqsa_cpu_qsa_attn_part(params, dst);
+            break;
+        case PYQSA_GGML_OP_SAMPLE:
+            pyqsa_cpu_sample(params, dst);
             break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));

@@ -12,6 +12,7 @@
 #include "qsa-page-write.cuh"
 #include "qsa-score.cuh"
 #include "qsa-topk.cuh"
+#include "sample.cuh"
 
 #include <cstdlib>
 #include <cstring>
@@ -45,6 +46,9 @@ void pyqsa_cuda_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         case PYQSA_GGML_OP_QSA_ATTN_PART:
             pyqsa_cuda_qsa_attn_part(ctx, dst);
             break;
+        case PYQSA_GGML_OP_SAMPLE:
+            pyqsa_cuda_sample(ctx, dst);
+            break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));
     }
@@ -66,6 +70,8 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
             return pyqsa_cuda_qsa_page_write_supported(op);
         case PYQSA_GGML_OP_QSA_ATTN_PART:
             return pyqsa_cuda_qsa_attn_part_supported(op);
+        case PYQSA_GGML_OP_SAMPLE:
+            return pyqsa_cuda_sample_supported(op);
         case PYQSA_GGML_OP_QSA_TOPK:
         case PYQSA_GGML_OP_QSA_BLOCK_CELLS:
             return ggml_nrows(op->src[0]) <= 65535;

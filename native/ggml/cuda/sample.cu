@@ -1,0 +1,301 @@
+// CUDA kernel of PYQSA_GGML_OP_SAMPLE, one CTA per row, the rules of pyqsa_sample_params
+// (pyqsa.h) as the host sampler (native/ggml/sample-row.cpp) applies them:
+//  1. the largest logit (lowest id on ties); with temperature 0 that is the token;
+//  2. top_k and top_p are both "keep the rank-order prefix whose weight before an id is below a
+//     target" (weight 1 and target k; weight exp(y - y_max) and target top_p * mass): a radix
+//     walk (4 passes of 8 bits over order-preserving keys) finds the boundary key, and a pass in
+//     id order the last tie kept, so a cut is a (key, id) pair tested on the fly;
+//  3. Gumbel-max over the kept ids with the counter-based uniforms of sample-rng.h;
+//  4. log-sum-exp of the row and the n_top best ids, one reduction each.
+// Sums are f64 as on the host; their order differs, so a cut may differ at an f64 near-tie.
+#include "sample.cuh"
+
+#include "../sample-rng.h"
+#include "pyqsa-ggml.h"
+
+namespace {
+
+constexpr int THREADS = 1024;
+constexpr int WARPS   = THREADS / 32;
+constexpr int BINS    = 256;
+
+// larger float -> larger unsigned key
+__device__ __forceinline__ uint32_t ordered_key(float x) {
+    const uint32_t bits = __float_as_uint(x);
+    return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// (key desc, id asc) as one 64-bit word: the larger word ranks first
+__device__ __forceinline__ uint64_t rank_word(uint32_t key, int id) {
+    return ((uint64_t) key << 32) | (uint32_t) (0x7fffffff - id);
+}
+
+__device__ __forceinline__ int rank_word_id(uint64_t w) {
+    return 0x7fffffff - (int) (uint32_t) w;
+}
+
+template <typename T, typename Op> __device__ T block_reduce(T v, Op op, T * scratch) {
+    for (int o = 16; o > 0; o /= 2) {
+        v = op(v, __shfl_xor_sync(0xffffffff, v, o));
+    }
+    __syncthreads();  // scratch may still be read by a previous reduction
+    if (threadIdx.x % 32 == 0) {
+        scratch[threadIdx.x / 32] = v;
+    }
+    __syncthreads();
+    v = scratch[0];
+    for (int w = 1; w < WARPS; ++w) {
+        v = op(v, scratch[w]);
+    }
+    return v;
+}
+
+struct cut {
+    uint32_t key;     // ids with a larger key are kept
+    int      id_end;  // ids with this key are kept below this id
+    __device__ bool keeps(uint32_t k, int id) const { return k > key || (k == key && id < id_end); }
+};
+
+struct row_ctx {
+    const float * x;
+    int           n;
+    double        t, y_max, min_p;
+    bool          by_min_p;
+    cut           k_cut;  // top_k (everything when off)
+    cut           p_cut;  // top_p (everything when off)
+
+    __device__ double y(int i) const { return (double) x[i] / t; }
+    __device__ bool before_top_p(int i) const {
+        return k_cut.keeps(ordered_key(x[i]), i) && (!by_min_p || exp(y(i) - y_max) >= min_p);
+    }
+    __device__ bool kept(int i) const { return p_cut.keeps(ordered_key(x[i]), i) && before_top_p(i); }
+};
+
+// The prefix of the rank order whose weight before an id stays below `target`; weight(i) is 0
+// for ids outside the set being cut. Returns the boundary key and the id end of its ties.
+template <typename Weight> __device__ cut prefix_cut(const row_ctx & r, Weight weight, double target) {
+    __shared__ double   hist[BINS];
+    __shared__ uint32_t prefix;
+    __shared__ double   above;  // weight of the keys above the current prefix's range
+    __shared__ int      base, found;
+    __shared__ int      tie_count[WARPS];
+    if (threadIdx.x == 0) {
+        prefix = 0;
+        above  = 0;
+    }
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        __syncthreads();
+        for (int b = threadIdx.x; b < BINS; b += THREADS) {
+            hist[b] = 0;
+        }
+        __syncthreads();
+        const uint32_t high_mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
+        for (int i = threadIdx.x; i < r.n; i += THREADS) {
+            const uint32_t key = ordered_key(r.x[i]);
+            const double   w   = weight(i);
+            if (w > 0 && (key & high_mask) == prefix) {
+                atomicAdd(&hist[(key >> shift) & 0xff], w);
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            // from the top bin down, the first whose weight carries the sum to the target; if
+            // rounding leaves none, the lowest bin that has any weight
+            int b = BINS - 1, last = -1;
+            for (; b >= 0; --b) {
+                if (hist[b] > 0) {
+                    last = b;
+                    if (above + hist[b] >= target) {
+                        break;
+                    }
+                    above += hist[b];
+                }
+            }
+            if (b < 0) {
+                b = last;
+                above -= hist[last];
+            }
+            prefix |= (uint32_t) b << shift;
+        }
+    }
+    __syncthreads();
+    const uint32_t key = prefix;
+    // ties at the boundary key all weigh the same (equal logits): keep those whose weight
+    // before them is still below the target, lowest ids first
+    double w_tie = 0;
+    for (int i = threadIdx.x; i < r.n && w_tie == 0; i += THREADS) {
+        if (ordered_key(r.x[i]) == key) {
+            w_tie = weight(i);
+        }
+    }
+    __shared__ double scratch_d[WARPS];
+    w_tie = block_reduce(w_tie, [](double a, double b) { return a > b ? a : b; }, scratch_d);
+    // tie r (from 0) is kept while above + r * w_tie < target: keep = the first r that fails
+    const double need = (target - above) / w_tie;
+    int          keep = need <= 1 ? 1 : (int) fmin((double) r.n, ceil(need));
+    while (keep > 1 && above + (keep - 1) * w_tie >= target) {
+        --keep;
+    }
+    while (keep < r.n && above + keep * w_tie < target) {
+        ++keep;
+    }
+    // the id after the keep-th tie (in id order) among the weighted ids with this key
+    if (threadIdx.x == 0) {
+        base  = 0;
+        found = r.n;
+    }
+    __syncthreads();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int i0 = 0; i0 < r.n; i0 += THREADS) {
+        const int      i      = i0 + threadIdx.x;
+        const bool     tie    = i < r.n && ordered_key(r.x[i]) == key && weight(i) > 0;
+        const unsigned ballot = __ballot_sync(0xffffffff, tie);
+        if (lane == 0) {
+            tie_count[warp] = __popc(ballot);
+        }
+        __syncthreads();
+        int rank = base + __popc(ballot & ((1u << lane) - 1));
+        for (int w = 0; w < warp; ++w) {
+            rank += tie_count[w];
+        }
+        if (tie && rank == keep - 1) {
+            found = i + 1;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 0; w < WARPS; ++w) {
+                base += tie_count[w];
+            }
+        }
+        __syncthreads();
+        if (found < r.n || base >= keep) {
+            break;
+        }
+    }
+    return cut{ key, found };
+}
+
+__global__ void sample_rows(const float * logits, const pyqsa_sample_params * params, pyqsa_sample_result * out,
+                            int n) {
+    const float *               x = logits + (size_t) blockIdx.x * n;
+    const pyqsa_sample_params & p = params[blockIdx.x];
+    pyqsa_sample_result &       o = out[blockIdx.x];
+    __shared__ uint64_t         scratch_w[WARPS];
+    __shared__ double           scratch_d[WARPS];
+    const auto max_word = [](uint64_t a, uint64_t b) { return a > b ? a : b; };
+
+    uint64_t best_w = 0;
+    for (int i = threadIdx.x; i < n; i += THREADS) {
+        best_w = max(best_w, rank_word(ordered_key(x[i]), i));
+    }
+    best_w         = block_reduce(best_w, max_word, scratch_w);
+    const int best = rank_word_id(best_w);
+
+    int token = best;
+    if (p.temperature > 0) {
+        row_ctx r{ x, n, (double) p.temperature, (double) x[best] / p.temperature, (double) p.min_p,
+                   p.min_p > 0, cut{ 0u, n }, cut{ 0u, n } };
+        if (p.top_k > 0 && p.top_k < n) {
+            r.k_cut = prefix_cut(r, [](int) { return 1.0; }, (double) p.top_k);
+        }
+        if (p.top_p < 1) {
+            double z = 0;
+            for (int i = threadIdx.x; i < n; i += THREADS) {
+                z += r.before_top_p(i) ? exp(r.y(i) - r.y_max) : 0.0;
+            }
+            z = block_reduce(z, [](double a, double b) { return a + b; }, scratch_d);
+            r.p_cut = prefix_cut(
+                r, [&r](int i) { return r.before_top_p(i) ? exp(r.y(i) - r.y_max) : 0.0; }, (double) p.top_p * z);
+        }
+        // Gumbel-max over the kept ids: the largest y - log(-log(u)), the lowest id on ties
+        const uint64_t key   = pyqsa_draw_key((uint64_t) p.seed_lo | ((uint64_t) p.seed_hi << 32), p.counter);
+        double         top   = -INFINITY;
+        int            top_i = n;
+        for (int i = threadIdx.x; i < n; i += THREADS) {
+            if (r.kept(i)) {
+                const double score = r.y(i) - log(-log(pyqsa_draw_uniform(key, i)));
+                if (score > top) {
+                    top   = score;
+                    top_i = i;
+                }
+            }
+        }
+        for (int o2 = 16; o2 > 0; o2 /= 2) {
+            const double s2 = __shfl_xor_sync(0xffffffff, top, o2);
+            const int    i2 = __shfl_xor_sync(0xffffffff, top_i, o2);
+            if (s2 > top || (s2 == top && i2 < top_i)) {
+                top   = s2;
+                top_i = i2;
+            }
+        }
+        __shared__ double s_top[WARPS];
+        __shared__ int    s_id[WARPS];
+        __syncthreads();
+        if (threadIdx.x % 32 == 0) {
+            s_top[threadIdx.x / 32] = top;
+            s_id[threadIdx.x / 32]  = top_i;
+        }
+        __syncthreads();
+        top   = s_top[0];
+        token = s_id[0];
+        for (int w = 1; w < WARPS; ++w) {
+            if (s_top[w] > top || (s_top[w] == top && s_id[w] < token)) {
+                top   = s_top[w];
+                token = s_id[w];
+            }
+        }
+    }
+
+    if (threadIdx.x < 20) {
+        o.top_ids[threadIdx.x]      = -1;
+        o.top_logprobs[threadIdx.x] = 0.0f;
+    }
+    if (threadIdx.x == 0) {
+        o.token   = token;
+        o.logprob = NAN;
+    }
+    if (p.n_top < 0) {
+        return;
+    }
+    double sum = 0;
+    for (int i = threadIdx.x; i < n; i += THREADS) {
+        sum += exp((double) x[i] - (double) x[best]);
+    }
+    sum              = block_reduce(sum, [](double a, double b) { return a + b; }, scratch_d);
+    const double lse = (double) x[best] + log(sum);
+    if (threadIdx.x == 0) {
+        o.logprob = (float) ((double) x[token] - lse);
+    }
+    // the n_top best: each the largest rank word below the previous one
+    uint64_t prev = best_w;
+    for (int j = 0; j < min(p.n_top, n); ++j) {
+        if (j > 0) {
+            uint64_t w = 0;
+            for (int i = threadIdx.x; i < n; i += THREADS) {
+                const uint64_t wi = rank_word(ordered_key(x[i]), i);
+                w                 = wi < prev ? max(w, wi) : w;
+            }
+            prev = block_reduce(w, max_word, scratch_w);
+        }
+        if (threadIdx.x == 0) {
+            const int id      = rank_word_id(prev);
+            o.top_ids[j]      = id;
+            o.top_logprobs[j] = (float) ((double) x[id] - lse);
+        }
+    }
+}
+
+}  // namespace
+
+bool pyqsa_cuda_sample_supported(const ggml_tensor * op) {
+    return ggml_is_contiguous(op->src[0]) && ggml_nrows(op->src[0]) <= 65535;
+}
+
+void pyqsa_cuda_sample(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * logits = dst->src[0];
+    const int           rows   = (int) logits->ne[1];
+    sample_rows<<<rows, THREADS, 0, ctx.stream()>>>((const float *) logits->data,
+                                                     (const pyqsa_sample_params *) dst->src[1]->data,
+                                                     (pyqsa_sample_result *) dst->data, (int) logits->ne[0]);
+    CUDA_CHECK(cudaGetLastError());
+}

@@ -1,0 +1,126 @@
+// Host sampler of one logits row: the rules of pyqsa_sample_params (pyqsa.h). The CPU kernel of
+// the sample op calls it per row, and pyqsa_sample exposes it to the engine's host path.
+#include "pyqsa-ggml.h"
+#include "sample-rng.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+namespace {
+
+// (logit desc, id asc): the order of top_k, top_p and the top log-probabilities
+struct by_rank {
+    const float * x;
+
+    bool operator()(int32_t a, int32_t b) const { return x[a] > x[b] || (x[a] == x[b] && a < b); }
+};
+
+// the first m ids of `ids` in rank order (the rest in no order)
+void rank_prefix(std::vector<int32_t> & ids, size_t m, const float * x) {
+    m = std::min(m, ids.size());
+    std::nth_element(ids.begin(), ids.begin() + (m - 1), ids.end(), by_rank{ x });
+    std::sort(ids.begin(), ids.begin() + m, by_rank{ x });
+}
+
+// top_p: the shortest rank-order prefix of `cand` whose mass reaches top_p. The nucleus is
+// almost always a few hundred ids, so rank a growing prefix until its mass is enough.
+void cut_top_p(std::vector<int32_t> & cand, const float * x, double t, double y_max, float top_p) {
+    double z = 0;
+    for (int32_t id : cand) {
+        z += std::exp((double) x[id] / t - y_max);
+    }
+    const double target = (double) top_p * z;
+    for (size_t m = std::min<size_t>(256, cand.size());; m = std::min(m * 8, cand.size())) {
+        rank_prefix(cand, m, x);
+        double before = 0;  // the mass ranked before cand[i]
+        for (size_t i = 0; i < m; ++i) {
+            if (before >= target) {
+                cand.resize(i);
+                return;
+            }
+            before += std::exp((double) x[cand[i]] / t - y_max);
+        }
+        if (m == cand.size()) {
+            return;
+        }
+    }
+}
+
+}  // namespace
+
+void pyqsa_sample_row(const float * x, int64_t n, const struct pyqsa_sample_params * p,
+                      struct pyqsa_sample_result * out) {
+    int32_t best = 0;  // the largest logit, the lowest id on ties
+    for (int32_t i = 1; i < n; ++i) {
+        best = x[i] > x[best] ? i : best;
+    }
+    std::fill(std::begin(out->top_ids), std::end(out->top_ids), -1);
+    std::fill(std::begin(out->top_logprobs), std::end(out->top_logprobs), 0.0f);
+
+    int32_t token = best;
+    if (p->temperature > 0) {
+        const double t     = p->temperature;
+        const double y_max = (double) x[best] / t;
+        std::vector<int32_t> cand(n);
+        std::iota(cand.begin(), cand.end(), 0);
+        if (p->top_k > 0 && p->top_k < n) {
+            rank_prefix(cand, (size_t) p->top_k, x);
+            cand.resize(p->top_k);
+        }
+        if (p->min_p > 0) {
+            const double min_p = p->min_p;
+            cand.erase(std::remove_if(cand.begin(), cand.end(),
+                                      [&](int32_t id) { return std::exp((double) x[id] / t - y_max) < min_p; }),
+                       cand.end());
+        }
+        if (p->top_p < 1) {
+            cut_top_p(cand, x, t, y_max, p->top_p);
+        }
+        // Gumbel-max: the winner scores at least what `best` scores and at most its own y plus
+        // the largest noise among the candidates, so only ids within that noise of `best`'s
+        // score need their logarithms
+        const uint64_t key   = pyqsa_draw_key((uint64_t) p->seed_lo | ((uint64_t) p->seed_hi << 32), p->counter);
+        double         u_max = 0;
+        for (int32_t id : cand) {
+            u_max = std::max(u_max, pyqsa_draw_uniform(key, id));
+        }
+        const double gumbel_max = -std::log(-std::log(u_max));
+        double       top        = y_max - std::log(-std::log(pyqsa_draw_uniform(key, best)));
+        const double floor      = top - gumbel_max - 1e-9 * (1 + std::fabs(top));
+        for (int32_t id : cand) {
+            const double y = (double) x[id] / t;
+            if (y < floor) {
+                continue;
+            }
+            const double score = y - std::log(-std::log(pyqsa_draw_uniform(key, id)));
+            if (score > top || (score == top && id < token)) {
+                top   = score;
+                token = id;
+            }
+        }
+    }
+    out->token = token;
+
+    if (p->n_top < 0) {
+        out->logprob = NAN;
+        return;
+    }
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        sum += std::exp((double) x[i] - (double) x[best]);
+    }
+    const double lse = (double) x[best] + std::log(sum);
+    out->logprob     = (float) ((double) x[token] - lse);
+    if (p->n_top > 0) {
+        std::vector<int32_t> ids(n);
+        std::iota(ids.begin(), ids.end(), 0);
+        const int32_t n_top = std::min<int32_t>(p->n_top, (int32_t) n);
+        rank_prefix(ids, (size_t) n_top, x);
+        for (int32_t j = 0; j < n_top; ++j) {
+            out->top_ids[j]      = ids[j];
+            out->top_logprobs[j] = (float) ((double) x[ids[j]] - lse);
+        }
+    }
+}

@@ -1,0 +1,238 @@
+// Op checks of PYQSA_GGML_OP_SAMPLE: the CPU kernel against a brute-force reference of the rules
+// (a full sort, every candidate's noise), then every other backend against the CPU: the same
+// tokens and top ids, log-probabilities within 1e-5.
+//   test-sample [test|perf] [-b BACKEND]
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml.h"
+#include "op-check.h"
+#include "pyqsa-ggml.h"
+
+#include "../ggml/sample-rng.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+// the rules of pyqsa_sample_params, written as plainly as possible
+pyqsa_sample_result reference(const float * x, int n, const pyqsa_sample_params & p) {
+    std::vector<int32_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [x](int32_t a, int32_t b) { return x[a] > x[b]; });
+    pyqsa_sample_result r{};
+    r.token = order[0];
+    if (p.temperature > 0) {
+        const double         t = p.temperature, y_max = (double) x[order[0]] / t;
+        std::vector<int32_t> cand;
+        for (int i = 0; i < n; ++i) {
+            const int32_t id = order[i];
+            if (p.top_k > 0 && i >= p.top_k) break;
+            if (p.min_p > 0 && std::exp((double) x[id] / t - y_max) < (double) p.min_p) continue;
+            cand.push_back(id);
+        }
+        if (p.top_p < 1) {
+            double z = 0, before = 0;
+            for (int32_t id : cand) z += std::exp((double) x[id] / t - y_max);
+            size_t keep = 0;
+            for (; keep < cand.size() && before < (double) p.top_p * z; ++keep) {
+                before += std::exp((double) x[cand[keep]] / t - y_max);
+            }
+            cand.resize(keep);
+        }
+        const uint64_t key  = pyqsa_draw_key((uint64_t) p.seed_lo | ((uint64_t) p.seed_hi << 32), p.counter);
+        double         best = -INFINITY;
+        for (int32_t id : cand) {
+            const double s = (double) x[id] / t - std::log(-std::log(pyqsa_draw_uniform(key, id)));
+            if (s > best || (s == best && id < r.token)) {
+                best    = s;
+                r.token = id;
+            }
+        }
+    }
+    double sum = 0;
+    for (int i = 0; i < n; ++i) sum += std::exp((double) x[i] - (double) x[order[0]]);
+    const double lse = (double) x[order[0]] + std::log(sum);
+    r.logprob        = p.n_top < 0 ? NAN : (float) ((double) x[r.token] - lse);
+    for (int j = 0; j < 20; ++j) {
+        const bool on     = j < p.n_top && j < n;
+        r.top_ids[j]      = on ? order[j] : -1;
+        r.top_logprobs[j] = on ? (float) ((double) x[order[j]] - lse) : 0.0f;
+    }
+    return r;
+}
+
+// rows are drawn from one of these: a trained model's peaked rows, the random demo model's
+// flat ones, and rows of a few levels (many exact ties at every cut)
+enum class row_kind { peaked, flat, levels };
+
+struct sample_case {
+    int                              n, rows;
+    row_kind                         kind;
+    std::vector<pyqsa_sample_params> params;  // cycled over the rows
+
+    std::string name() const {
+        const char * k = kind == row_kind::peaked ? "peaked" : kind == row_kind::flat ? "flat" : "levels";
+        char         buf[128];
+        std::snprintf(buf, sizeof(buf), "SAMPLE(n_vocab=%d,rows=%d,%s)", n, rows, k);
+        return buf;
+    }
+};
+
+std::vector<pyqsa_sample_result> run(ggml_backend_t be, const sample_case & c, const std::vector<float> & x,
+                                     const std::vector<pyqsa_sample_params> & p, bool * supported) {
+    ggml_init_params ip  = { ggml_tensor_overhead() * 4 + ggml_graph_overhead(), nullptr, true };
+    ggml_context *   ctx = ggml_init(ip);
+    ggml_tensor *    lg  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n, c.rows);
+    ggml_tensor *    pa  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 8, c.rows);
+    ggml_tensor *    out = pyqsa_ggml_sample(ctx, lg, pa);
+    std::vector<pyqsa_sample_result> res;
+    *supported = ggml_backend_supports_op(be, out);
+    if (*supported) {
+        ggml_cgraph * gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, out);
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
+        ggml_backend_tensor_set(lg, x.data(), 0, ggml_nbytes(lg));
+        ggml_backend_tensor_set(pa, p.data(), 0, ggml_nbytes(pa));
+        if (ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
+            std::fprintf(stderr, "compute failed\n");
+            std::exit(2);
+        }
+        res.resize(c.rows);
+        ggml_backend_tensor_get(out, res.data(), 0, ggml_nbytes(out));
+        ggml_backend_buffer_free(buf);
+    }
+    ggml_free(ctx);
+    return res;
+}
+
+// tokens and top ids equal, log-probabilities within tol (NaN where n_top is -1)
+bool same(const pyqsa_sample_result & a, const pyqsa_sample_result & b, double tol, std::string & why) {
+    bool ok = a.token == b.token && (std::isnan(a.logprob) ? std::isnan(b.logprob) : std::fabs(a.logprob - b.logprob) <= tol);
+    for (int j = 0; j < 20; ++j) {
+        ok = ok && a.top_ids[j] == b.top_ids[j] && std::fabs(a.top_logprobs[j] - b.top_logprobs[j]) <= tol;
+    }
+    if (!ok) why = "token " + std::to_string(a.token) + " vs " + std::to_string(b.token) + " ";
+    return ok;
+}
+
+pyqsa_sample_params params(float t, int top_k, float top_p, float min_p, int n_top) {
+    return { t, top_k, top_p, min_p, 0u, 0u, 0u, n_top };
+}
+
+std::vector<sample_case> cases() {
+    const std::vector<pyqsa_sample_params> mix = {
+        params(0, 0, 1, 0, -1),       params(1, 0, 1, 0, -1),      params(0.7f, 40, 1, 0, 5),
+        params(0.9f, 0, 0.9f, 0, 20), params(0.8f, 0, 1, 0.05f, 0), params(1.2f, 200, 0.95f, 0, 3),
+        params(1, 50, 0.9f, 0.02f, 1), params(0.3f, 1, 1, 0, -1),
+    };
+    return {
+        { 151936, 16, row_kind::peaked, mix },
+        { 151936, 16, row_kind::flat, mix },
+        { 32000, 16, row_kind::levels, mix },
+        { 5, 8, row_kind::levels, mix },
+        { 1, 8, row_kind::flat, mix },
+    };
+}
+
+std::vector<float> make_rows(const sample_case & c, std::mt19937 & rng) {
+    std::normal_distribution<float>       nd(0.0f, 1.0f);
+    std::uniform_real_distribution<float> ud(-1.0f, 1.0f);
+    std::vector<float>                    x((size_t) c.n * c.rows);
+    for (auto & v : x) {
+        v = c.kind == row_kind::peaked ? 3.0f * nd(rng) : c.kind == row_kind::flat ? ud(rng) : (float) (rng() % 6);
+    }
+    return x;
+}
+
+std::vector<pyqsa_sample_params> row_params(const sample_case & c, std::mt19937 & rng) {
+    std::vector<pyqsa_sample_params> p(c.rows);
+    for (int r = 0; r < c.rows; ++r) {
+        p[r]         = c.params[r % c.params.size()];
+        p[r].seed_lo = rng();
+        p[r].seed_hi = rng();
+        p[r].counter = rng() % 1000;
+    }
+    return p;
+}
+
+int cmd_test(const char * only_backend) {
+    std::mt19937   rng(4321);
+    int            n_ok = 0, n_fail = 0;
+    ggml_backend_t cpu  = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    ggml_backend_cpu_set_n_threads(cpu, 4);
+    for (const sample_case & c : cases()) {
+        const std::vector<float>               x = make_rows(c, rng);
+        const std::vector<pyqsa_sample_params> p = row_params(c, rng);
+        bool                                   supported = false;
+        const auto                             out_cpu   = run(cpu, c, x, p, &supported);
+        bool                                   ok        = supported;
+        std::string                            why;
+        for (int r = 0; ok && r < c.rows; ++r) {
+            ok = same(out_cpu[r], reference(x.data() + (size_t) r * c.n, c.n, p[r]), 1e-6, why);
+        }
+        report(c.name(), "CPU", "vs reference: " + why, ok, n_ok, n_fail);
+        on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
+            bool        sup = false;
+            const auto  out = run(be, c, x, p, &sup);
+            bool        good = sup;
+            std::string why2 = sup ? "vs CPU: " : "not supported ";
+            for (int r = 0; good && r < c.rows; ++r) {
+                good = same(out[r], out_cpu[r], 1e-5, why2);
+            }
+            return std::make_pair(good, why2);
+        });
+    }
+    ggml_backend_free(cpu);
+    std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
+    return n_fail == 0 ? 0 : 1;
+}
+
+// 8 rows of the Qwen vocabulary (a decode step of 8 requests), per parameter set
+int cmd_perf(const char * only_backend) {
+    std::mt19937 rng(7);
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
+        ggml_backend_t be    = ggml_backend_dev_init(dev, nullptr);
+        const int      iters = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU ? 5 : 200;
+        const std::pair<const char *, pyqsa_sample_params> sets[] = {
+            { "greedy", params(0, 0, 1, 0, -1) },         { "temperature 1", params(1, 0, 1, 0, -1) },
+            { "top_p 0.9", params(1, 0, 0.9f, 0, -1) },   { "top_k 40", params(1, 40, 1, 0, -1) },
+            { "logprobs 20", params(1, 0, 1, 0, 20) },
+        };
+        for (const auto & [label, set] : sets) {
+            sample_case c{ 151936, 8, row_kind::peaked, { set } };
+            const std::vector<float> x = make_rows(c, rng);
+            const auto               p = row_params(c, rng);
+            bool                     sup = false;
+            run(be, c, x, p, &sup);  // warm-up
+            if (!sup) continue;
+            const auto t0 = std::chrono::steady_clock::now();
+            for (int it = 0; it < iters; ++it) run(be, c, x, p, &sup);
+            const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+            std::printf("  SAMPLE(8 x 151936, %s) %s: %.1f us/step (with the upload and readback)\n", label,
+                        ggml_backend_dev_name(dev), us);
+        }
+        ggml_backend_free(be);
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    const char * mode    = nullptr;
+    const char * backend = nullptr;
+    if (!op_check_args(argc, argv, { "test", "perf" }, &mode, &backend)) {
+        return 2;
+    }
+    ggml_backend_load_all();
+    return std::strcmp(mode, "perf") == 0 ? cmd_perf(backend) : cmd_test(backend);
+}
