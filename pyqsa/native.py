@@ -229,7 +229,8 @@ def sample(
     seed %= 2**64
     p.seed_lo, p.seed_hi, p.counter, p.n_top = seed & 0xFFFFFFFF, seed >> 32, counter % 2**32, n_top
     out = ffi.new("pyqsa_sample_result *")
-    _check(lib.pyqsa_sample(ffi.cast("const float *", x.ctypes.data), x.size, p, out), "pyqsa_sample")
+    rc = lib.pyqsa_sample(ffi.cast("const float *", x.ctypes.data), x.size, p, out)
+    _check(rc, "pyqsa_sample")
     top = tuple(
         (int(out.top_ids[j]), float(out.top_logprobs[j]))
         for j in range(max(n_top, 0))

@@ -15,7 +15,9 @@ import pytest
 from pyqsa._build.native import BuildConfig
 
 
-@pytest.mark.parametrize("binary,min_checks", [("test-qsa-ops", 20), ("test-qsa-page", 7), ("test-sample", 5)])
+@pytest.mark.parametrize(
+    "binary,min_checks", [("test-qsa-ops", 20), ("test-qsa-page", 7), ("test-sample", 5)]
+)
 def test_ops_match_their_references(binary, min_checks):
     path = BuildConfig.from_env().build_dir / "bin" / binary
     assert path.exists(), f"{path} missing: the build did not make {binary}"
