@@ -10,6 +10,7 @@ target_sources(llama PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-mask.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-pager.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-positional.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-sampler.cpp
 )
 set_source_files_properties(
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-api.cpp
@@ -20,6 +21,7 @@ set_source_files_properties(
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-mask.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-pager.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-positional.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-sampler.cpp
     PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
 target_include_directories(llama PUBLIC ${CMAKE_CURRENT_LIST_DIR}/include)
 # internal headers of native/src, included by the patched upstream graph code

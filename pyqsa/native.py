@@ -207,8 +207,8 @@ class SampleResult:
     top: tuple[tuple[int, float], ...]
 
 
-def sample(
-    logits,
+def _sample_params(
+    ffi,
     *,
     temperature: float,
     top_k: int = 0,
@@ -217,26 +217,75 @@ def sample(
     seed: int = 0,
     counter: int = 0,
     n_top: int = -1,
-) -> SampleResult:
-    """One row drawn by the native host sampler (pyqsa_sample: the sample op's CPU kernel).
-    `logits` a float32 numpy row; n_top -1: no log-probabilities."""
-    import numpy as np
-
-    ffi, lib = _api()
-    x = np.ascontiguousarray(logits, dtype=np.float32)
+):
+    """A pyqsa_sample_params (pyqsa.h): any integer seed (its low 64 bits); n_top -1 asks for
+    no log-probabilities."""
     p = ffi.new("pyqsa_sample_params *")
     p.temperature, p.top_k, p.top_p, p.min_p = temperature, top_k, top_p, min_p
     seed %= 2**64
     p.seed_lo, p.seed_hi, p.counter, p.n_top = seed & 0xFFFFFFFF, seed >> 32, counter % 2**32, n_top
-    out = ffi.new("pyqsa_sample_result *")
-    rc = lib.pyqsa_sample(ffi.cast("const float *", x.ctypes.data), x.size, p, out)
-    _check(rc, "pyqsa_sample")
+    return p
+
+
+def _sample_result(out, n_top: int) -> SampleResult:
     top = tuple(
         (int(out.top_ids[j]), float(out.top_logprobs[j]))
         for j in range(max(n_top, 0))
         if out.top_ids[j] >= 0  # -1 past a row shorter than n_top
     )
     return SampleResult(int(out.token), float(out.logprob), top)
+
+
+def sample(logits, **draw) -> SampleResult:
+    """One row drawn by the native host sampler (pyqsa_sample: the sample op's CPU kernel);
+    `logits` a float32 numpy row, `draw` the keywords of _sample_params."""
+    import numpy as np
+
+    ffi, lib = _api()
+    x = np.ascontiguousarray(logits, dtype=np.float32)
+    p = _sample_params(ffi, **draw)
+    out = ffi.new("pyqsa_sample_result *")
+    rc = lib.pyqsa_sample(ffi.cast("const float *", x.ctypes.data), x.size, p, out)
+    _check(rc, "pyqsa_sample")
+    return _sample_result(out, p.n_top)
+
+
+class DeviceSampler:
+    """A sampler chain that draws one sequence's tokens inside llama_decode (pyqsa_sampler_new):
+    set the next draw's parameters, attach it to the sequence, read the result by output."""
+
+    def __init__(self) -> None:
+        _, lib = _api()
+        self.ptr = lib.pyqsa_sampler_new()
+        self.n_top = -1
+
+    def set(self, **draw) -> None:
+        """The next draw's parameters: the keywords of _sample_params."""
+        ffi, lib = _api()
+        p = _sample_params(ffi, **draw)
+        _check(lib.pyqsa_sampler_set(self.ptr, p), "pyqsa_sampler_set")
+        self.n_top = p.n_top
+
+    def free(self) -> None:
+        _, lib = _api()
+        if self.ptr is not None:
+            lib.pyqsa_sampler_free(self.ptr)
+            self.ptr = None
+
+
+def sampler_attach(ctx: int, seq_id: int, sampler: DeviceSampler | None) -> None:
+    """Attach `sampler` to sequence `seq_id` of llama context `ctx`, or detach with None."""
+    ffi, lib = _api()
+    ptr = ffi.NULL if sampler is None else sampler.ptr
+    _check(lib.pyqsa_sampler_attach(ffi.cast("void *", ctx), seq_id, ptr), "pyqsa_sampler_attach")
+
+
+def sampled_get(ctx: int, i: int, n_top: int) -> SampleResult:
+    """The draw of output i of the last decode, made by an attached DeviceSampler."""
+    ffi, lib = _api()
+    out = ffi.new("pyqsa_sample_result *")
+    _check(lib.pyqsa_sampled_get(ffi.cast("void *", ctx), i, out), "pyqsa_sampled_get")
+    return _sample_result(out, n_top)
 
 
 def raw():

@@ -33,6 +33,7 @@ def _load(
     kv_offload: str,
     hot_blocks: int | None,
     kv_host_type: str | None,
+    sampling: str,
 ):
     """Start an engine on MODEL (the embedded demo model when None)."""
     from pyqsa.demo_model import demo_model_path
@@ -67,6 +68,7 @@ def _load(
             kv_type=kv_type,
             gpu_layers=gpu_layers,
             device=device,
+            sample_on_device=sampling == "device",
         )
     except ValueError as e:  # settings that do not fit together, in the flags' names
         raise click.UsageError(_in_flag_names(str(e))) from None
@@ -228,6 +230,7 @@ _ENGINE_KEYS = (
     "kv_offload",
     "hot_blocks",
     "kv_host_type",
+    "sampling",
 )
 
 
@@ -327,6 +330,15 @@ def _engine_options(f):
             type=click.Choice(list(KV_TYPES)),
             help="With paging: the host store's K/V type (default: --kv-type). The hot cache "
             "holds the store's blocks as they are, so it has this type too.",
+        ),
+        click.option(
+            "--sampling",
+            type=click.Choice(["host", "device"]),
+            default="host",
+            show_default=True,
+            help="Where tokens are drawn: host copies every row's logits to numpy; device draws "
+            "inside the forward pass (the sample op), so only tokens and asked-for logprobs come "
+            "back. Requests with penalties or logit_bias are drawn on the host either way.",
         ),
         click.option(
             "--chat-template",

@@ -48,3 +48,15 @@ def tiny_gguf(tiny_hf_dir, tmp_path_factory):
 def tiny_ple_gguf(tiny_ple_hf_dir, tmp_path_factory):
     """tiny_ple_hf_dir converted by pyqsa convert (f32, weight-estimated KV scales)."""
     return _convert(tiny_ple_hf_dir, tmp_path_factory.mktemp("gguf") / "tiny-ple-f32.gguf")
+
+
+@pytest.fixture(scope="module")
+def demo_llama(tmp_path_factory):
+    """(path, LlamaModel) of the embedded demo model, loaded once per module."""
+    from pyqsa.demo_model import demo_model_path
+    from pyqsa.engine.runner import LlamaModel
+
+    path = str(demo_model_path(tmp_path_factory.mktemp("demo")))
+    model = LlamaModel(path)
+    yield path, model
+    model.close()

@@ -103,7 +103,7 @@ void pyqsa_sample_row(const float * x, int64_t n, const struct pyqsa_sample_para
     }
     out->token = token;
 
-    if (p->n_top < 0) {
+    if (p->n_top < 0 || p->n_top > 20) {  // (a sampler llama.cpp runs on a dummy row gets no params)
         out->logprob = NAN;
         return;
     }

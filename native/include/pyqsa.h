@@ -186,6 +186,26 @@ typedef struct pyqsa_sample_result {
 PYQSA_API int32_t pyqsa_sample(const float * logits, int64_t n_vocab, const pyqsa_sample_params * params,
                                pyqsa_sample_result * out);
 
+// Sampling inside llama_decode (llama.cpp's backend sampling): a sampler chain whose one
+// sampler adds the sample op for its sequence's output row, so only the row's result, not its
+// logits, comes back. Free it with pyqsa_sampler_free once no context holds it.
+PYQSA_API void * pyqsa_sampler_new(void);
+PYQSA_API void   pyqsa_sampler_free(void * sampler);
+
+// The parameters of the next draw of the sampler's sequence (read when a ubatch holding that
+// sequence's output is computed). PYQSA_ERR_INVALID_ARG for NULL, a sampler not made by
+// pyqsa_sampler_new, or n_top outside -1..20.
+PYQSA_API int32_t pyqsa_sampler_set(void * sampler, const pyqsa_sample_params * params);
+
+// Attaches the sampler to a sequence of a llama context (llama_set_sampler), or detaches with
+// NULL; the context's next decode builds its graphs again. PYQSA_ERR_UNSUPPORTED when the
+// context cannot take it (a tensor-split model), PYQSA_ERR_INVALID_ARG for a NULL context.
+PYQSA_API int32_t pyqsa_sampler_attach(void * ctx, int32_t seq_id, void * sampler);
+
+// The result of output i of the last decode, drawn by an attached sampler.
+// PYQSA_ERR_OUT_OF_RANGE when output i was not drawn that way.
+PYQSA_API int32_t pyqsa_sampled_get(void * ctx, int32_t i, pyqsa_sample_result * out);
+
 // cffi-end
 
 #ifdef __cplusplus

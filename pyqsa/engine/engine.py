@@ -21,6 +21,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ..native import SampleResult
 from .config import EngineConfig
 from .detokenizer import Detokenizer
 from .request import (
@@ -267,7 +268,7 @@ class Engine:
                 self._pass_uncancelled = {c.request.request_id for c in chunks}
             try:
                 ran = time.perf_counter()
-                logits = self.runner.run(chunks)
+                rows = self.runner.run(chunks, self._device_draws(chunks))
                 forward = time.perf_counter() - ran
             except RunnerAborted:  # every request in the pass was cancelled (see cancel)
                 for c in chunks:
@@ -286,7 +287,7 @@ class Engine:
             # rows of those requests then carry stale leases and are dropped below.
             if not self._drain(block=False):
                 return
-            self._postprocess(chunks, logits)
+            self._postprocess(chunks, rows)
             self._publish(counters=True)
             with self._lock:
                 self._steps_run += 1
@@ -318,11 +319,22 @@ class Engine:
         self._live[req.request_id] = _Live(req, Sampler(req.params, seed), detok)
         self.scheduler.add(req)
 
-    def _postprocess(self, chunks: list[Chunk], logits: np.ndarray) -> None:
-        rows = iter(logits)
+    def _device_draws(self, chunks: list[Chunk]) -> list[dict | None] | None:
+        """Per chunk, the parameters of a draw the runner makes where the logits are, or None
+        (no draw, or one sampled here from the logits); None when the runner draws nothing."""
+        if not self.runner.samples_on_device:
+            return None
+        draws: list[dict | None] = []
+        for c in chunks:
+            sampler = self._live[c.request.request_id].sampler if c.sample else None
+            draws.append(sampler.device_draw() if sampler and sampler.on_device else None)
+        return draws
+
+    def _postprocess(self, chunks: list[Chunk], out: Sequence[np.ndarray | SampleResult]) -> None:
+        rows = iter(out)
         generated = 0
         prompt = 0
-        sampled: list[tuple[_Live, np.ndarray]] = []
+        sampled: list[tuple[_Live, np.ndarray | SampleResult]] = []
         for c in chunks:
             row = next(rows) if c.sample else None
             req = c.request
@@ -348,12 +360,17 @@ class Engine:
                 self._recent.append((time.monotonic(), generated))
 
     def _sample(
-        self, sampled: list[tuple[_Live, np.ndarray]]
+        self, sampled: list[tuple[_Live, np.ndarray | SampleResult]]
     ) -> list[tuple[int, TokenLogprob | None] | Exception]:
-        """Each request's next token (and logprobs) from its row, or what sampling raised."""
+        """Each request's next token (and logprobs) from its row or its draw on the device, or
+        what sampling raised."""
 
-        def one(item: tuple[_Live, np.ndarray]) -> tuple[int, TokenLogprob | None] | Exception:
+        def one(
+            item: tuple[_Live, np.ndarray | SampleResult],
+        ) -> tuple[int, TokenLogprob | None] | Exception:
             live, row = item
+            if isinstance(row, SampleResult):
+                return live.sampler.take(row)
             try:
                 return live.sampler(row, live.req.tokens, len(live.req.prompt))
             except Exception as e:
@@ -446,6 +463,6 @@ def warm_up(runner: Runner, token: int) -> None:
     model its engine time to first token went from 42 to 25 ms (medians of 5 starts), as
     for later requests; its time to its first pass from 13 to 1 ms."""
     req = Request("warm-up", [token], SamplingParams(), lambda ev: None, max_len=2)
-    logits = runner.run([Chunk(req, SlotLease(0, 0, 2), 0, (token,))])
-    Sampler(req.params, seed=0)(logits[0], req.tokens, 1)
+    rows = runner.run([Chunk(req, SlotLease(0, 0, 2), 0, (token,))], None)
+    Sampler(req.params, seed=0)(rows[0], req.tokens, 1)
     runner.release(0)

@@ -36,10 +36,14 @@ class Runner(Protocol):
     """What the engine needs from a model: a forward pass over a batch and slot cleanup."""
 
     n_vocab: int
+    samples_on_device: bool  # whether `run` takes draws (EngineConfig.sample_on_device)
 
-    def run(self, chunks: Sequence[Chunk]) -> np.ndarray:
-        """Decode `chunks` in one batch; return a [n, n_vocab] float32 logits row for each
-        chunk with `chunk.sample`, in order."""
+    def run(
+        self, chunks: Sequence[Chunk], draws: Sequence[dict | None] | None = None
+    ) -> Sequence[np.ndarray | native.SampleResult]:
+        """Decode `chunks` in one batch; for each chunk with `chunk.sample`, in order, its
+        float32 logits row, or, where `draws` (one entry per chunk) gives the parameters of
+        native.DeviceSampler.set, the token drawn where the logits are."""
         ...
 
     def release(self, slot: int) -> None:
@@ -193,6 +197,12 @@ class LlamaRunner:
         self.max_tokens = config.context_config().n_batch  # the larger of the two step budgets
         self.batch = L.llama_batch_init(self.max_tokens, 0, 1)
         self._install_abort()
+        self.samples_on_device = config.sample_on_device
+        # one sampler per slot, attached to its sequence while its draws run on the device
+        # (attaching or detaching makes the next decode build its graphs again)
+        n_samplers = config.n_slots if config.sample_on_device else 0
+        self._samplers = [native.DeviceSampler() for _ in range(n_samplers)]
+        self._attached = [False] * config.n_slots
 
     def _install_abort(self) -> None:
         # NOTE: the callback is pyqsa's C function reading _abort_flag, not a Python callable:
@@ -208,8 +218,22 @@ class LlamaRunner:
     def clear_abort(self) -> None:
         self._abort_flag.value = 0
 
-    def run(self, chunks: Sequence[Chunk]) -> np.ndarray:
+    def _set_draws(self, chunks: Sequence[Chunk], draws: Sequence[dict | None]) -> None:
+        for c, draw in zip(chunks, draws, strict=True):
+            if not c.sample:
+                continue
+            slot = c.lease.slot
+            if draw is not None:
+                self._samplers[slot].set(**draw)
+            if self._attached[slot] != (draw is not None):
+                native.sampler_attach(self.ctx, slot, self._samplers[slot] if draw else None)
+                self._attached[slot] = draw is not None
+
+    def run(
+        self, chunks: Sequence[Chunk], draws: Sequence[dict | None] | None = None
+    ) -> list[np.ndarray | native.SampleResult]:
         L = _llama()
+        self._set_draws(chunks, draws or [None] * len(chunks))
         n = sum(len(c.tokens) for c in chunks)
         if n > self.max_tokens:  # before writing: the batch arrays hold max_tokens entries
             raise RunnerError(f"batch of {n} tokens exceeds {self.max_tokens}")
@@ -235,10 +259,13 @@ class LlamaRunner:
             raise RunnerAborted("the forward pass was aborted")
         if rc != 0:
             raise RunnerError(f"llama_decode failed with code {rc}")
-        out = np.empty((len(rows), self.n_vocab), dtype=np.float32)
-        for k, row in enumerate(rows):
-            ptr = L.llama_get_logits_ith(self.ctx, row)
-            out[k] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        out: list[np.ndarray | native.SampleResult] = []
+        for c, row in zip([c for c in chunks if c.sample], rows, strict=True):
+            if self._attached[c.lease.slot]:
+                out.append(native.sampled_get(self.ctx, row, self._samplers[c.lease.slot].n_top))
+            else:
+                ptr = L.llama_get_logits_ith(self.ctx, row)
+                out.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
         return out
 
     def release(self, slot: int) -> None:
@@ -259,3 +286,5 @@ class LlamaRunner:
             L.llama_batch_free(self.batch)
             L.llama_free(self.ctx)
             self.ctx = None
+            for sampler in self._samplers:  # after the context that held them
+                sampler.free()

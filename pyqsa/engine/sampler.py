@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..native import SampleResult
 from .request import SamplingParams, TokenLogprob
 
 
@@ -189,3 +190,35 @@ class Sampler:
         self.counter += 1
         lp = None if self.params.logprobs is None else logprobs(x, token, self.params.logprobs)
         return token, lp
+
+    @property
+    def on_device(self) -> bool:
+        """Whether the draws can run where the logits are (the sample op): everything but the
+        penalties and logit bias, which need the request's tokens on the host."""
+        p = self.params
+        return (
+            not p.logit_bias
+            and p.repetition_penalty == 1.0
+            and not p.presence_penalty
+            and (not p.frequency_penalty)
+        )
+
+    def device_draw(self) -> dict:
+        """The next draw's parameters for native.DeviceSampler.set."""
+        p = self.params
+        return {
+            "temperature": 0.0 if p.greedy else p.temperature,
+            "top_k": p.top_k,
+            "top_p": p.top_p,
+            "min_p": p.min_p,
+            "seed": self.seed,
+            "counter": self.counter,
+            "n_top": -1 if p.logprobs is None else p.logprobs,
+        }
+
+    def take(self, drawn: SampleResult) -> tuple[int, TokenLogprob | None]:
+        """Accept the draw made on the device with device_draw()'s parameters."""
+        self.counter += 1
+        if self.params.logprobs is None:
+            return drawn.token, None
+        return drawn.token, TokenLogprob(drawn.token, drawn.logprob, drawn.top)

@@ -26,6 +26,7 @@ class FakeRunner:
 
     def __init__(self, hook: Callable[[Sequence[Chunk]], None] | None = None) -> None:
         self.n_vocab = N_VOCAB
+        self.samples_on_device = False
         self.batches: list[list[tuple[int, int, tuple[int, ...]]]] = []
         self.released: list[int] = []
         self.hook = hook
@@ -33,7 +34,7 @@ class FakeRunner:
         self.abort = threading.Event()  # set by request_abort, cleared by clear_abort
         self.aborted = 0  # passes that ended in RunnerAborted
 
-    def run(self, chunks: Sequence[Chunk]) -> np.ndarray:
+    def run(self, chunks: Sequence[Chunk], draws=None) -> np.ndarray:
         self.batches.append([(c.lease.slot, c.start, c.tokens) for c in chunks])
         for c in chunks:
             self.cached[c.lease.slot] = c.start + len(c.tokens)

@@ -10,23 +10,13 @@ from engine_fakes import Collector
 
 from pyqsa.engine import Engine, EngineConfig, FinishReason, SamplingParams
 from pyqsa.engine.request import Request
-from pyqsa.engine.runner import LlamaModel, LlamaRunner, RunnerAborted, RunnerError
+from pyqsa.engine.runner import LlamaRunner, RunnerAborted, RunnerError
 from pyqsa.engine.scheduler import Chunk
 from pyqsa.engine.slots import SlotLease
 
 GREEDY_8 = SamplingParams(temperature=0, max_tokens=8)
 PROMPT_A = [(7 * i + 3) % 5000 + 100 for i in range(40)]
 PROMPT_V = [(11 * i + 5) % 5000 + 100 for i in range(150)]  # 3 chunks of 64, 64, 22
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    from pyqsa.demo_model import demo_model_path
-
-    path = str(demo_model_path(tmp_path_factory.mktemp("demo")))
-    model = LlamaModel(path)
-    yield path, model
-    model.close()
 
 
 def config(path: str) -> EngineConfig:
@@ -51,8 +41,8 @@ def request(prompt: list[int]) -> Request:
     return Request("r", list(prompt), GREEDY_8, lambda ev: None, 256)
 
 
-def test_an_aborted_pass_leaves_other_sequences_intact(demo):
-    path, model = demo
+def test_an_aborted_pass_leaves_other_sequences_intact(demo_llama):
+    path, model = demo_llama
     ref = LlamaRunner(model, config(path))
     a = request(PROMPT_A)
     ref.run([chunk(a, 1, 0, 20)])
@@ -77,13 +67,13 @@ def test_an_aborted_pass_leaves_other_sequences_intact(demo):
         r.close()
 
 
-def test_upstream_cannot_undo_an_aborted_pass_for_the_other_sequences_in_it(demo):
+def test_upstream_cannot_undo_an_aborted_pass_for_the_other_sequences_in_it(demo_llama):
     """Why the engine aborts only a pass of cancelled requests: llama.cpp keeps A's aborted
     chunk as if computed (a recurrent state cannot be rolled back past position 0), so A can
     neither go on nor redo the chunk."""
     import llama_cpp
 
-    path, model = demo
+    path, model = demo_llama
     r = LlamaRunner(model, config(path))
     try:
         a, v = request(PROMPT_A), request(PROMPT_V)
@@ -107,13 +97,14 @@ class CancellingRunner:
     def __init__(self, runner: LlamaRunner, victim: str, at: int) -> None:
         self.runner = runner
         self.n_vocab = runner.n_vocab
+        self.samples_on_device = runner.samples_on_device
         self.victim, self.at = victim, at
         self.engine: Engine | None = None
         self.seen = 0
         self.passes: list[tuple[str, ...]] = []
         self.aborted = 0
 
-    def run(self, chunks):
+    def run(self, chunks, draws=None):
         ids = tuple(c.request.request_id for c in chunks)
         self.passes.append(ids)
         if self.victim in ids:
@@ -121,7 +112,7 @@ class CancellingRunner:
             if self.seen == self.at:
                 self.engine.cancel(self.victim)
         try:
-            return self.runner.run(chunks)
+            return self.runner.run(chunks, draws)
         except RunnerAborted:
             self.aborted += 1
             raise
@@ -130,11 +121,11 @@ class CancellingRunner:
         return getattr(self.runner, name)
 
 
-def run_engine(demo, victim_chunk: int | None, together: bool) -> tuple[list[int], object]:
+def run_engine(demo_llama, victim_chunk: int | None, together: bool) -> tuple[list[int], object]:
     """A (greedy, 8 tokens) and V (150-token prompt); V is cancelled in the pass holding its
     victim_chunk-th chunk. together: A and V are queued before the engine starts, so they
     share every pass; else V runs alone first and A after V has ended."""
-    path, model = demo
+    path, model = demo_llama
     runner = CancellingRunner(LlamaRunner(model, config(path)), "v", victim_chunk or 0)
     e = Engine(config(path), runner, model)
     runner.engine = e
@@ -160,17 +151,17 @@ def run_engine(demo, victim_chunk: int | None, together: bool) -> tuple[list[int
         runner.runner.close()
 
 
-def test_cancel_mid_chunk_aborts_the_pass_frees_the_slot_and_keeps_other_outputs(demo):
-    expected, _ = run_engine(demo, None, together=False)
-    tokens, runner = run_engine(demo, victim_chunk=2, together=False)
+def test_cancel_mid_chunk_aborts_the_pass_frees_the_slot_and_keeps_other_outputs(demo_llama):
+    expected, _ = run_engine(demo_llama, None, together=False)
+    tokens, runner = run_engine(demo_llama, victim_chunk=2, together=False)
     assert runner.aborted == 1
     assert runner.passes[:2] == [("v",), ("v",)]  # V's third chunk never ran
     assert all("v" not in p for p in runner.passes[2:])
     assert tokens == expected
 
 
-def test_cancel_in_a_shared_pass_lets_it_finish_and_keeps_other_outputs(demo):
-    expected, _ = run_engine(demo, None, together=False)
-    tokens, runner = run_engine(demo, victim_chunk=2, together=True)
+def test_cancel_in_a_shared_pass_lets_it_finish_and_keeps_other_outputs(demo_llama):
+    expected, _ = run_engine(demo_llama, None, together=False)
+    tokens, runner = run_engine(demo_llama, victim_chunk=2, together=True)
     assert runner.aborted == 0
     assert tokens == expected

@@ -47,6 +47,7 @@ def test_bad_engine_flags_are_one_line_errors():
         (["--device", "gpu0"], "'--device'"),
         (["--device", ""], "'--device'"),
         (["--prefill-batch-tokens", "0"], "'--prefill-batch-tokens'"),
+        (["--sampling", "gpu"], "'--sampling'"),
     ):
         r = CliRunner().invoke(main, ["serve", *args], env=NO_ENV_KEY)
         assert r.exit_code == 2 and f"Invalid value for {what}" in r.output, r.output

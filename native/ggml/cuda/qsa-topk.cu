@@ -5,17 +5,13 @@
 //     in increasing index order with warp ballots (as qsa-mask-cells.cu), matching the CPU kernel.
 #include "qsa-topk.cuh"
 
+#include "ordered-key.cuh"
+
 namespace {
 
 constexpr int THREADS = 1024;
 constexpr int WARPS   = THREADS / 32;
 constexpr int BINS    = 256;
-
-// larger float -> larger unsigned key; -inf is the smallest finite-order key
-__device__ __forceinline__ uint32_t ordered_key(float x) {
-    const uint32_t bits = __float_as_uint(x);
-    return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
 
 __global__ void qsa_topk(const float * score, const int32_t * n_vis, int32_t * dst, int n, int k) {
     const float * x   = score + (size_t) blockIdx.x * n;

@@ -10,6 +10,8 @@
 // Sums are f64 as on the host; their order differs, so a cut may differ at an f64 near-tie.
 #include "sample.cuh"
 
+#include "ordered-key.cuh"
+
 #include "../sample-rng.h"
 #include "pyqsa-ggml.h"
 
@@ -18,12 +20,6 @@ namespace {
 constexpr int THREADS = 1024;
 constexpr int WARPS   = THREADS / 32;
 constexpr int BINS    = 256;
-
-// larger float -> larger unsigned key
-__device__ __forceinline__ uint32_t ordered_key(float x) {
-    const uint32_t bits = __float_as_uint(x);
-    return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
 
 // (key desc, id asc) as one 64-bit word: the larger word ranks first
 __device__ __forceinline__ uint64_t rank_word(uint32_t key, int id) {
@@ -254,7 +250,7 @@ __global__ void sample_rows(const float * logits, const pyqsa_sample_params * pa
         o.token   = token;
         o.logprob = NAN;
     }
-    if (p.n_top < 0) {
+    if (p.n_top < 0 || p.n_top > 20) {  // (a sampler llama.cpp runs on a dummy row gets no params)
         return;
     }
     double sum = 0;

@@ -1,0 +1,55 @@
+"""`pyqsa serve --sampling device`: tokens drawn inside the forward pass, over HTTP, equal those
+the default server draws on the host with numpy, request by request (seeded sampling under
+the cuts, greedy with logprobs, and a penalised request that stays on the host)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import THREADS, start_server, stop_server
+
+REQUESTS = [
+    {"temperature": 0.8, "seed": 3},
+    {"temperature": 1.0, "top_p": 0.9, "seed": 5},
+    {"temperature": 0, "logprobs": 2},
+    {"temperature": 0.7, "seed": 9, "frequency_penalty": 0.5},
+]
+
+
+@pytest.fixture(scope="module")
+def device_server(demo_gguf, cache_dir):
+    s = start_server(
+        [
+            str(demo_gguf),
+            "--model-name",
+            "pyqsa-demo",
+            "--slots",
+            "2",
+            "--ctx",
+            "512",
+            "--sampling",
+            "device",
+            *THREADS,
+        ],
+        cache_dir,
+    )
+    yield s
+    stop_server(s)
+
+
+def complete(server, kw):
+    r = server.openai().completions.create(
+        model=server.model, prompt="Once upon a time", max_tokens=16, **kw
+    )
+    lp = r.choices[0].logprobs
+    return r.choices[0].text, lp.tokens if lp else None, lp.top_logprobs if lp else None
+
+
+@pytest.mark.parametrize("kw", REQUESTS, ids=lambda kw: ",".join(map(str, kw.items())))
+def test_device_sampling_equals_host_sampling(server, device_server, kw):
+    text, tokens, top = complete(device_server, kw)
+    want_text, want_tokens, want_top = complete(server, kw)
+    assert text == want_text and tokens == want_tokens
+    if top:
+        for got, want in zip(top, want_top, strict=True):
+            assert got.keys() == want.keys()
+            assert all(abs(got[t] - want[t]) < 1e-4 for t in got)
