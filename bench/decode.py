@@ -90,6 +90,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="pyqsa: page the QSA layers' K/V to pinned host memory with this many hot blocks "
         "per sequence and layer on the device (0: no paging)",
     )
+    ap.add_argument(
+        "--sampling",
+        choices=["host", "device"],
+        default="host",
+        help="host: every step copies each sequence's logits row to the host (as the server's "
+        "--sampling host; the numpy draw itself is not timed); device (pyqsa): each row is drawn "
+        "inside the step by the sample op at temperature 1 and only the token comes back",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--out",
@@ -107,6 +115,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.hot_blocks and args.variant != "pyqsa":
         ap.error("--hot-blocks needs --variant pyqsa (upstream has no paging)")
+    if args.sampling == "device" and (args.variant != "pyqsa" or args.hot_blocks):
+        ap.error("--sampling device needs --variant pyqsa without --hot-blocks")
     if args.steps < 1 or args.warmup < 1 or args.repeats < 1:
         ap.error(
             "--steps, --warmup and --repeats must be >= 1 (a first warmup step checks the copies)"
@@ -178,6 +188,7 @@ class Bench:
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
         self.rng = np.random.default_rng(args.seed)
         self.ctx = None
+        self.samplers: list[Any] = []  # --sampling device: one per sequence, attached
 
     def config(self, context: int, n_seq: int) -> ContextConfig:
         """The engine's context settings (pyqsa.engine.context) at this shape."""
@@ -202,6 +213,15 @@ class Bench:
             raise BenchError(str(e)) from None
         self.mem = L.llama_get_memory(self.ctx)
         self.batch = L.llama_batch_init(max(a.ubatch, n_seq), 0, 1)
+        if a.sampling == "device":
+            from pyqsa import native
+
+            # one seed for all: copies of sequence 0 must then draw its token
+            for s in range(n_seq):
+                sampler = native.DeviceSampler()
+                sampler.set(temperature=1.0, seed=a.seed)
+                native.sampler_attach(self.ctx, s, sampler)
+                self.samplers.append(sampler)
         return {
             "n_gpu_layers": a.gpu_layers if self.gpu else 0,
             "flash_attn": "enabled" if cfg.flash_attn else "disabled",
@@ -216,6 +236,7 @@ class Bench:
             "use_extra_bufts": not a.no_extra_bufts,
             "qsa_mode": cfg.qsa_mode if a.variant == "pyqsa" else "upstream (masked dense)",
             "hot_blocks": cfg.hot_blocks,
+            "sampling": a.sampling,
         }
 
     def ledger(self) -> dict[str, Any]:
@@ -236,6 +257,9 @@ class Bench:
             self.L.llama_batch_free(self.batch)
             self.L.llama_free(self.ctx)
             self.ctx = None
+            for sampler in self.samplers:  # after the context that held them
+                sampler.free()
+            self.samplers = []
 
     def _set(self, tokens: np.ndarray, pos: np.ndarray, seqs: np.ndarray, logits: bool) -> None:
         b, n = self.batch, len(tokens)
@@ -308,7 +332,14 @@ class Bench:
             self._decode()
             self.L.llama_synchronize(self.ctx)
             dt = time.perf_counter() - t0
-            if step == 0:
+            if step == 0 and self.samplers:  # no logits came back: the drawn tokens
+                from pyqsa import native
+
+                drawn = [native.sampled_get(self.ctx, i, -1).token for i in range(n_seq)]
+                check = {"drawn_in_vocab": all(0 <= t < self.n_vocab for t in drawn)}
+                if fresh_copies:
+                    check["copy_tokens_equal"] = len(set(drawn)) == 1
+            elif step == 0:
                 lg = self.logits(n_seq)
                 check = {
                     "logits_finite": bool(np.isfinite(lg).all()),
@@ -338,6 +369,8 @@ def run(args: argparse.Namespace) -> int:
     meta = run_meta(L, args.variant, args.lib, args.model)
     if args.hot_blocks:  # pyqsa's library with paging: reported as a variant of its own
         meta["variant"] = "pyqsa-paged"
+    if args.sampling == "device":  # (only unpaged runs: one thing compared at a time)
+        meta["variant"] = "pyqsa-sampled"
     emit = Emitter(args.out, meta)
     bench = Bench(L, args.model, args)
     n_seq = max(args.seqs)

@@ -8,7 +8,8 @@
 #                 --contexts 8192,32768,131072,262144  --seqs 1,8  --steps 32  --warmup 4
 #                 --small (the tiny model of synth_model.py --small: a smoke test of the script)
 #                 --variants pyqsa,upstream (which libraries run, in this order, per context;
-#                 paged: pyqsa's with host-backed KV paging, --hot-blocks N, default 1024)
+#                 paged: pyqsa's with host-backed KV paging, --hot-blocks N, default 1024;
+#                 sampled: pyqsa's with each step's rows drawn by the sample op, --sampling device)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024 --repeats 3")
 #                 --checks (after the builds: test-qsa-ops, test-qsa-page and test-sample CUDA vs CPU and
 #                 their timings, tests/gpu/paging.sh, tests/gpu/serve_paged.sh (serve --slots 8
@@ -140,9 +141,10 @@ fi
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 echo "# $invocation; env: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES PYTHONPATH=$PYTHONPATH" \
     >> "$out/commands.txt"
-declare -A libs=([pyqsa]=.build/py/llama_cpp/lib [paged]=.build/py/llama_cpp/lib [upstream]=$work/upstream-cuda/bin)
+declare -A libs=([pyqsa]=.build/py/llama_cpp/lib [paged]=.build/py/llama_cpp/lib
+                 [sampled]=.build/py/llama_cpp/lib [upstream]=$work/upstream-cuda/bin)
 declare -A variant_args=([pyqsa]="--variant pyqsa" [paged]="--variant pyqsa --hot-blocks $hot_blocks"
-                         [upstream]="--variant upstream")
+                         [sampled]="--variant pyqsa --sampling device" [upstream]="--variant upstream")
 for c in ${contexts//,/ }; do
     for v in ${variants//,/ }; do
         if [ "$(date +%s)" -ge "$deadline" ]; then

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
-VARIANTS = ("pyqsa", "upstream", "pyqsa-paged")  # pyqsa-paged: decode.py --hot-blocks
-SHORT = {"pyqsa": "pyqsa", "upstream": "upstr", "pyqsa-paged": "paged"}
+# pyqsa-paged: decode.py --hot-blocks; pyqsa-sampled: decode.py --sampling device
+VARIANTS = ("pyqsa", "upstream", "pyqsa-paged", "pyqsa-sampled")
+SHORT = {"pyqsa": "pyqsa", "upstream": "upstr", "pyqsa-paged": "paged", "pyqsa-sampled": "smpld"}
 Rec = dict[str, Any]
 
 
@@ -187,14 +188,24 @@ def print_tables(recs: list[Rec], dec: list[Rec], pre: list[Rec]) -> None:
     # n_ctx is context * n_seq_max in every run; the other flags must agree across runs
     flags = {json.dumps({**r["flags"], "n_ctx": None}, sort_keys=True) for r in dec_recs}
     w(f"flags (n_ctx = context * n_seq_max): {sorted(flags)}\n")
-    finite = all(r.get("logits_finite") for r in dec_recs)
+    # runs with --sampling device bring back drawn tokens, not logits
+    host = [r for r in dec_recs if "logits_finite" in r]
+    device = [r for r in dec_recs if "drawn_in_vocab" in r]
+    finite = all(r["logits_finite"] for r in host)
     # a later repeat decodes copies that earlier repeats' random tokens made differ
-    fresh = [r for r in dec_recs if "copy_max_abs_diff" in r and r.get("repeat", 0) == 0]
+    fresh = [r for r in host if "copy_max_abs_diff" in r and r.get("repeat", 0) == 0]
     diff = max((r["copy_max_abs_diff"] for r in fresh), default=None)
     w(
         f"checks: logits finite in every run: {finite}; copied sequences vs sequence 0, "
         f"max |logit diff|: {diff}\n"
     )
+    if device:
+        same = all(r.get("copy_tokens_equal", True) for r in device)
+        in_vocab = all(r["drawn_in_vocab"] for r in device)
+        w(
+            f"checks, --sampling device: tokens in the vocabulary: {in_vocab}; copies drew "
+            f"sequence 0's token: {same}\n"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -118,3 +118,44 @@ def test_bad_repeats_is_a_usage_error(tmp_path, value):
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "repeats" in proc.stderr.splitlines()[-1]
+
+
+def test_decode_with_device_sampling(small_gguf, tmp_path):
+    """--sampling device: every row drawn by the sample op inside the step, a variant of its
+    own; the copies of sequence 0 draw its token (one seed for all), and report.py says so."""
+    out = tmp_path / "decode.jsonl"
+    args = ["--contexts", "256", "--seqs", "4", "--steps", "2", "--warmup", "1"]
+    args += ["--threads", "1", "--no-extra-bufts", "--lib", str(LIB), "--out", str(out)]
+    _run(
+        str(BENCH / "decode.py"),
+        str(small_gguf),
+        "--variant",
+        "pyqsa",
+        "--sampling",
+        "device",
+        *args,
+    )
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["variant"] for r in recs] == ["pyqsa-sampled"] * 2
+    dec = recs[1]
+    assert dec["flags"]["sampling"] == "device" and dec["step_ms_median"] > 0
+    assert dec["drawn_in_vocab"] and dec["copy_tokens_equal"] and "logits_finite" not in dec
+    rep = _run(str(BENCH / "report.py"), str(out), "--no-save")
+    assert "smpld tok/s" in rep.stdout
+    assert "tokens in the vocabulary: True; copies drew sequence 0's token: True" in rep.stdout
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "decode.py"),
+            str(small_gguf),
+            "--variant",
+            "upstream",
+            "--sampling",
+            "device",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "--sampling device needs" in proc.stderr.splitlines()[-1]
