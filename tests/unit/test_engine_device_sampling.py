@@ -27,13 +27,14 @@ PARAMS = [
 PROMPTS = [[(13 * i + 7 * k) % 3000 + 50 for i in range(20 + 9 * k)] for k in range(len(PARAMS))]
 
 
-def generate(path: str, model: LlamaModel, on_device: bool, n_slots: int):
+def generate(path: str, model: LlamaModel, on_device: bool, n_slots: int, hot_blocks: int):
     config = EngineConfig(
         path,
         n_slots=n_slots,
         ctx_per_slot=256,
         max_batch_tokens=64,
         n_threads=1,
+        hot_blocks=hot_blocks,
         sample_on_device=on_device,
     )
     runner = LlamaRunner(model, config)
@@ -53,11 +54,12 @@ def generate(path: str, model: LlamaModel, on_device: bool, n_slots: int):
         runner.close()
 
 
-@pytest.mark.parametrize("n_slots", [8, 3])  # all at once, and through slots freed and reused
-def test_device_draws_equal_the_reference(demo_llama, n_slots):
+# all at once; through slots freed and reused; and with the QSA K/V paged (8 hot blocks)
+@pytest.mark.parametrize("n_slots,hot_blocks", [(8, 0), (3, 0), (3, 8)])
+def test_device_draws_equal_the_reference(demo_llama, n_slots, hot_blocks):
     path, model = demo_llama
-    want_tokens, want_lps = generate(path, model, on_device=False, n_slots=n_slots)
-    got_tokens, got_lps = generate(path, model, on_device=True, n_slots=n_slots)
+    want_tokens, want_lps = generate(path, model, False, n_slots, hot_blocks)
+    got_tokens, got_lps = generate(path, model, True, n_slots, hot_blocks)
     assert all(len(t) == 12 for t in want_tokens)
     assert got_tokens == want_tokens
     for got, want in zip(got_lps, want_lps, strict=True):
