@@ -131,8 +131,9 @@ class Engine:
         # ids of the requests in the forward pass in flight not cancelled yet; None between passes
         self._pass_uncancelled: set[str] | None = None
         self._thread = threading.Thread(target=self._loop, name="pyqsa-engine", daemon=True)
-        # a step's rows are sampled side by side: numpy lets go of the GIL over a row's work
-        # (~1 ms for a 150K vocabulary), and each request draws from its own generator
+        # a step's rows are sampled side by side: the host sampler (pyqsa_sample, 2-3 ms for a
+        # 150K vocabulary here) lets go of the GIL, and each request's draws depend only on its
+        # own seed and counter
         self._samplers = ThreadPoolExecutor(
             min(config.n_slots, os.cpu_count() or 1), thread_name_prefix="pyqsa-sample"
         )

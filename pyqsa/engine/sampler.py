@@ -1,4 +1,5 @@
-"""Token sampling on one logits row with numpy: the reference of pyqsa's samplers.
+"""Token sampling: a request's draws (Sampler, with the native samplers) and their numpy
+reference (draw, logprobs, ReferenceSampler).
 
 Order (as in llama.cpp's default chain): logit bias, penalties, then greedy argmax or
 temperature -> top_k -> min_p -> top_p -> a draw. The rules are those of
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import native
 from ..native import SampleResult
 from .request import SamplingParams, TokenLogprob
 
@@ -174,7 +176,10 @@ def logprobs(x: np.ndarray, token: int, n_top: int) -> TokenLogprob:
 
 
 class Sampler:
-    """Sampling state of one request: its seed and how many draws it has made."""
+    """Sampling state of one request: its seed and how many draws it has made. A draw runs in
+    the sample op where the logits are (`device_draw` then `take`), or here on a logits row
+    with the op's host kernel (pyqsa_sample, which releases the GIL, so the engine's rows draw
+    in parallel); both follow this module's numpy reference (ReferenceSampler)."""
 
     def __init__(self, params: SamplingParams, seed: int) -> None:
         self.params = params
@@ -185,11 +190,9 @@ class Sampler:
     def __call__(
         self, logits: np.ndarray, tokens: list[int], n_prompt: int
     ) -> tuple[int, TokenLogprob | None]:
+        """Draw from a logits row; `tokens` is prompt + output so far (for the penalties)."""
         x = apply_penalties(logits, self.params, tokens, n_prompt)
-        token = draw(x, self.params, draw_key(self.seed, self.counter))
-        self.counter += 1
-        lp = None if self.params.logprobs is None else logprobs(x, token, self.params.logprobs)
-        return token, lp
+        return self.take(native.sample(x, **self.device_draw()))
 
     @property
     def on_device(self) -> bool:
@@ -204,7 +207,7 @@ class Sampler:
         )
 
     def device_draw(self) -> dict:
-        """The next draw's parameters for native.DeviceSampler.set."""
+        """The next draw's parameters (native.sample, native.DeviceSampler.set)."""
         p = self.params
         return {
             "temperature": 0.0 if p.greedy else p.temperature,
@@ -217,8 +220,22 @@ class Sampler:
         }
 
     def take(self, drawn: SampleResult) -> tuple[int, TokenLogprob | None]:
-        """Accept the draw made on the device with device_draw()'s parameters."""
+        """Accept a draw made with device_draw()'s parameters."""
         self.counter += 1
         if self.params.logprobs is None:
             return drawn.token, None
         return drawn.token, TokenLogprob(drawn.token, drawn.logprob, drawn.top)
+
+
+class ReferenceSampler(Sampler):
+    """The same draws with this module's numpy functions: the reference the native samplers
+    are tested against."""
+
+    def __call__(
+        self, logits: np.ndarray, tokens: list[int], n_prompt: int
+    ) -> tuple[int, TokenLogprob | None]:
+        x = apply_penalties(logits, self.params, tokens, n_prompt)
+        token = draw(x, self.params, draw_key(self.seed, self.counter))
+        self.counter += 1
+        lp = None if self.params.logprobs is None else logprobs(x, token, self.params.logprobs)
+        return token, lp

@@ -1,8 +1,9 @@
-"""Draws inside the forward pass (EngineConfig.sample_on_device: the sample op after the
-logits, through llama.cpp's backend sampling) against the numpy reference on the demo model
-(CPU): the same tokens for greedy and seeded requests under every cut, log-probabilities
-within float32 rounding, with requests that need the host (penalties, logit bias) in the same
-batches. The CUDA kernel of the op is checked against the CPU kernel by test-sample."""
+"""The engine's draws against the numpy reference on the demo model (CPU): inside the forward
+pass (EngineConfig.sample_on_device: the sample op after the logits, through llama.cpp's
+backend sampling) and on the host (the op's host kernel on each logits row). The same tokens
+for greedy and seeded requests under every cut, log-probabilities within float32 rounding,
+with requests that need the host (penalties, logit bias) in the same batches. The CUDA kernel
+of the op is checked against the CPU kernel by test-sample."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import numpy as np
 import pytest
 from engine_fakes import Collector
 
+import pyqsa.engine.engine
 from pyqsa.engine import Engine, EngineConfig, SamplingParams
 from pyqsa.engine.runner import LlamaModel, LlamaRunner
+from pyqsa.engine.sampler import ReferenceSampler
 
 PARAMS = [
     SamplingParams(temperature=0, max_tokens=12),
@@ -28,6 +31,7 @@ PROMPTS = [[(13 * i + 7 * k) % 3000 + 50 for i in range(20 + 9 * k)] for k in ra
 
 
 def generate(path: str, model: LlamaModel, on_device: bool, n_slots: int, hot_blocks: int):
+    """Every request's tokens and logprobs from one engine run."""
     config = EngineConfig(
         path,
         n_slots=n_slots,
@@ -56,16 +60,19 @@ def generate(path: str, model: LlamaModel, on_device: bool, n_slots: int, hot_bl
 
 # all at once; through slots freed and reused; and with the QSA K/V paged (8 hot blocks)
 @pytest.mark.parametrize("n_slots,hot_blocks", [(8, 0), (3, 0), (3, 8)])
-def test_device_draws_equal_the_reference(demo_llama, n_slots, hot_blocks):
+def test_draws_equal_the_reference(demo_llama, monkeypatch, n_slots, hot_blocks):
     path, model = demo_llama
-    want_tokens, want_lps = generate(path, model, False, n_slots, hot_blocks)
-    got_tokens, got_lps = generate(path, model, True, n_slots, hot_blocks)
+    with monkeypatch.context() as m:
+        m.setattr(pyqsa.engine.engine, "Sampler", ReferenceSampler)
+        want_tokens, want_lps = generate(path, model, False, n_slots, hot_blocks)
     assert all(len(t) == 12 for t in want_tokens)
-    assert got_tokens == want_tokens
-    for got, want in zip(got_lps, want_lps, strict=True):
-        assert [lp.token for lp in got] == [lp.token for lp in want]
-        assert np.allclose([lp.logprob for lp in got], [lp.logprob for lp in want], atol=1e-5)
-        assert [[t for t, _ in lp.top] for lp in got] == [[t for t, _ in lp.top] for lp in want]
+    for on_device in (False, True):
+        got_tokens, got_lps = generate(path, model, on_device, n_slots, hot_blocks)
+        assert got_tokens == want_tokens, on_device
+        for got, want in zip(got_lps, want_lps, strict=True):
+            assert [lp.token for lp in got] == [lp.token for lp in want]
+            assert np.allclose([lp.logprob for lp in got], [lp.logprob for lp in want], atol=1e-5)
+            assert [[t for t, _ in lp.top] for lp in got] == [[t for t, _ in lp.top] for lp in want]
 
 
 def test_only_host_requests_come_back_as_logits(demo_llama):

@@ -2,7 +2,18 @@ import numpy as np
 import pytest
 
 from pyqsa.engine import InvalidSamplingParam, SamplingParams
-from pyqsa.engine.sampler import Sampler, apply_penalties, draw, draw_key, logprobs, uniforms
+from pyqsa.engine.sampler import (
+    ReferenceSampler,
+    Sampler,
+    apply_penalties,
+    draw,
+    draw_key,
+    logprobs,
+    uniforms,
+)
+
+# the engine's sampler (the native host kernel) and the numpy reference
+SAMPLERS = pytest.mark.parametrize("cls", [Sampler, ReferenceSampler])
 
 
 def test_greedy_is_argmax_with_lowest_id_on_ties():
@@ -10,12 +21,13 @@ def test_greedy_is_argmax_with_lowest_id_on_ties():
     assert draw(x, SamplingParams(temperature=0), draw_key(0, 0)) == 1
 
 
-def test_seeded_requests_repeat_and_differ_by_seed():
+@SAMPLERS
+def test_seeded_requests_repeat_and_differ_by_seed(cls):
     rng = np.random.default_rng(1)
     x = rng.normal(size=1000).astype(np.float32)
 
     def run(seed):
-        s = Sampler(SamplingParams(temperature=1.0, seed=seed), seed=999)
+        s = cls(SamplingParams(temperature=1.0, seed=seed), seed=999)
         return [s(x, [], 0)[0] for _ in range(20)]
 
     assert run(5) == run(5)
@@ -36,10 +48,11 @@ def test_top_k_top_p_min_p_restrict_the_candidates():
     assert support(min_p=0.35) == {0, 1}  # 0.15 < 0.35 * 0.5
 
 
-def test_sampling_follows_the_distribution():
+@SAMPLERS
+def test_sampling_follows_the_distribution(cls):
     p = np.array([0.6, 0.3, 0.1])
     x = np.log(p).astype(np.float32)
-    s = Sampler(SamplingParams(temperature=1.0, seed=3), seed=0)
+    s = cls(SamplingParams(temperature=1.0, seed=3), seed=0)
     counts = np.bincount([s(x, [], 0)[0] for _ in range(3000)], minlength=3) / 3000
     assert np.allclose(counts, p, atol=0.03)
 
@@ -103,10 +116,11 @@ def test_bad_params_are_refused(kw):
     assert e.value.param == next(iter(kw))
 
 
+@SAMPLERS
 @pytest.mark.parametrize("kw", [{"temperature": 1e-3}, {"repetition_penalty": 1e-2}])
-def test_extreme_allowed_params_sample_without_nan(kw):
+def test_extreme_allowed_params_sample_without_nan(cls, kw):
     x = np.random.default_rng(2).normal(size=5000).astype(np.float32) * 30
-    s = Sampler(SamplingParams(**kw, seed=1), seed=0)
+    s = cls(SamplingParams(**kw, seed=1), seed=0)
     tokens = [s(x, [1, 2, 3, int(np.argmax(x))], 1)[0] for _ in range(20)]
     assert all(0 <= t < x.size for t in tokens)
 
