@@ -1,7 +1,7 @@
 // Host sampler of one logits row: the rules of pyqsa_sample_params (pyqsa.h). The CPU kernel of
 // the sample op calls it per row, and pyqsa_sample exposes it to the engine's host path.
 #include "pyqsa-ggml.h"
-#include "sample-rng.h"
+#include "sample-params.h"
 
 #include <algorithm>
 #include <cmath>
@@ -50,8 +50,10 @@ void cut_top_p(std::vector<int32_t> & cand, const float * x, double t, double y_
 
 }  // namespace
 
-void pyqsa_sample_row(const float * x, int64_t n, const struct pyqsa_sample_params * p,
+void pyqsa_sample_row(const float * x, int64_t n, const struct pyqsa_sample_params * params,
                       struct pyqsa_sample_result * out) {
+    const pyqsa_sample_params checked = pyqsa_sample_params_checked(*params, n);
+    const pyqsa_sample_params * p      = &checked;
     int32_t best = 0;  // the largest logit, the lowest id on ties
     for (int32_t i = 1; i < n; ++i) {
         best = x[i] > x[best] ? i : best;
@@ -65,7 +67,7 @@ void pyqsa_sample_row(const float * x, int64_t n, const struct pyqsa_sample_para
         const double y_max = (double) x[best] / t;
         std::vector<int32_t> cand(n);
         std::iota(cand.begin(), cand.end(), 0);
-        if (p->top_k > 0 && p->top_k < n) {
+        if (p->top_k > 0) {
             rank_prefix(cand, (size_t) p->top_k, x);
             cand.resize(p->top_k);
         }
@@ -103,7 +105,7 @@ void pyqsa_sample_row(const float * x, int64_t n, const struct pyqsa_sample_para
     }
     out->token = token;
 
-    if (p->n_top < 0 || p->n_top > 20) {  // (a sampler llama.cpp runs on a dummy row gets no params)
+    if (p->n_top < 0) {
         out->logprob = NAN;
         return;
     }

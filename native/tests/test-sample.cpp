@@ -189,6 +189,29 @@ int cmd_test(const char * only_backend) {
             return std::make_pair(good, why2);
         });
     }
+    // parameters nobody set (llama.cpp runs an inactive sequence's sampler on a dummy row):
+    // out-of-range values turn each setting off, so the row is drawn greedily, no log-probs
+    sample_case bad{ 151936, 4, row_kind::peaked, { { NAN, -5, 7.0f, -1.0f, 1u, 2u, 3u, 99 },
+                                                    { 1e-30f, 1 << 30, NAN, 3.0f, 0u, 0u, 0u, -7 },
+                                                    { INFINITY, 0, -1.0f, NAN, 0u, 0u, 0u, 21 },
+                                                    { -2.0f, 151936, 1.0f, 0.0f, 0u, 0u, 0u, -1 } } };
+    const std::vector<float> xb      = make_rows(bad, rng);
+    bool                     sup     = false;
+    const auto               bad_cpu = run(cpu, bad, xb, bad.params, &sup);
+    bool                     ok      = sup;
+    for (int r = 0; ok && r < bad.rows; ++r) {
+        const float * row = xb.data() + (size_t) r * bad.n;
+        ok = bad_cpu[r].token == (int32_t) (std::max_element(row, row + bad.n) - row) &&
+             std::isnan(bad_cpu[r].logprob) && bad_cpu[r].top_ids[0] == -1;
+    }
+    report("SAMPLE(parameters out of range)", "CPU", "greedy, no log-probabilities: ", ok, n_ok, n_fail);
+    on_other_backends(only_backend, "SAMPLE(parameters out of range)", n_ok, n_fail, [&](ggml_backend_t be) {
+        bool        good = false;
+        const auto  out  = run(be, bad, xb, bad.params, &good);
+        std::string why  = good ? "vs CPU: " : "not supported ";
+        for (int r = 0; good && r < bad.rows; ++r) good = same(out[r], bad_cpu[r], 1e-5, why);
+        return std::make_pair(good, why);
+    });
     ggml_backend_free(cpu);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
     return n_fail == 0 ? 0 : 1;

@@ -12,7 +12,7 @@
 
 #include "ordered-key.cuh"
 
-#include "../sample-rng.h"
+#include "../sample-params.h"
 #include "pyqsa-ggml.h"
 
 namespace {
@@ -107,10 +107,11 @@ template <typename Weight> __device__ cut prefix_cut(const row_ctx & r, Weight w
                     above += hist[b];
                 }
             }
-            if (b < 0) {
+            if (b < 0 && last >= 0) {
                 b = last;
                 above -= hist[last];
             }
+            b = max(b, 0);  // no weight at all: cannot happen with checked parameters
             prefix |= (uint32_t) b << shift;
         }
     }
@@ -174,7 +175,7 @@ template <typename Weight> __device__ cut prefix_cut(const row_ctx & r, Weight w
 __global__ void sample_rows(const float * logits, const pyqsa_sample_params * params, pyqsa_sample_result * out,
                             int n) {
     const float *               x = logits + (size_t) blockIdx.x * n;
-    const pyqsa_sample_params & p = params[blockIdx.x];
+    const pyqsa_sample_params   p = pyqsa_sample_params_checked(params[blockIdx.x], n);
     pyqsa_sample_result &       o = out[blockIdx.x];
     __shared__ uint64_t         scratch_w[WARPS];
     __shared__ double           scratch_d[WARPS];
@@ -191,7 +192,7 @@ __global__ void sample_rows(const float * logits, const pyqsa_sample_params * pa
     if (p.temperature > 0) {
         row_ctx r{ x, n, (double) p.temperature, (double) x[best] / p.temperature, (double) p.min_p,
                    p.min_p > 0, cut{ 0u, n }, cut{ 0u, n } };
-        if (p.top_k > 0 && p.top_k < n) {
+        if (p.top_k > 0) {
             r.k_cut = prefix_cut(r, [](int) { return 1.0; }, (double) p.top_k);
         }
         if (p.top_p < 1) {
@@ -250,7 +251,7 @@ __global__ void sample_rows(const float * logits, const pyqsa_sample_params * pa
         o.token   = token;
         o.logprob = NAN;
     }
-    if (p.n_top < 0 || p.n_top > 20) {  // (a sampler llama.cpp runs on a dummy row gets no params)
+    if (p.n_top < 0) {
         return;
     }
     double sum = 0;
