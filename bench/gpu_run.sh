@@ -12,7 +12,7 @@
 #                 sampled: pyqsa's with each step's rows drawn by the sample op, --sampling device)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024 --repeats 3")
 #                 --checks (after the builds: test-qsa-ops, test-qsa-page and test-sample CUDA vs CPU and
-#                 their timings, tests/gpu/paging.sh, tests/gpu/serve_paged.sh (serve --slots 8
+#                 their timings, tests/gpu/paging.sh, tests/gpu/sampling.sh, tests/gpu/serve_paged.sh (serve --slots 8
 #                 --ctx 262144 with paging, 8 concurrent requests), then tests/gpu/parity.sh)
 # Steps: unpack the carried upstream extract; build pyqsa's CUDA variant (setup path) and an
 # unpatched upstream CUDA `llama` in .build/bench/upstream-cuda, while the model is written to
@@ -131,6 +131,7 @@ if [ -n "$checks" ]; then
     .build/cmake-cuda/bin/test-sample perf 2>&1 | grep "us/step" >> "$out/ops-perf.txt" || true
     cat "$out/ops-perf.txt"
     tests/gpu/paging.sh || { echo "paging checks: FAILED"; status=1; }
+    tests/gpu/sampling.sh || { echo "sampling checks: FAILED"; status=1; }
     tests/gpu/serve_paged.sh || { echo "serve with paging: FAILED"; status=1; }
     tests/gpu/parity.sh || { echo "checks: FAILED"; status=1; }
     echo "checks done ($(elapsed))"
