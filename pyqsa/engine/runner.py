@@ -233,7 +233,10 @@ class LlamaRunner:
         self, chunks: Sequence[Chunk], draws: Sequence[dict | None] | None = None
     ) -> list[np.ndarray | native.SampleResult]:
         L = _llama()
-        self._set_draws(chunks, draws or [None] * len(chunks))
+        try:
+            self._set_draws(chunks, draws or [None] * len(chunks))
+        except native.NativeError as e:  # a context that cannot take a sampler
+            raise RunnerError(str(e)) from None
         n = sum(len(c.tokens) for c in chunks)
         if n > self.max_tokens:  # before writing: the batch arrays hold max_tokens entries
             raise RunnerError(f"batch of {n} tokens exceeds {self.max_tokens}")
