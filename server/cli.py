@@ -118,6 +118,12 @@ def _load(
             f"layer; host store {_size(store)} ({config.kv_type} K/V of {slots} x {ctx} tokens)",
             err=True,
         )
+    if sampling == "device":
+        click.echo(
+            "pyqsa: sampling: device (tokens drawn inside the forward pass; requests with "
+            "penalties or logit_bias are drawn on the host)",
+            err=True,
+        )
     return engine, llama_model, name
 
 

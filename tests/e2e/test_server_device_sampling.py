@@ -36,6 +36,10 @@ def device_server(demo_gguf, cache_dir):
     stop_server(s)
 
 
+def test_the_start_line_says_where_tokens_are_drawn(device_server):
+    assert any("pyqsa: sampling: device" in line for line in device_server.log)
+
+
 def complete(server, kw):
     r = server.openai().completions.create(
         model=server.model, prompt="Once upon a time", max_tokens=16, **kw
