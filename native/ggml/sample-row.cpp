@@ -48,6 +48,21 @@ void cut_top_p(std::vector<int32_t> & cand, const float * x, double t, double y_
     }
 }
 
+// u must exceed exp(-exp(-d)) for the noise -log(-log(u)) to exceed d >= 0; a lower bound of
+// it from a table at steps of 1/64, one bin below d (past d = 40 no u below 1 - 2^-54 does)
+double noise_bound(double d) {
+    constexpr int STEPS = 64, BINS = 40 * STEPS;
+    static const std::vector<double> table = [] {
+        std::vector<double> v(BINS);
+        for (int i = 0; i < BINS; ++i) {
+            v[i] = std::exp(-std::exp(-(double) i / STEPS));
+        }
+        return v;
+    }();
+    const double bin = d * STEPS - 1;
+    return bin < 0 ? 0.0 : bin >= BINS ? 1.0 : table[(size_t) bin];
+}
+
 }  // namespace
 
 void pyqsa_sample_row(const float * x, int64_t n, const struct pyqsa_sample_params * params,
@@ -80,23 +95,19 @@ void pyqsa_sample_row(const float * x, int64_t n, const struct pyqsa_sample_para
         if (p->top_p < 1) {
             cut_top_p(cand, x, t, y_max, p->top_p);
         }
-        // Gumbel-max: the winner scores at least what `best` scores and at most its own y plus
-        // the largest noise among the candidates, so only ids within that noise of `best`'s
-        // score need their logarithms
-        const uint64_t key   = pyqsa_draw_key((uint64_t) p->seed_lo | ((uint64_t) p->seed_hi << 32), p->counter);
-        double         u_max = 0;
-        for (int32_t id : cand) {
-            u_max = std::max(u_max, pyqsa_draw_uniform(key, id));
-        }
-        const double gumbel_max = -std::log(-std::log(u_max));
-        double       top        = y_max - std::log(-std::log(pyqsa_draw_uniform(key, best)));
-        const double floor      = top - gumbel_max - 1e-9 * (1 + std::fabs(top));
+        // Gumbel-max: id beats the best score so far, top, only if its noise exceeds
+        // d = top - y, i.e. u > exp(-exp(-d)). That bound, read from a table at the bin below d
+        // (a lower bound: it grows with d), screens out almost every id before its logarithms;
+        // the exact score decides for the rest.
+        const uint64_t key = pyqsa_draw_key((uint64_t) p->seed_lo | ((uint64_t) p->seed_hi << 32), p->counter);
+        double         top = y_max - std::log(-std::log(pyqsa_draw_uniform(key, best)));
         for (int32_t id : cand) {
             const double y = (double) x[id] / t;
-            if (y < floor) {
+            const double u = pyqsa_draw_uniform(key, id);
+            if (y < top && u < noise_bound(top - y)) {
                 continue;
             }
-            const double score = y - std::log(-std::log(pyqsa_draw_uniform(key, id)));
+            const double score = y - std::log(-std::log(u));
             if (score > top || (score == top && id < token)) {
                 top   = score;
                 token = id;
