@@ -342,9 +342,10 @@ def _engine_options(f):
             type=click.Choice(["host", "device"]),
             default="host",
             show_default=True,
-            help="Where tokens are drawn: host copies every row's logits to numpy; device draws "
-            "inside the forward pass (the sample op), so only tokens and asked-for logprobs come "
-            "back. Requests with penalties or logit_bias are drawn on the host either way.",
+            help="Where tokens are drawn: host copies every sampled row's logits to the host and "
+            "draws there; device draws inside the forward pass (the sample op), so only tokens "
+            "and asked-for logprobs come back. Requests with penalties or logit_bias are drawn "
+            "on the host either way.",
         ),
         click.option(
             "--chat-template",
