@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 
 import pexpect
@@ -19,6 +20,9 @@ def spawn(args: list[str], cache_dir) -> pexpect.spawn:
         encoding="utf-8",
         timeout=60,
         dimensions=(50, 500),
+        # a test run started in the background inherits an ignored SIGINT, which Python keeps:
+        # the chat must get the Ctrl-C a terminal user's would
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     child.expect("pyqsa chat with ")
     child.expect("> ")

@@ -262,7 +262,13 @@ def test_ctrl_c_in_a_real_process(tiny_hf_dir, tmp_path):
     cmd += ["--outtype", "q8_0", "--quiet"]
     finished_first = 0
     for _ in range(5):
-        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
+        # SIGINT as a terminal's, even when the test run inherited it ignored (run in the
+        # background), which Python would keep
+        proc = subprocess.Popen(
+            cmd,
+            stderr=subprocess.PIPE,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         deadline = time.monotonic() + 60
         while not any(p.suffix == ".tmp" for p in tmp_path.iterdir()):
             assert proc.poll() is None and time.monotonic() < deadline, "no temp file appeared"
