@@ -1,9 +1,16 @@
-"""N concurrent completions against a running `pyqsa serve`, over HTTP: each request a token-id
-prompt (no template, no tokenizer) and a fixed number of generated tokens; per request its time
-to first token, its total time and tokens, and the aggregate decode rate. One JSON line.
+"""Concurrent completions against a running `pyqsa serve`, over HTTP: N requests with token-id
+prompts (no template, no tokenizer), each generating exactly --max-tokens tokens (ignore_eos),
+and optionally a short request sent --short-after seconds later (an agent's call arriving behind
+other users' documents). Per run: each request's time to first token, the short request's, and
+the aggregate decode rate while every long request decodes together (tokens streamed between
+the last long request's first token and the first one's last token, over that window). One JSON
+line per run, then a summary line with medians over the runs.
 
-    pyqsa serve MODEL --slots 8 --ctx 262144 &
-    python bench/serve_load.py http://127.0.0.1:8000 --requests 8 --prompt-tokens 2000
+    pyqsa serve MODEL --slots 8 --ctx 36000 &
+    python bench/serve_load.py http://127.0.0.1:8000 --requests 8 --prompt-tokens 32000 \\
+        --max-tokens 256 --repeats 3
+    python bench/serve_load.py http://127.0.0.1:8000 --requests 7 --prompt-tokens 32000 \\
+        --max-tokens 32 --short-after 2 --repeats 3
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import argparse
 import json
 import random
 import statistics
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,24 +27,102 @@ import httpx
 
 
 def one(url: str, model: str, prompt: list[int], max_tokens: int) -> dict:
+    """Streams one completion; the times (perf_counter) of its token chunks and its usage."""
     body = {
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
         "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
         "temperature": 0,
     }
     t0 = time.perf_counter()
-    first, n = None, 0
+    times, usage = [], None
     with httpx.Client(timeout=3600) as c, c.stream("POST", f"{url}/v1/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: {"):
                 continue
-            if json.loads(line[len("data: ") :])["choices"][0].get("text") is not None:
-                first = first or time.perf_counter() - t0
-                n += 1
-    return {"ttft_s": first, "total_s": time.perf_counter() - t0, "chunks": n}
+            event = json.loads(line[len("data: ") :])
+            if event.get("usage"):
+                usage = event["usage"]["completion_tokens"]
+            if event["choices"] and event["choices"][0].get("text"):
+                times.append(time.perf_counter())
+    return {"t0": t0, "times": times, "completion_tokens": usage}
+
+
+def together_rate(runs: list[dict]) -> float | None:
+    """Tokens per second streamed while every run decoded: from the last first token to the
+    first last token. None when the runs never all decoded at once.
+
+    A token whose text is held back (an incomplete UTF-8 sequence) comes in the next chunk, so
+    each run's chunks in the window count as tokens in its ratio of tokens to chunks."""
+    if not runs or any(not r["times"] for r in runs):
+        return None
+    start = max(r["times"][0] for r in runs)
+    end = min(r["times"][-1] for r in runs)
+    if end <= start:
+        return None
+    n = 0.0
+    for r in runs:
+        per_chunk = (r["completion_tokens"] or len(r["times"])) / len(r["times"])
+        n += per_chunk * sum(start < t <= end for t in r["times"])
+    return n / (end - start)
+
+
+def scenario(args: argparse.Namespace, model: str, rng: random.Random) -> dict:
+    def prompt(n: int) -> list[int]:
+        return [rng.randrange(100, 5000) for _ in range(n)]
+
+    prompts = [prompt(args.prompt_tokens) for _ in range(args.requests)]
+    short_prompt = prompt(args.short_prompt_tokens)
+    short: dict = {}
+
+    def send_short() -> None:
+        time.sleep(args.short_after)
+        short.update(one(args.url, model, short_prompt, args.short_max_tokens))
+
+    t0 = time.perf_counter()
+    waiter = None
+    if args.short_after is not None:
+        waiter = threading.Thread(target=send_short)
+        waiter.start()
+    with ThreadPoolExecutor(args.requests) as pool:
+        runs = list(pool.map(lambda p: one(args.url, model, p, args.max_tokens), prompts))
+    if waiter is not None:
+        waiter.join()
+    wall = time.perf_counter() - t0
+
+    ttft = [r["times"][0] - r["t0"] for r in runs if r["times"]]
+    rate = together_rate(runs)
+    tokens = sum(r["completion_tokens"] or 0 for r in runs)
+    result = {
+        "answered": sum(bool(r["times"]) for r in runs),
+        "wall_s": round(wall, 2),
+        "ttft_s": sorted(round(t, 3) for t in ttft),
+        "together_tok_s": round(rate, 1) if rate is not None else None,
+        # 1.0: each streamed chunk was one token, so the window's count is exact
+        "tokens_per_chunk": round(tokens / max(1, sum(len(r["times"]) for r in runs)), 3),
+    }
+    if short:
+        first = short["times"][0] if short["times"] else None
+        result["short_ttft_s"] = round(first - short["t0"], 3) if first is not None else None
+        # long requests whose first token came after the short one's
+        result["short_first_before_long"] = sum(
+            first is not None and bool(r["times"]) and first < r["times"][0] for r in runs
+        )
+    return result
+
+
+def median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 3) if values else None
+
+
+def spread(values: list) -> list:
+    values = [v for v in values if v is not None]
+    return [min(values), max(values)] if values else []
 
 
 def main() -> None:
@@ -45,33 +131,34 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--prompt-tokens", type=int, default=2000)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--short-after", type=float, help="seconds until the short request is sent")
+    ap.add_argument("--short-prompt-tokens", type=int, default=64)
+    ap.add_argument("--short-max-tokens", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
     model = httpx.get(f"{args.url}/v1/models").json()["data"][0]["id"]
-    rng = random.Random(0)
-    prompts = [
-        [rng.randrange(100, 5000) for _ in range(args.prompt_tokens)] for _ in range(args.requests)
-    ]
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(args.requests) as pool:
-        runs = list(pool.map(lambda p: one(args.url, model, p, args.max_tokens), prompts))
-    wall = time.perf_counter() - t0
-    ttft = [r["ttft_s"] for r in runs if r["ttft_s"] is not None]
-    print(
-        json.dumps(
-            {
-                "requests": args.requests,
-                "prompt_tokens": args.prompt_tokens,
-                "max_tokens": args.max_tokens,
-                "answered": sum(r["chunks"] > 0 for r in runs),
-                "wall_s": round(wall, 2),
-                "ttft_s": {"median": round(statistics.median(ttft), 3), "max": round(max(ttft), 3)}
-                if ttft
-                else None,
-                "chunks": [r["chunks"] for r in runs],
-                "total_s": [round(r["total_s"], 2) for r in runs],
-            }
-        )
-    )
+    rng = random.Random(0)  # every run's prompts differ: nothing is reused between runs
+    runs = []
+    for i in range(args.repeats):
+        runs.append(scenario(args, model, rng))
+        print(json.dumps({"run": i, **runs[-1]}), flush=True)
+    summary = {
+        "requests": args.requests,
+        "prompt_tokens": args.prompt_tokens,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "answered": min(r["answered"] for r in runs),
+        "ttft_median_s": median([statistics.median(r["ttft_s"]) for r in runs if r["ttft_s"]]),
+        "ttft_max_s": median([max(r["ttft_s"]) for r in runs if r["ttft_s"]]),
+        "together_tok_s": median([r["together_tok_s"] for r in runs]),
+        "together_spread": spread([r["together_tok_s"] for r in runs]),
+        "tokens_per_chunk": max(r["tokens_per_chunk"] for r in runs),
+    }
+    if args.short_after is not None:
+        summary["short"] = {"after_s": args.short_after, "prompt_tokens": args.short_prompt_tokens}
+        summary["short_ttft_s"] = median([r["short_ttft_s"] for r in runs])
+        summary["short_ttft_spread"] = spread([r["short_ttft_s"] for r in runs])
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Each run streams a completion and times from sending the request to the first streamed
 token: median, min and max of the runs after the warm-up ones, per endpoint (text with a
 token-id prompt: no template, no tokenizer; chat: template and tokenizer), and the very first
-request on its own (on a fresh server: what its first user waits). Start the server first, e.g.
+request on its own (on a fresh server: what its first user waits); the last line is the same
+as JSON. Start the server first, e.g.
 
     pyqsa serve --port 8000 --threads 1 &
     python bench/serve_ttft.py http://127.0.0.1:8000 --runs 30
@@ -50,6 +51,7 @@ def main() -> None:
                 {**common, "messages": [{"role": "user", "content": "hello " * 20}]},
             ),
         }
+        summary = {"prompt_tokens": args.prompt_tokens, "runs": args.runs}
         for name, (path, body) in bodies.items():
             times = [ttft(client, args.url + path, body) for _ in range(args.warmup + args.runs)]
             ms = sorted(1e3 * t for t in times[args.warmup :])
@@ -58,6 +60,13 @@ def main() -> None:
                 f"min {ms[0]:.1f}, max {ms[-1]:.1f} ({args.runs} runs; "
                 f"the first request: {1e3 * times[0]:.1f} ms)"
             )
+            summary[name] = {
+                "ttft_median_ms": round(statistics.median(ms), 1),
+                "min_ms": round(ms[0], 1),
+                "max_ms": round(ms[-1], 1),
+                "first_ms": round(1e3 * times[0], 1),
+            }
+        print(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,37 @@
+"""bench/serve_load.py's window arithmetic: the decode rate while every request decodes."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "serve_load", Path(__file__).resolve().parents[2] / "bench" / "serve_load.py"
+)
+serve_load = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(serve_load)
+
+
+def run(times: list[float], tokens: int | None = None) -> dict:
+    return {"t0": 0.0, "times": times, "completion_tokens": tokens or len(times)}
+
+
+def test_the_window_runs_from_the_last_first_token_to_the_first_last_one():
+    a = run([1.0, 2.0, 3.0, 4.0, 5.0])
+    b = run([2.5, 3.0, 3.5, 4.0, 4.5, 9.0])
+    # window (2.5, 5.0]: a's 3.0, 4.0, 5.0 and b's 3.0, 3.5, 4.0, 4.5
+    assert serve_load.together_rate([a, b]) == pytest.approx(7 / 2.5)
+
+
+def test_held_back_tokens_count_in_the_ratio_of_tokens_to_chunks():
+    a = run([1.0, 2.0, 3.0, 4.0], tokens=8)  # each chunk carried two tokens on average
+    b = run([0.0, 5.0])
+    assert serve_load.together_rate([a, b]) == pytest.approx(2 * 3 / 3.0)
+
+
+def test_no_rate_when_the_requests_never_decode_together():
+    assert serve_load.together_rate([run([1.0, 2.0]), run([3.0, 4.0])]) is None
+    assert serve_load.together_rate([run([1.0, 2.0]), run([])]) is None
+    assert serve_load.together_rate([]) is None
