@@ -22,7 +22,8 @@ python3 bench/serve_load.py http://127.0.0.1:8765 --requests 8 --prompt-tokens 2
 status=${PIPESTATUS[0]}
 curl -s http://127.0.0.1:8765/metrics | grep -E "^pyqsa_(paging|ledger)"
 kill $pid; wait $pid 2> /dev/null
-answered=$(python3 -c "import json,sys; print(json.load(open('$out/serve_load.json'))['answered'])" 2> /dev/null || echo 0)
+# serve_load.py prints a line per run, then the summary
+answered=$(tail -n 1 "$out/serve_load.json" | python3 -c "import json,sys; print(json.load(sys.stdin)['answered'])" 2> /dev/null || echo 0)
 ok=$([ $status = 0 ] && [ "$answered" = 8 ] && echo PASS || echo FAIL)
 [ "$ok" = PASS ] || tail -n 30 "$log"
 echo "serve --slots 8 --ctx 262144, paged: $answered of 8 requests answered: $ok"
