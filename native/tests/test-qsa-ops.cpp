@@ -609,6 +609,8 @@ int cmd_perf(const char * only_backend) {
         { GGML_TYPE_F16, 256, 24, 2, 1, 1, 262144, 2051, 0.0, false },
         { GGML_TYPE_F16, 256, 24, 2, 1, 8, 32768, 2051, 0.0, false },
         { GGML_TYPE_Q8_0, 256, 24, 2, 1, 8, 32768, 2051, 0.0, false },
+        // prefill: one 512-query chunk (timed on GPUs only: minutes on a CPU)
+        { GGML_TYPE_F16, 256, 24, 2, 512, 1, 32768, 2051, 0.0, false },
     };
     // decode scoring, Flash-Next indexer (4 heads x 128, ratio 4): 256K x 1 and x 8, 32K x 8
     const score_case score_shapes[] = {
@@ -622,6 +624,7 @@ int cmd_perf(const char * only_backend) {
         ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
         const int iters = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU ? 3 : 200;
         for (const attn_case & c : shapes) {
+            if (c.n_q > 1 && ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;
             const attn_data d = make_data(c, rng);
             graph_run g;
             if (!build(g, be, c, d, 0.0625f)) continue;

@@ -1,8 +1,8 @@
-// CUDA kernel of PYQSA_GGML_OP_QSA_ATTN_PART: qsa_attn's warp per (head, query, split), resumed
-// from the previous pass's state and stopped after this pass's cells. The warp reads the part of
-// its list this pass can take 32 entries at a time and takes the entries in the pass's positions
-// in list order (a ballot), so the cells reach the online softmax in the order qsa_attn's kernel
-// adds them.
+// CUDA kernel of PYQSA_GGML_OP_QSA_ATTN_PART: qsa_attn's CTA per (GQA group, query, split), each
+// head's warp resumed from the previous pass's state and stopped after this pass's cells. The CTA
+// reads the part of its list this pass can take 32 entries at a time and takes the entries in the
+// pass's positions in list order, so the cells reach each head's online softmax in the order
+// qsa_attn's kernel adds them.
 #include "qsa-attn-part.cuh"
 
 #include "pyqsa-ggml.h"
@@ -21,25 +21,24 @@ struct pass {
     int r, lo, hi, base, ring;
 };
 
-// grid (H, n_q * ns, n_split), one warp per (head, query, split)
+// grid (H / nw, n_q * ns, n_split), nw warps: one per head of a GQA group
 template <ggml_type type, int DPL>
 __global__ void qsa_attn_part_kernel(const args a, const pass p) {
+    extern __shared__ __align__(16) char smem[];
     constexpr int D     = DPL * WARP;
-    const int     lane  = threadIdx.x;
-    const int     h     = blockIdx.x;
     const int     row   = blockIdx.y;
     const int     split = blockIdx.z;
-    const int     s     = row / a.n_q;
 
-    warp_attn<DPL> w(a, h, row, lane);
+    cta_attn<DPL> t(a, row, smem);
+    const int     h = t.head(a);
     if (p.state != nullptr) {
         const float * st = state_at<DPL>(p.state, a, h, row, split);
 #pragma unroll
         for (int i = 0; i < DPL; ++i) {
-            w.acc[i] = st[i * WARP + lane];
+            t.w.acc[i] = st[i * WARP + t.lane];
         }
-        w.m = st[D];
-        w.l = st[D + 1];
+        t.w.m = st[D];
+        t.w.l = st[D + 1];
     }
     // the positions this pass takes
     const long long stored = (long long) p.n_paged[row] * p.r;
@@ -64,23 +63,17 @@ __global__ void qsa_attn_part_kernel(const args a, const pass p) {
         }
     }
     for (int jb = first; jb < j1; jb += WARP) {
-        const int      c    = jb + lane < j1 ? list[jb + lane] : -1;
-        const bool     in   = c >= 0 && c >= c0 && c < c1;
-        unsigned       take = __ballot_sync(0xffffffffu, in);
-        while (take != 0) {
-            const int src = __ffs(take) - 1;
-            take &= take - 1;
-            const int cc = __shfl_sync(0xffffffffu, c, src);
-            w.template add_row<type>(a, p.ring > 0 ? p.base + cc % p.ring : cc - p.lo, s, h / a.group, lane);
-        }
+        const int  c  = jb + t.lane < j1 ? list[jb + t.lane] : -1;
+        const bool in = c >= 0 && c >= c0 && c < c1;
+        t.template add_rows<type>(a, in, !in ? 0 : p.ring > 0 ? p.base + c % p.ring : c - p.lo);
         if (p.ring == 0 && __any_sync(0xffffffffu, c < 0 || c >= c1)) {
             break;
         }
     }
     if (p.next != nullptr) {
-        store_state<DPL>(state_at<DPL>(p.next, a, h, row, split), w.acc, w.m, w.l, lane);
+        store_state<DPL>(state_at<DPL>(p.next, a, h, row, split), t.w.acc, t.w.m, t.w.l, t.lane);
     } else {
-        write_partial<DPL>(a, w.acc, w.m, w.l, h, row, split, lane);
+        write_partial<DPL>(a, t.w.acc, t.w.m, t.w.l, h, row, split, t.lane);
     }
 }
 
@@ -115,7 +108,7 @@ void pyqsa_cuda_qsa_attn_part(ggml_backend_cuda_context & ctx, ggml_tensor * dst
             constexpr int DPL    = decltype(dpl)::value;
             const auto    launch = [&](const args & pa) {
                 qsa_attn_part_kernel<decltype(type)::value, DPL>
-                    <<<dim3(a.H, n_rows, a.n_split), WARP, 0, stream>>>(pa, p);
+                    <<<dim3(a.H / a.nw, n_rows, a.n_split), a.nw * WARP, stage_bytes(a), stream>>>(pa, p);
                 CUDA_CHECK(cudaGetLastError());
             };
             if (last) {

@@ -1,7 +1,7 @@
 // Device code shared by qsa_attn and qsa_attn_part (qsa-attn.cu, qsa-attn-part.cu): one warp's
-// online softmax over a (head, query)'s cells, the split of a cell list, and the merge of the
-// splits' partial (acc, max, sum). Both ops run these same steps, so chained qsa_attn_part passes
-// give qsa_attn's bits.
+// online softmax over a (head, query)'s cells, the CTA that stages the cells' K/V rows for the
+// heads of a GQA group, the split of a cell list, and the merge of the splits' partial (acc, max,
+// sum). Both ops run these same steps, so chained qsa_attn_part passes give qsa_attn's bits.
 #pragma once
 
 #include "ggml-cuda/common.cuh"
@@ -37,7 +37,19 @@ struct args {
     size_t o_nb1, o_nb2, o_nb3;
     int    H, group, n_q, n_sel, n_split;
     float  scale;
+    int    nw;    // warps (heads of one GQA group) per CTA
+    int    rb;    // bytes of one K or V row of one KV head
+    int    unit;  // bytes a lane copies at once (16, 8, 4 or 2: what the rows' alignment allows)
+    int    tile;  // cells whose K and V rows fit the CTA's shared memory at once
 };
+
+// shared memory of a CTA: the staged cells' row indices, then K rows, then V rows
+constexpr int STAGE_LIST = 32;
+constexpr int STAGE_HEAD = STAGE_LIST * sizeof(int);
+
+inline size_t stage_bytes(const args & a) {
+    return STAGE_HEAD + 2 * (size_t) a.tile * a.rb;
+}
 
 // the fields every op of the family sets alike: q [D, H, n_q, ns], k/v [D, Hkv, rows, ns],
 // cells [n_sel, n_q, ns], out [D, H, n_q, ns]
@@ -59,6 +71,20 @@ inline args make_args(const ggml_tensor * q, const ggml_tensor * k, const ggml_t
     a.n_sel = (int) cells->ne[0];
     a.n_split = 1;
     a.scale = scale;
+    // the largest divisor of the group up to 16 warps: a CTA's heads share one KV head
+    a.nw = a.group < 16 ? a.group : 16;
+    while (a.group % a.nw != 0) {
+        --a.nw;
+    }
+    a.rb = (int) ggml_row_size(k->type, q->ne[0]);
+    size_t align = (size_t) a.rb | (size_t) (uintptr_t) a.k | (size_t) (uintptr_t) a.v | a.k_nb1 | a.k_nb2 |
+                   a.k_nb3 | a.v_nb1 | a.v_nb2 | a.v_nb3;
+    a.unit = 16;
+    while (a.unit > 2 && align % a.unit != 0) {
+        a.unit /= 2;
+    }
+    const int budget = 40 * 1024 - STAGE_HEAD;  // under the 48 KiB a launch gets without opting in
+    a.tile = budget / (2 * a.rb) < STAGE_LIST ? budget / (2 * a.rb) : STAGE_LIST;
     return a;
 }
 
@@ -135,14 +161,80 @@ struct warp_attn {
         l = l * old_w + new_w;
         m = m_new;
     }
+};
 
-    // one cell at row i of stream s, KV head hk
+// the bytes [0, rb) of a row, copied by the 32 lanes of a warp in units of `unit` bytes
+__device__ __forceinline__ void copy_row(char * dst, const char * src, int rb, int unit, int lane) {
+    switch (unit) {
+        case 16:
+            for (int o = lane * 16; o < rb; o += WARP * 16) *(int4 *) (dst + o) = *(const int4 *) (src + o);
+            break;
+        case 8:
+            for (int o = lane * 8; o < rb; o += WARP * 8) *(int2 *) (dst + o) = *(const int2 *) (src + o);
+            break;
+        case 4:
+            for (int o = lane * 4; o < rb; o += WARP * 4) *(int *) (dst + o) = *(const int *) (src + o);
+            break;
+        default:
+            for (int o = lane * 2; o < rb; o += WARP * 2) *(short *) (dst + o) = *(const short *) (src + o);
+            break;
+    }
+}
+
+// One CTA of a.nw warps: heads blockIdx.x * nw .. + nw - 1 (one KV head), one query row, one
+// split. A GQA group's heads read the same cells, so the CTA copies each cell's K and V rows to
+// shared memory once and every warp adds them from there, in list order: each head's arithmetic is
+// that of a lone warp reading global memory.
+template <int DPL>
+struct cta_attn {
+    warp_attn<DPL> w;
+    int            lane, warp, hk, s;
+    int *          rows;  // [STAGE_LIST] rows of the cells being staged
+    char *         kt;    // [tile][rb]
+    char *         vt;    // [tile][rb]
+
+    __device__ cta_attn(const args & a, int row, char * smem) :
+        w(a, blockIdx.x * a.nw + threadIdx.x / WARP, row, threadIdx.x % WARP),
+        lane(threadIdx.x % WARP),
+        warp(threadIdx.x / WARP),
+        hk(blockIdx.x * a.nw / a.group),
+        s(row / a.n_q),
+        rows((int *) smem),
+        kt(smem + STAGE_HEAD),
+        vt(smem + STAGE_HEAD + (size_t) a.tile * a.rb) {}
+
+    __device__ int head(const args & a) const { return blockIdx.x * a.nw + warp; }
+
+    // Up to 32 list entries, one a lane and alike in every warp of the CTA: the lanes whose `in`
+    // holds take their cell, at K/V row `i`, in lane order. Every thread of the CTA calls this.
     template <ggml_type type>
-    __device__ void add_row(const args & a, int i, int s, int hk, int lane) {
-        const char * krow = a.k + (size_t) i * a.k_nb2 + s * a.k_nb3 + hk * a.k_nb1;
-        const char * vrow = a.v + (size_t) i * a.v_nb2 + s * a.v_nb3 + hk * a.v_nb1;
-        add([&](int d) { return load_kv<type>(krow, d); }, [&](int d) { return load_kv<type>(vrow, d); }, a.scale,
-            lane);
+    __device__ void add_rows(const args & a, bool in, int i) {
+        const unsigned take = __ballot_sync(0xffffffffu, in);
+        const int      n    = __popc(take);
+        if (n == 0) {
+            return;
+        }
+        if (warp == 0 && in) {
+            rows[__popc(take & ((1u << lane) - 1u))] = i;
+        }
+        __syncthreads();
+        for (int k0 = 0; k0 < n; k0 += a.tile) {
+            const int m = min(a.tile, n - k0);
+            for (int k = warp; k < m; k += a.nw) {
+                const size_t off = (size_t) rows[k0 + k] * a.k_nb2 + (size_t) s * a.k_nb3 + (size_t) hk * a.k_nb1;
+                const size_t vff = (size_t) rows[k0 + k] * a.v_nb2 + (size_t) s * a.v_nb3 + (size_t) hk * a.v_nb1;
+                copy_row(kt + (size_t) k * a.rb, a.k + off, a.rb, a.unit, lane);
+                copy_row(vt + (size_t) k * a.rb, a.v + vff, a.rb, a.unit, lane);
+            }
+            __syncthreads();
+            for (int k = 0; k < m; ++k) {
+                const char * krow = kt + (size_t) k * a.rb;
+                const char * vrow = vt + (size_t) k * a.rb;
+                w.add([&](int d) { return load_kv<type>(krow, d); }, [&](int d) { return load_kv<type>(vrow, d); },
+                      a.scale, lane);
+            }
+            __syncthreads();
+        }
     }
 };
 

@@ -1,8 +1,8 @@
 // CUDA kernel of PYQSA_GGML_OP_QSA_ATTN, flash-decoding style: the cell list of every
 // (query, head) is split across CTAs (split-K); each warp keeps an online softmax over its share
 // and a second kernel merges the partial (max, sum, acc) triples (qsa-attn-warp.cuh).
-// Correctness first: one warp per (head, query, split), K/V rows re-read per head of a GQA group
-// (served by L2).
+// One CTA per (GQA group, query, split), one warp a head: the group's heads read each cell's K/V
+// rows once, from shared memory (cta_attn).
 #include "qsa-attn.cuh"
 
 #include "pyqsa-ggml.h"
@@ -12,25 +12,22 @@ using namespace pyqsa_attn;
 
 namespace {
 
-// grid (H, n_q * ns, n_split), one warp per (head, query, split)
+// grid (H / nw, n_q * ns, n_split), nw warps: one per head of a GQA group
 template <ggml_type type, int DPL>
 __global__ void qsa_attn_partial(const args a) {
-    const int lane  = threadIdx.x;
-    const int h     = blockIdx.x;
+    extern __shared__ __align__(16) char smem[];
     const int row   = blockIdx.y;
     const int split = blockIdx.z;
 
-    warp_attn<DPL>  w(a, h, row, lane);
+    cta_attn<DPL>   t(a, row, smem);
     const int32_t * list = a.cells + (size_t) row * a.n_sel;
     int             j0, j1;
     split_range(a, split, j0, j1);
-    for (int j = j0; j < j1; ++j) {
-        const int c = list[j];
-        if (c >= 0) {
-            w.template add_row<type>(a, c, row / a.n_q, h / a.group, lane);
-        }
+    for (int jb = j0; jb < j1; jb += WARP) {
+        const int c = jb + t.lane < j1 ? list[jb + t.lane] : -1;
+        t.template add_rows<type>(a, c >= 0, c);
     }
-    write_partial<DPL>(a, w.acc, w.m, w.l, h, row, split, lane);
+    write_partial<DPL>(a, t.w.acc, t.w.m, t.w.l, t.head(a), row, split, t.lane);
 }
 
 }  // namespace
@@ -54,7 +51,8 @@ void pyqsa_cuda_qsa_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         by_head_dim((int) q->ne[0], [&](auto dpl) {
             constexpr int DPL = decltype(dpl)::value;
             run_split<DPL>(ctx, a, n_rows, [&](const args & pa) {
-                qsa_attn_partial<decltype(type)::value, DPL><<<dim3(a.H, n_rows, a.n_split), WARP, 0, stream>>>(pa);
+                qsa_attn_partial<decltype(type)::value, DPL>
+                    <<<dim3(a.H / a.nw, n_rows, a.n_split), a.nw * WARP, stage_bytes(a), stream>>>(pa);
                 CUDA_CHECK(cudaGetLastError());
             });
         });
