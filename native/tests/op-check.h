@@ -1,5 +1,6 @@
-// What the op-check binaries (test-qsa-ops, test-qsa-page) share: their command line, the
-// one-line result of each check, and running a check on every backend but the CPU.
+// What the op-check binaries (test-qsa-ops, test-qsa-page, test-sample) share: their main (the
+// command line), the one-line result of each check, and running a check on every backend but
+// the CPU.
 #pragma once
 
 #include "ggml-backend.h"
@@ -10,31 +11,33 @@
 #include <string>
 #include <utility>
 
-// argv: [MODE] [-b BACKEND], MODE one of `modes` (the first is the default). Returns false
-// after printing the usage line for anything else.
-inline bool op_check_args(int argc, char ** argv, std::initializer_list<const char *> modes, const char ** mode,
-                          const char ** backend) {
-    *mode    = *modes.begin();
-    *backend = nullptr;
+// main() of an op-check binary: argv [MODE] [-b BACKEND], MODE one of `modes` (the first is the
+// default). Loads every backend and returns run(mode, backend), or 2 after printing the usage
+// line for anything else.
+template <typename F>
+int op_check_main(int argc, char ** argv, std::initializer_list<const char *> modes, F && run) {
+    const char * mode    = *modes.begin();
+    const char * backend = nullptr;
     for (int i = 1; i < argc; ++i) {
         bool known = false;
         for (const char * m : modes) {
             known = known || std::strcmp(argv[i], m) == 0;
         }
         if (std::strcmp(argv[i], "-b") == 0 && i + 1 < argc) {
-            *backend = argv[++i];
+            backend = argv[++i];
         } else if (known) {
-            *mode = argv[i];
+            mode = argv[i];
         } else {
             std::string usage;
             for (const char * m : modes) {
                 usage += (usage.empty() ? "" : "|") + std::string(m);
             }
             std::fprintf(stderr, "usage: %s [%s] [-b BACKEND]\n", argv[0], usage.c_str());
-            return false;
+            return 2;
         }
     }
-    return true;
+    ggml_backend_load_all();
+    return run(mode, backend);
 }
 
 // counts one check: prints "<case> <backend>: <detail> OK|FAIL"

@@ -274,11 +274,7 @@ int cmd_perf(const char * only_backend) {
 }  // namespace
 
 int main(int argc, char ** argv) {
-    const char * mode    = nullptr;
-    const char * backend = nullptr;
-    if (!op_check_args(argc, argv, { "test", "perf" }, &mode, &backend)) {
-        return 2;
-    }
-    ggml_backend_load_all();
-    return std::strcmp(mode, "perf") == 0 ? cmd_perf(backend) : cmd_test(backend);
+    return op_check_main(argc, argv, { "test", "perf" }, [](const char * mode, const char * backend) {
+        return std::strcmp(mode, "perf") == 0 ? cmd_perf(backend) : cmd_test(backend);
+    });
 }
