@@ -1,7 +1,6 @@
 # Included by the patched src/CMakeLists.txt (ggml_patches/0001) after the llama target exists:
 # compiles pyqsa's own sources into libllama.
-target_sources(llama PRIVATE
-    ${CMAKE_CURRENT_LIST_DIR}/include/pyqsa.h
+set(PYQSA_LLAMA_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-api.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-context.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-debug.cpp
@@ -12,17 +11,8 @@ target_sources(llama PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-positional.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-sampler.cpp
 )
-set_source_files_properties(
-    ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-api.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-context.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-debug.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-error.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-ledger.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/src/qsa-mask.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/src/qsa-pager.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/src/qsa-positional.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-sampler.cpp
-    PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+target_sources(llama PRIVATE ${CMAKE_CURRENT_LIST_DIR}/include/pyqsa.h ${PYQSA_LLAMA_SOURCES})
+set_source_files_properties(${PYQSA_LLAMA_SOURCES} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
 target_include_directories(llama PUBLIC ${CMAKE_CURRENT_LIST_DIR}/include)
 # internal headers of native/src, included by the patched upstream graph code
 target_include_directories(llama PRIVATE ${CMAKE_CURRENT_LIST_DIR}/src)
