@@ -236,34 +236,55 @@ def _sample_result(out, n_top: int) -> SampleResult:
     return SampleResult(int(out.token), float(out.logprob), top)
 
 
-def sample(logits, **draw) -> SampleResult:
+def _adjust_list(ffi, adjust):
+    """(pointer, count, owner) of a pyqsa_logit_adjust list: `adjust` int32 [n, 4] rows (the
+    float fields by their bits, see pyqsa.engine.sampler), or None for none."""
+    import numpy as np
+
+    if adjust is None or len(adjust) == 0:
+        return ffi.NULL, 0, None
+    a = np.ascontiguousarray(adjust, dtype=np.int32)
+    if a.ndim != 2 or a.shape[1] != 4:
+        raise ValueError(f"logit adjustments: expected int32 rows of 4 words, got shape {a.shape}")
+    return ffi.cast("const pyqsa_logit_adjust *", a.ctypes.data), a.shape[0], a
+
+
+def sample(logits, adjust=None, **draw) -> SampleResult:
     """One row drawn by the native host sampler (pyqsa_sample: the sample op's CPU kernel);
-    `logits` a float32 numpy row, `draw` the keywords of _sample_params."""
+    `logits` a float32 numpy row, `adjust` its logit adjustments (_adjust_list), `draw` the
+    keywords of _sample_params."""
     import numpy as np
 
     ffi, lib = _api()
     x = np.ascontiguousarray(logits, dtype=np.float32)
     p = _sample_params(ffi, **draw)
+    ptr, n, _owner = _adjust_list(ffi, adjust)
     out = ffi.new("pyqsa_sample_result *")
-    rc = lib.pyqsa_sample(ffi.cast("const float *", x.ctypes.data), x.size, p, out)
+    rc = lib.pyqsa_sample(ffi.cast("const float *", x.ctypes.data), x.size, p, ptr, n, out)
     _check(rc, "pyqsa_sample")
     return _sample_result(out, p.n_top)
 
 
 class DeviceSampler:
-    """A sampler chain that draws one sequence's tokens inside llama_decode (pyqsa_sampler_new):
-    set the next draw's parameters, attach it to the sequence, read the result by output."""
+    """A sampler chain that draws one sequence's tokens inside llama_decode (pyqsa_sampler_new),
+    taking up to `max_adjust` logit adjustments a draw: set the next draw's parameters, attach
+    it to the sequence, read the result by output."""
 
-    def __init__(self) -> None:
-        _, lib = _api()
-        self.ptr = lib.pyqsa_sampler_new()
+    def __init__(self, max_adjust: int = 0) -> None:
+        ffi, lib = _api()
+        self.ptr = lib.pyqsa_sampler_new(max_adjust)
+        if self.ptr == ffi.NULL:
+            raise NativeError(f"pyqsa_sampler_new: max_adjust {max_adjust} outside 0..65536")
+        self.max_adjust = max_adjust
         self.n_top = -1
 
-    def set(self, **draw) -> None:
-        """The next draw's parameters: the keywords of _sample_params."""
+    def set(self, adjust=None, **draw) -> None:
+        """The next draw's parameters (the keywords of _sample_params) and logit adjustments
+        (_adjust_list)."""
         ffi, lib = _api()
         p = _sample_params(ffi, **draw)
-        _check(lib.pyqsa_sampler_set(self.ptr, p), "pyqsa_sampler_set")
+        ptr, n, _owner = _adjust_list(ffi, adjust)
+        _check(lib.pyqsa_sampler_set(self.ptr, p, ptr, n), "pyqsa_sampler_set")
         self.n_top = p.n_top
 
     def free(self) -> None:

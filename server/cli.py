@@ -13,6 +13,7 @@ import click
 
 from pyqsa.engine.context import KV_TYPES
 from pyqsa.engine.paging import KV_OFFLOAD
+from pyqsa.engine.runner import DEVICE_MAX_ADJUST
 from pyqsa.engine.scheduler import PREFILL_POLICIES
 
 DEFAULT_PORT = 8000
@@ -120,8 +121,8 @@ def _load(
         )
     if sampling == "device":
         click.echo(
-            "pyqsa: sampling: device (tokens drawn inside the forward pass; requests with "
-            "penalties or logit_bias are drawn on the host)",
+            "pyqsa: sampling: device (tokens drawn inside the forward pass; a draw with "
+            f"over {DEVICE_MAX_ADJUST} biased or penalized tokens is made on the host)",
             err=True,
         )
     return engine, llama_model, name
@@ -344,8 +345,8 @@ def _engine_options(f):
             show_default=True,
             help="Where tokens are drawn: host copies every sampled row's logits to the host and "
             "draws there; device draws inside the forward pass (the sample op), so only tokens "
-            "and asked-for logprobs come back. Requests with penalties or logit_bias are drawn "
-            "on the host either way.",
+            "and asked-for logprobs come back; logit_bias and penalties go with the draw, which "
+            f"is made on the host when it biases or penalizes over {DEVICE_MAX_ADJUST} tokens.",
         ),
         click.option(
             "--chat-template",

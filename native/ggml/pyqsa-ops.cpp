@@ -266,18 +266,22 @@ struct ggml_tensor * pyqsa_ggml_qsa_page_write(struct ggml_context * ctx, struct
 }
 
 struct ggml_tensor * pyqsa_ggml_sample(struct ggml_context * ctx, struct ggml_tensor * logits,
-                                       struct ggml_tensor * params) {
+                                       struct ggml_tensor * params, struct ggml_tensor * adjust) {
     static_assert(sizeof(pyqsa_sample_params) == 8 * sizeof(int32_t), "params: 8 words a row");
     static_assert(sizeof(pyqsa_sample_result) == 42 * sizeof(int32_t), "result: 42 words a row");
+    static_assert(sizeof(pyqsa_logit_adjust) == 4 * sizeof(int32_t), "adjustment: 4 words");
     GGML_ASSERT(logits->type == GGML_TYPE_F32 && params->type == GGML_TYPE_I32);
     GGML_ASSERT(logits->nb[0] == sizeof(float) && logits->ne[0] <= INT32_MAX);
     GGML_ASSERT(ggml_is_contiguous(params) && params->ne[0] == 8);
     GGML_ASSERT(ggml_nrows(logits) == ggml_nrows(params) && logits->ne[2] == 1 && logits->ne[3] == 1);
+    GGML_ASSERT(adjust == nullptr || (adjust->type == GGML_TYPE_I32 && ggml_is_contiguous(adjust) &&
+                                      adjust->ne[0] == 4 && adjust->ne[2] == logits->ne[1] && adjust->ne[3] == 1));
 
     struct ggml_tensor * result = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 42, logits->ne[1]);
     ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_SAMPLE);
     result->op     = GGML_OP_PYQSA;
     result->src[0] = logits;
     result->src[1] = params;
+    result->src[2] = adjust;
     return result;
 }

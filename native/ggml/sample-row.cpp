@@ -1,6 +1,7 @@
 // Host sampler of one logits row: the rules of pyqsa_sample_params (pyqsa.h). The CPU kernel of
 // the sample op calls it per row, and pyqsa_sample exposes it to the engine's host path.
 #include "pyqsa-ggml.h"
+#include "sample-adjust.h"
 #include "sample-params.h"
 
 #include <algorithm>
@@ -65,8 +66,20 @@ double noise_bound(double d) {
 
 }  // namespace
 
-void pyqsa_sample_row(const float * x, int64_t n, const struct pyqsa_sample_params * params,
-                      struct pyqsa_sample_result * out) {
+void pyqsa_sample_row(const float * logits, int64_t n, const struct pyqsa_sample_params * params,
+                      const struct pyqsa_logit_adjust * adjust, int64_t n_adjust, struct pyqsa_sample_result * out) {
+    // an adjusted row is a copy: the logits may be a read-only view of the model's output
+    thread_local std::vector<float> adjusted;
+    const float *                   x = logits;
+    if (n_adjust > 0 && adjust != nullptr && adjust[0].id >= 0) {
+        adjusted.assign(logits, logits + n);
+        for (int64_t j = 0; j < n_adjust && adjust[j].id >= 0; ++j) {
+            if (adjust[j].id < n) {
+                adjusted[adjust[j].id] = pyqsa_adjusted_logit(logits[adjust[j].id], adjust[j]);
+            }
+        }
+        x = adjusted.data();
+    }
     const pyqsa_sample_params checked = pyqsa_sample_params_checked(*params, n);
     const pyqsa_sample_params * p      = &checked;
     int32_t best = 0;  // the largest logit, the lowest id on ties

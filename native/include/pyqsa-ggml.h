@@ -242,13 +242,18 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_write(struct ggml_context * ct
 // (pyqsa.h), so only the token and its log-probabilities leave the device.
 //   logits: F32 [n_vocab, n_rows], rows contiguous
 //   params: I32 [8, n_rows], one pyqsa_sample_params per row, bit for bit
+//   adjust: I32 [4, max_adjust, n_rows], each row's pyqsa_logit_adjust list (ended by its first
+//           negative id), bit for bit; NULL: none
 // returns I32 [42, n_rows], one pyqsa_sample_result per row, bit for bit
 GGML_API struct ggml_tensor * pyqsa_ggml_sample(struct ggml_context * ctx,
                                                 struct ggml_tensor * logits,
-                                                struct ggml_tensor * params);
+                                                struct ggml_tensor * params,
+                                                struct ggml_tensor * adjust);
 
-// The same rules on one host row (the CPU kernel's work per row, and pyqsa_sample's).
+// The same rules on one host row (the CPU kernel's work per row, and pyqsa_sample's), the row
+// adjusted by the list adjust[0 .. n_adjust) ended early by a negative id.
 GGML_API void pyqsa_sample_row(const float * logits, int64_t n_vocab, const struct pyqsa_sample_params * params,
+                               const struct pyqsa_logit_adjust * adjust, int64_t n_adjust,
                                struct pyqsa_sample_result * out);
 
 // Host address i (0 or 1) that a pyqsa op keeps in its params from index first_param on.

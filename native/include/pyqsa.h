@@ -180,22 +180,39 @@ typedef struct pyqsa_sample_result {
     float   top_logprobs[20];
 } pyqsa_sample_result;
 
-// Samples one row of n_vocab logits on the host (the CPU kernel of the sample op).
-// PYQSA_ERR_INVALID_ARG for a NULL pointer, n_vocab < 1 or above INT32_MAX, or n_top outside
-// -1..20.
+// One token's logit adjustment before a draw (the reference: apply_penalties in
+// pyqsa/engine/sampler.py), in float32: x += bias (logit bias); then, unless rep is 1,
+// x = x > 0 ? x / rep : x * rep (the repetition penalty of a token in the prompt or output);
+// then x -= sub (frequency * count + presence of a token in the output). A row's list holds
+// distinct ids and ends at its first negative id (or its capacity); an id past the vocabulary
+// changes nothing.
+typedef struct pyqsa_logit_adjust {
+    int32_t id;
+    float   bias;
+    float   rep;
+    float   sub;
+} pyqsa_logit_adjust;
+
+// Samples one row of n_vocab logits on the host (the CPU kernel of the sample op), adjusted by
+// the first n_adjust entries of `adjust` (NULL when n_adjust is 0). PYQSA_ERR_INVALID_ARG for a
+// NULL pointer, n_vocab < 1 or above INT32_MAX, n_adjust < 0, or n_top outside -1..20.
 PYQSA_API int32_t pyqsa_sample(const float * logits, int64_t n_vocab, const pyqsa_sample_params * params,
-                               pyqsa_sample_result * out);
+                               const pyqsa_logit_adjust * adjust, int64_t n_adjust, pyqsa_sample_result * out);
 
 // Sampling inside llama_decode (llama.cpp's backend sampling): a sampler chain whose one
 // sampler adds the sample op for its sequence's output row, so only the row's result, not its
-// logits, comes back. Free it with pyqsa_sampler_free once no context holds it.
-PYQSA_API void * pyqsa_sampler_new(void);
+// logits, comes back; it takes up to max_adjust logit adjustments a draw (0: none, and no
+// input for them in the graph). Free it with pyqsa_sampler_free once no context holds it.
+// NULL for max_adjust outside 0..65536.
+PYQSA_API void * pyqsa_sampler_new(int32_t max_adjust);
 PYQSA_API void   pyqsa_sampler_free(void * sampler);
 
-// The parameters of the next draw of the sampler's sequence (read when a ubatch holding that
-// sequence's output is computed). PYQSA_ERR_INVALID_ARG for NULL, a sampler not made by
-// pyqsa_sampler_new, or n_top outside -1..20.
-PYQSA_API int32_t pyqsa_sampler_set(void * sampler, const pyqsa_sample_params * params);
+// The parameters and logit adjustments (n_adjust entries, NULL when 0) of the next draw of the
+// sampler's sequence (read when a ubatch holding that sequence's output is computed).
+// PYQSA_ERR_INVALID_ARG for NULL, a sampler not made by pyqsa_sampler_new, n_top outside
+// -1..20, or n_adjust outside 0..max_adjust.
+PYQSA_API int32_t pyqsa_sampler_set(void * sampler, const pyqsa_sample_params * params,
+                                    const pyqsa_logit_adjust * adjust, int32_t n_adjust);
 
 // Attaches the sampler to a sequence of a llama context (llama_set_sampler), or detaches with
 // NULL; the context's next decode builds its graphs again. PYQSA_ERR_UNSUPPORTED when the

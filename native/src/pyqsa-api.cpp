@@ -68,11 +68,11 @@ bool pyqsa_abort_flag_is_set(void * flag) {
 }
 
 int32_t pyqsa_sample(const float * logits, int64_t n_vocab, const pyqsa_sample_params * params,
-                     pyqsa_sample_result * out) {
+                     const pyqsa_logit_adjust * adjust, int64_t n_adjust, pyqsa_sample_result * out) {
     if (logits == nullptr || params == nullptr || out == nullptr || n_vocab < 1 || n_vocab > INT32_MAX ||
-        params->n_top < -1 || params->n_top > 20) {
+        params->n_top < -1 || params->n_top > 20 || n_adjust < 0 || (n_adjust > 0 && adjust == nullptr)) {
         return PYQSA_ERR_INVALID_ARG;
     }
-    pyqsa_sample_row(logits, n_vocab, params, out);
+    pyqsa_sample_row(logits, n_vocab, params, adjust, n_adjust, out);
     return PYQSA_OK;
 }

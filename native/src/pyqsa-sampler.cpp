@@ -9,14 +9,18 @@
 #include "pyqsa-ggml.h"
 
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace {
 
 struct device_sampler {
     // the parameters of the sequence's next draw; greedy without log-probabilities until set
-    pyqsa_sample_params          params = { 0.0f, 0, 1.0f, 0.0f, 0u, 0u, 0u, -1 };
-    std::vector<ggml_tensor *>   inputs;  // the params tensors of the graph being built
+    pyqsa_sample_params             params = { 0.0f, 0, 1.0f, 0.0f, 0u, 0u, 0u, -1 };
+    int32_t                         max_adjust = 0;
+    std::vector<pyqsa_logit_adjust> adjust;  // the next draw's logit adjustments
+    // the inputs of the graph being built: params tensors, and adjustment lists (or null)
+    std::vector<std::pair<ggml_tensor *, ggml_tensor *>> inputs;
 };
 
 device_sampler * state(const llama_sampler * s) {
@@ -34,10 +38,11 @@ void sampler_apply(llama_sampler * s, llama_token_data_array * cur) {
     for (size_t i = 0; i < cur->size; ++i) {
         x[i] = cur->data[i].logit;
     }
-    pyqsa_sample_params p = state(s)->params;
-    p.n_top               = -1;
+    const device_sampler * st = state(s);
+    pyqsa_sample_params    p  = st->params;
+    p.n_top                   = -1;
     pyqsa_sample_result r;
-    pyqsa_sample_row(x.data(), (int64_t) x.size(), &p, &r);
+    pyqsa_sample_row(x.data(), (int64_t) x.size(), &p, st->adjust.data(), (int64_t) st->adjust.size(), &r);
     cur->selected = r.token;
 }
 
@@ -56,8 +61,14 @@ void sampler_backend_apply(llama_sampler * s, ggml_context * ctx, ggml_cgraph *,
     ggml_tensor *    p  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 8);
     ggml_format_name(p, "pyqsa_sample_params_%zu", st->inputs.size());
     ggml_set_input(p);
-    st->inputs.push_back(p);
-    ggml_tensor * out = pyqsa_ggml_sample(ctx, data->logits, p);  // I32 [42, 1]
+    ggml_tensor * adjust = nullptr;
+    if (st->max_adjust > 0) {
+        adjust = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, 4, st->max_adjust, 1);
+        ggml_format_name(adjust, "pyqsa_sample_adjust_%zu", st->inputs.size());
+        ggml_set_input(adjust);
+    }
+    st->inputs.emplace_back(p, adjust);
+    ggml_tensor * out = pyqsa_ggml_sample(ctx, data->logits, p, adjust);  // I32 [42, 1]
     data->sampled     = ggml_view_1d(ctx, out, 1, 0);
     data->candidates  = out;      // the whole result, read back by pyqsa_sampled_get
     data->logits      = nullptr;  // no copy of the row's logits
@@ -65,8 +76,20 @@ void sampler_backend_apply(llama_sampler * s, ggml_context * ctx, ggml_cgraph *,
 
 void sampler_backend_set_input(llama_sampler * s) {
     const device_sampler * st = state(s);
-    for (ggml_tensor * p : st->inputs) {
+    // the list and its end (an entry with id -1) unless it fills the input: what lies past the
+    // end is whatever the buffer held, and no kernel reads it
+    const pyqsa_logit_adjust end = { -1, 0.0f, 1.0f, 0.0f };
+    for (auto [p, adjust] : st->inputs) {
         ggml_backend_tensor_set(p, &st->params, 0, sizeof(st->params));
+        if (adjust != nullptr) {
+            const size_t n = st->adjust.size();
+            if (n > 0) {
+                ggml_backend_tensor_set(adjust, st->adjust.data(), 0, n * sizeof(end));
+            }
+            if (n < (size_t) st->max_adjust) {
+                ggml_backend_tensor_set(adjust, &end, n * sizeof(end), sizeof(end));
+            }
+        }
     }
 }
 
@@ -90,17 +113,20 @@ llama_sampler_i sampler_iface = {
 };
 
 llama_sampler * sampler_clone(const llama_sampler * s) {
-    auto * st = new device_sampler;
-    st->params = state(s)->params;
-    return llama_sampler_init(&sampler_iface, st);
+    return llama_sampler_init(&sampler_iface, new device_sampler(*state(s)));
 }
 
 }  // namespace
 
-void * pyqsa_sampler_new(void) {
+void * pyqsa_sampler_new(int32_t max_adjust) {
+    if (max_adjust < 0 || max_adjust > 65536) {
+        return nullptr;
+    }
+    auto * st       = new device_sampler;
+    st->max_adjust  = max_adjust;
     // llama_set_sampler offloads chains only
     llama_sampler * chain = llama_sampler_chain_init(llama_sampler_chain_default_params());
-    llama_sampler_chain_add(chain, llama_sampler_init(&sampler_iface, new device_sampler));
+    llama_sampler_chain_add(chain, llama_sampler_init(&sampler_iface, st));
     return chain;
 }
 
@@ -110,15 +136,19 @@ void pyqsa_sampler_free(void * sampler) {
     }
 }
 
-int32_t pyqsa_sampler_set(void * sampler, const pyqsa_sample_params * params) {
-    if (sampler == nullptr || params == nullptr || params->n_top < -1 || params->n_top > 20) {
+int32_t pyqsa_sampler_set(void * sampler, const pyqsa_sample_params * params, const pyqsa_logit_adjust * adjust,
+                          int32_t n_adjust) {
+    if (sampler == nullptr || params == nullptr || params->n_top < -1 || params->n_top > 20 || n_adjust < 0 ||
+        (n_adjust > 0 && adjust == nullptr)) {
         return PYQSA_ERR_INVALID_ARG;
     }
     llama_sampler * own = llama_sampler_chain_get(static_cast<llama_sampler *>(sampler), 0);
-    if (own == nullptr || own->iface != &sampler_iface) {
+    if (own == nullptr || own->iface != &sampler_iface || n_adjust > state(own)->max_adjust) {
         return PYQSA_ERR_INVALID_ARG;
     }
-    state(own)->params = *params;
+    device_sampler * st = state(own);
+    st->params          = *params;
+    st->adjust.assign(adjust, adjust + n_adjust);
     return PYQSA_OK;
 }
 

@@ -1,6 +1,6 @@
 // Op checks of PYQSA_GGML_OP_SAMPLE: the CPU kernel against a brute-force reference of the rules
-// (a full sort, every candidate's noise), then every other backend against the CPU: the same
-// tokens and top ids, log-probabilities within 1e-5.
+// (a full sort, every candidate's noise, logit adjustments applied to a copy first), then every
+// other backend against the CPU: the same tokens and top ids, log-probabilities within 1e-5.
 //   test-sample [test|perf] [-b BACKEND]
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
@@ -75,15 +75,30 @@ enum class row_kind { peaked, flat, levels };
 struct sample_case {
     int                              n, rows;
     row_kind                         kind;
-    std::vector<pyqsa_sample_params> params;  // cycled over the rows
+    std::vector<pyqsa_sample_params> params;          // cycled over the rows
+    int                              max_adjust = 0;  // > 0: each row gets a list of adjustments
 
     std::string name() const {
         const char * k = kind == row_kind::peaked ? "peaked" : kind == row_kind::flat ? "flat" : "levels";
         char         buf[128];
-        std::snprintf(buf, sizeof(buf), "SAMPLE(n_vocab=%d,rows=%d,%s)", n, rows, k);
+        std::snprintf(buf, sizeof(buf), "SAMPLE(n_vocab=%d,rows=%d,%s,max_adjust=%d)", n, rows, k, max_adjust);
         return buf;
     }
 };
+
+// the row as the draw sees it: the list's entries in order until the first negative id, each
+// id below n set from its logit by bias, then the repetition penalty, then sub
+std::vector<float> adjusted(const float * x, int n, const pyqsa_logit_adjust * list, int max_adjust) {
+    std::vector<float> y(x, x + n);
+    for (int j = 0; j < max_adjust && list[j].id >= 0; ++j) {
+        const pyqsa_logit_adjust & a = list[j];
+        if (a.id >= n) continue;
+        float v = x[a.id] + a.bias;
+        if (a.rep != 1.0f) v = v > 0.0f ? v / a.rep : v * a.rep;
+        y[a.id] = v - a.sub;
+    }
+    return y;
+}
 
 // the sample op over c's rows on one backend, inputs uploaded
 struct sample_graph {
@@ -94,12 +109,13 @@ struct sample_graph {
     bool                  supported = false;
 
     sample_graph(ggml_backend_t be, const sample_case & c, const std::vector<float> & x,
-                 const std::vector<pyqsa_sample_params> & p) {
+                 const std::vector<pyqsa_sample_params> & p, const std::vector<pyqsa_logit_adjust> & adj) {
         ggml_init_params ip = { ggml_tensor_overhead() * 4 + ggml_graph_overhead(), nullptr, true };
         ctx                 = ggml_init(ip);
         ggml_tensor * lg    = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n, c.rows);
         ggml_tensor * pa    = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 8, c.rows);
-        out                 = pyqsa_ggml_sample(ctx, lg, pa);
+        ggml_tensor * ad    = c.max_adjust > 0 ? ggml_new_tensor_3d(ctx, GGML_TYPE_I32, 4, c.max_adjust, c.rows) : nullptr;
+        out                 = pyqsa_ggml_sample(ctx, lg, pa, ad);
         supported           = ggml_backend_supports_op(be, out);
         if (!supported) return;
         gf = ggml_new_graph(ctx);
@@ -107,6 +123,7 @@ struct sample_graph {
         buf = ggml_backend_alloc_ctx_tensors(ctx, be);
         ggml_backend_tensor_set(lg, x.data(), 0, ggml_nbytes(lg));
         ggml_backend_tensor_set(pa, p.data(), 0, ggml_nbytes(pa));
+        if (ad) ggml_backend_tensor_set(ad, adj.data(), 0, ggml_nbytes(ad));
     }
 
     ~sample_graph() {
@@ -123,8 +140,9 @@ struct sample_graph {
 };
 
 std::vector<pyqsa_sample_result> run(ggml_backend_t be, const sample_case & c, const std::vector<float> & x,
-                                     const std::vector<pyqsa_sample_params> & p, bool * supported) {
-    const sample_graph g(be, c, x, p);
+                                     const std::vector<pyqsa_sample_params> & p,
+                                     const std::vector<pyqsa_logit_adjust> & adj, bool * supported) {
+    const sample_graph g(be, c, x, p, adj);
     *supported = g.supported;
     std::vector<pyqsa_sample_result> res;
     if (g.supported) {
@@ -161,7 +179,31 @@ std::vector<sample_case> cases() {
         { 32000, 16, row_kind::levels, mix },
         { 5, 8, row_kind::levels, mix },
         { 1, 8, row_kind::flat, mix },
+        { 151936, 16, row_kind::peaked, mix, 300 },
+        { 32000, 16, row_kind::levels, mix, 40 },
+        { 5, 8, row_kind::levels, mix, 3 },
     };
+}
+
+// per row a list of distinct ids (a few past the vocabulary), biases that can lift an id to the
+// top, repetition penalties (1 on some), subtractions; lists of every length up to max_adjust,
+// some ended early by a -1 with entries past it that must change nothing
+std::vector<pyqsa_logit_adjust> make_adjust(const sample_case & c, std::mt19937 & rng) {
+    std::vector<pyqsa_logit_adjust> adj((size_t) c.max_adjust * c.rows);
+    std::uniform_real_distribution<float> ud(0.0f, 1.0f);
+    const float reps[] = { 1.0f, 1.3f, 0.8f, 2.0f };
+    for (int r = 0; r < c.rows; ++r) {
+        std::vector<int32_t> ids(c.n + 2);
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        pyqsa_logit_adjust * list = adj.data() + (size_t) r * c.max_adjust;
+        for (int j = 0; j < c.max_adjust; ++j) {
+            list[j] = { ids[j % ids.size()], 12.0f * ud(rng) - 4.0f, reps[rng() % 4], 3.0f * ud(rng) };
+        }
+        const int len = (int) (rng() % (c.max_adjust + 1));
+        if (len < c.max_adjust) list[len].id = -1;
+    }
+    return adj;
 }
 
 std::vector<float> make_rows(const sample_case & c, std::mt19937 & rng) {
@@ -192,18 +234,21 @@ int cmd_test(const char * only_backend) {
     ggml_backend_cpu_set_n_threads(cpu, 4);
     for (const sample_case & c : cases()) {
         const std::vector<float>               x = make_rows(c, rng);
-        const std::vector<pyqsa_sample_params> p = row_params(c, rng);
+        const std::vector<pyqsa_sample_params> p   = row_params(c, rng);
+        const std::vector<pyqsa_logit_adjust>  adj = make_adjust(c, rng);
         bool                                   supported = false;
-        const auto                             out_cpu   = run(cpu, c, x, p, &supported);
+        const auto                             out_cpu   = run(cpu, c, x, p, adj, &supported);
         bool                                   ok        = supported;
         std::string                            why;
         for (int r = 0; ok && r < c.rows; ++r) {
-            ok = same(out_cpu[r], reference(x.data() + (size_t) r * c.n, c.n, p[r]), 1e-6, why);
+            const float * row = x.data() + (size_t) r * c.n;
+            const auto    y   = adjusted(row, c.n, adj.data() + (size_t) r * c.max_adjust, c.max_adjust);
+            ok = same(out_cpu[r], reference(y.data(), c.n, p[r]), 1e-6, why);
         }
         report(c.name(), "CPU", "vs reference: " + why, ok, n_ok, n_fail);
         on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
             bool        sup = false;
-            const auto  out = run(be, c, x, p, &sup);
+            const auto  out = run(be, c, x, p, adj, &sup);
             bool        good = sup;
             std::string why2 = sup ? "vs CPU: " : "not supported ";
             for (int r = 0; good && r < c.rows; ++r) {
@@ -220,7 +265,7 @@ int cmd_test(const char * only_backend) {
                                                     { -2.0f, 151936, 1.0f, 0.0f, 0u, 0u, 0u, -1 } } };
     const std::vector<float> xb      = make_rows(bad, rng);
     bool                     sup     = false;
-    const auto               bad_cpu = run(cpu, bad, xb, bad.params, &sup);
+    const auto               bad_cpu = run(cpu, bad, xb, bad.params, {}, &sup);
     bool                     ok      = sup;
     for (int r = 0; ok && r < bad.rows; ++r) {
         const float * row = xb.data() + (size_t) r * bad.n;
@@ -230,7 +275,7 @@ int cmd_test(const char * only_backend) {
     report("SAMPLE(parameters out of range)", "CPU", "greedy, no log-probabilities: ", ok, n_ok, n_fail);
     on_other_backends(only_backend, "SAMPLE(parameters out of range)", n_ok, n_fail, [&](ggml_backend_t be) {
         bool        good = false;
-        const auto  out  = run(be, bad, xb, bad.params, &good);
+        const auto  out  = run(be, bad, xb, bad.params, {}, &good);
         std::string why  = good ? "vs CPU: " : "not supported ";
         for (int r = 0; good && r < bad.rows; ++r) good = same(out[r], bad_cpu[r], 1e-5, why);
         return std::make_pair(good, why);
@@ -248,15 +293,16 @@ int cmd_perf(const char * only_backend) {
         if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
         ggml_backend_t be    = ggml_backend_dev_init(dev, nullptr);
         const int      iters = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU ? 5 : 200;
-        const std::pair<const char *, pyqsa_sample_params> sets[] = {
-            { "greedy", params(0, 0, 1, 0, -1) },         { "temperature 1", params(1, 0, 1, 0, -1) },
-            { "top_p 0.9", params(1, 0, 0.9f, 0, -1) },   { "top_k 40", params(1, 40, 1, 0, -1) },
-            { "logprobs 20", params(1, 0, 1, 0, 20) },
+        struct perf_set { const char * label; pyqsa_sample_params p; int max_adjust; };
+        const perf_set sets[] = {
+            { "greedy", params(0, 0, 1, 0, -1), 0 },       { "temperature 1", params(1, 0, 1, 0, -1), 0 },
+            { "top_p 0.9", params(1, 0, 0.9f, 0, -1), 0 }, { "top_k 40", params(1, 40, 1, 0, -1), 0 },
+            { "logprobs 20", params(1, 0, 1, 0, 20), 0 },  { "temperature 1, 1024 adjustments", params(1, 0, 1, 0, -1), 1024 },
         };
-        for (const auto & [label, set] : sets) {
-            sample_case c{ 151936, 8, row_kind::peaked, { set } };
+        for (const auto & [label, set, max_adjust] : sets) {
+            sample_case c{ 151936, 8, row_kind::peaked, { set }, max_adjust };
             const std::vector<float> x = make_rows(c, rng);
-            const sample_graph       g(be, c, x, row_params(c, rng));
+            const sample_graph       g(be, c, x, row_params(c, rng), make_adjust(c, rng));
             if (!g.supported) continue;
             g.compute(be);  // warm-up
             const auto t0 = std::chrono::steady_clock::now();

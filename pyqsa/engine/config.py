@@ -37,8 +37,9 @@ class EngineConfig:
     # > 0: page the QSA layers' K/V (pinned host store, a device hot cache of this many blocks
     # per slot and layer; see engine/paging.py); 0: they live on the device
     hot_blocks: int = 0
-    # draw tokens inside the forward pass (the sample op, where the logits are) for requests
-    # without penalties or logit bias; False: every row's logits come to the host for numpy
+    # draw tokens inside the forward pass (the sample op, where the logits are), bias and
+    # penalties included up to runner.DEVICE_MAX_ADJUST adjusted tokens a draw; False: every
+    # sampled row's logits come to the host, where the op's host kernel draws
     sample_on_device: bool = False
 
     def __post_init__(self) -> None:

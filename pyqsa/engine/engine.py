@@ -34,7 +34,14 @@ from .request import (
     SamplingParams,
     TokenLogprob,
 )
-from .runner import LlamaModel, LlamaRunner, Runner, RunnerAborted, RunnerError
+from .runner import (
+    DEVICE_MAX_ADJUST,
+    LlamaModel,
+    LlamaRunner,
+    Runner,
+    RunnerAborted,
+    RunnerError,
+)
 from .sampler import Sampler
 from .scheduler import Chunk, Scheduler
 from .slots import SlotLease, SlotTable
@@ -327,8 +334,15 @@ class Engine:
             return None
         draws: list[dict | None] = []
         for c in chunks:
-            sampler = self._live[c.request.request_id].sampler if c.sample else None
-            draws.append(sampler.device_draw() if sampler and sampler.on_device else None)
+            req = c.request
+            sampler = self._live[req.request_id].sampler if c.sample else None
+            draws.append(
+                sampler.device_draw(
+                    self.runner.n_vocab, req.tokens, len(req.prompt), DEVICE_MAX_ADJUST
+                )
+                if sampler
+                else None
+            )
         return draws
 
     def _postprocess(self, chunks: list[Chunk], out: Sequence[np.ndarray | SampleResult]) -> None:

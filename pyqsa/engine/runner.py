@@ -32,6 +32,11 @@ class RunnerAborted(RunnerError):
     """The forward pass stopped early because `request_abort` was called."""
 
 
+# logit adjustments (logit bias and penalties) a draw inside the forward pass takes: the size of
+# the input of a slot's adjusting device sampler (16 KiB); a draw with more is made on the host
+DEVICE_MAX_ADJUST = 1024
+
+
 class Runner(Protocol):
     """What the engine needs from a model: a forward pass over a batch and slot cleanup."""
 
@@ -198,11 +203,9 @@ class LlamaRunner:
         self.batch = L.llama_batch_init(self.max_tokens, 0, 1)
         self._install_abort()
         self.samples_on_device = config.sample_on_device
-        # one sampler per slot, attached to its sequence while its draws run on the device
+        # the device sampler attached to each slot's sequence while its draws run on the device
         # (attaching or detaching makes the next decode build its graphs again)
-        n_samplers = config.n_slots if config.sample_on_device else 0
-        self._samplers = [native.DeviceSampler() for _ in range(n_samplers)]
-        self._attached = [False] * config.n_slots
+        self._attached: list[native.DeviceSampler | None] = [None] * config.n_slots
 
     def _install_abort(self) -> None:
         # NOTE: the callback is pyqsa's C function reading _abort_flag, not a Python callable:
@@ -223,11 +226,33 @@ class LlamaRunner:
             if not c.sample:
                 continue
             slot = c.lease.slot
+            attached = self._attached[slot]
+            # a draw with logit adjustments needs a sampler that takes them (the sample op then
+            # works on an adjusted copy of the row), a plain one is cheaper for the others
+            max_adjust = 0 if draw is None or draw.get("adjust") is None else DEVICE_MAX_ADJUST
+            if draw is not None and attached is not None and attached.max_adjust == max_adjust:
+                attached.set(**draw)
+                continue
+            if draw is None and attached is None:
+                continue
+            # NOTE: llama.cpp initializes a sampler chain when it is attached and refuses to do
+            # it twice, so a slot gets a new sampler each time, and the one it had is freed
+            # once detached
+            sampler = None
             if draw is not None:
-                self._samplers[slot].set(**draw)
-            if self._attached[slot] != (draw is not None):
-                native.sampler_attach(self.ctx, slot, self._samplers[slot] if draw else None)
-                self._attached[slot] = draw is not None
+                sampler = native.DeviceSampler(max_adjust)
+                sampler.set(**draw)
+            try:
+                native.sampler_attach(self.ctx, slot, sampler)
+            except native.NativeError:  # the context holds no sampler for the slot now
+                if sampler is not None:
+                    sampler.free()
+                sampler = None
+                raise
+            finally:
+                self._attached[slot] = sampler
+                if attached is not None:
+                    attached.free()
 
     def run(
         self, chunks: Sequence[Chunk], draws: Sequence[dict | None] | None = None
@@ -264,8 +289,9 @@ class LlamaRunner:
             raise RunnerError(f"llama_decode failed with code {rc}")
         out: list[np.ndarray | native.SampleResult] = []
         for c, row in zip([c for c in chunks if c.sample], rows, strict=True):
-            if self._attached[c.lease.slot]:
-                out.append(native.sampled_get(self.ctx, row, self._samplers[c.lease.slot].n_top))
+            attached = self._attached[c.lease.slot]
+            if attached is not None:
+                out.append(native.sampled_get(self.ctx, row, attached.n_top))
             else:
                 ptr = L.llama_get_logits_ith(self.ctx, row)
                 out.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
@@ -289,5 +315,6 @@ class LlamaRunner:
             L.llama_batch_free(self.batch)
             L.llama_free(self.ctx)
             self.ctx = None
-            for sampler in self._samplers:  # after the context that held them
-                sampler.free()
+            for sampler in self._attached:  # after the context that held them
+                if sampler is not None:
+                    sampler.free()

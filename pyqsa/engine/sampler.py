@@ -29,7 +29,10 @@ from .request import SamplingParams, TokenLogprob
 def apply_penalties(
     logits: np.ndarray, params: SamplingParams, tokens: list[int], n_prompt: int
 ) -> np.ndarray:
-    """Bias and penalize a copy of `logits`; `tokens` is prompt + output so far."""
+    """Bias and penalize a copy of `logits`; `tokens` is prompt + output so far. Every step is
+    float32, as the native samplers take it (pyqsa_logit_adjust): the bias, then the repetition
+    penalty, then the frequency and presence penalties, rounded to float32 before they are
+    subtracted."""
     x = np.array(logits, dtype=np.float32, copy=True)
     if params.logit_bias:
         ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64)
@@ -37,11 +40,12 @@ def apply_penalties(
     if params.repetition_penalty != 1.0 and tokens:
         seen = np.unique(np.asarray(tokens, dtype=np.int64))
         v = x[seen]
-        x[seen] = np.where(v > 0, v / params.repetition_penalty, v * params.repetition_penalty)
+        r = np.float32(params.repetition_penalty)
+        x[seen] = np.where(v > 0, v / r, v * r)
     out = tokens[n_prompt:]
     if out and (params.presence_penalty or params.frequency_penalty):
         ids, counts = np.unique(np.asarray(out, dtype=np.int64), return_counts=True)
-        x[ids] -= params.frequency_penalty * counts + params.presence_penalty
+        x[ids] -= (params.frequency_penalty * counts + params.presence_penalty).astype(np.float32)
     return x
 
 
@@ -179,35 +183,78 @@ class Sampler:
     """Sampling state of one request: its seed and how many draws it has made. A draw runs in
     the sample op where the logits are (`device_draw` then `take`), or here on a logits row
     with the op's host kernel (pyqsa_sample, which releases the GIL, so the engine's rows draw
-    in parallel); both follow this module's numpy reference (ReferenceSampler)."""
+    in parallel); both follow this module's numpy reference (ReferenceSampler). The logit bias
+    and penalties go to either as a list of logit adjustments (`adjustments`)."""
 
     def __init__(self, params: SamplingParams, seed: int) -> None:
         self.params = params
         # any integer is a valid seed (OpenAI takes negative ones): its low 64 bits
         self.seed = (params.seed if params.seed is not None else seed) % 2**64
         self.counter = 0
+        self._prompt_ids: np.ndarray | None = None  # the prompt's distinct ids, once needed
 
     def __call__(
         self, logits: np.ndarray, tokens: list[int], n_prompt: int
     ) -> tuple[int, TokenLogprob | None]:
         """Draw from a logits row; `tokens` is prompt + output so far (for the penalties)."""
-        x = apply_penalties(logits, self.params, tokens, n_prompt)
-        return self.take(native.sample(x, **self.device_draw()))
+        adjust = self.adjustments(len(logits), tokens, n_prompt)
+        return self.take(native.sample(logits, adjust=adjust, **self._params()))
 
-    @property
-    def on_device(self) -> bool:
-        """Whether the draws can run where the logits are (the sample op): everything but the
-        penalties and logit bias, which need the request's tokens on the host."""
+    def adjustments(self, n_vocab: int, tokens: list[int], n_prompt: int) -> np.ndarray | None:
+        """The next draw's logit bias and penalties as pyqsa_logit_adjust rows (int32 [n, 4]:
+        id, then bias, repetition penalty and subtrahend as float32 bits), None when it has
+        none; `tokens` is this request's prompt + output so far. ValueError for a logit_bias id
+        outside the vocabulary."""
         p = self.params
-        return (
-            not p.logit_bias
-            and p.repetition_penalty == 1.0
-            and not p.presence_penalty
-            and (not p.frequency_penalty)
-        )
+        rep = p.repetition_penalty != 1.0
+        pen = bool(p.presence_penalty or p.frequency_penalty)
+        if not (p.logit_bias or rep or pen):
+            return None
+        bias_ids = np.fromiter(p.logit_bias.keys(), dtype=np.int64, count=len(p.logit_bias))
+        if bias_ids.size and not (0 <= bias_ids.min() and bias_ids.max() < n_vocab):
+            raise ValueError(f"logit_bias: token ids must be below {n_vocab}")
+        out_ids = counts = np.zeros(0, np.int64)
+        if (rep or pen) and len(tokens) > n_prompt:
+            out = np.asarray(tokens[n_prompt:], dtype=np.int64)
+            out_ids, counts = np.unique(out, return_counts=True)
+        seen = np.zeros(0, np.int64)
+        if rep:
+            if self._prompt_ids is None:  # the prompt never changes: its ids once
+                self._prompt_ids = np.unique(np.asarray(tokens[:n_prompt], dtype=np.int64))
+            seen = np.union1d(self._prompt_ids, out_ids)
+        ids = np.unique(np.concatenate([bias_ids, seen, out_ids if pen else out_ids[:0]]))
+        if ids.size == 0:
+            return None
+        table = np.zeros((ids.size, 4), np.float32)
+        table[:, 2] = 1.0
+        if bias_ids.size:
+            bias = np.fromiter(p.logit_bias.values(), dtype=np.float32, count=bias_ids.size)
+            table[np.searchsorted(ids, bias_ids), 1] = bias
+        if rep:
+            table[np.searchsorted(ids, seen), 2] = np.float32(p.repetition_penalty)
+        if pen and out_ids.size:
+            sub = p.frequency_penalty * counts + p.presence_penalty
+            table[np.searchsorted(ids, out_ids), 3] = sub.astype(np.float32)
+        rows = table.view(np.int32)
+        rows[:, 0] = ids
+        return rows
 
-    def device_draw(self) -> dict:
-        """The next draw's parameters (native.sample, native.DeviceSampler.set)."""
+    def device_draw(
+        self, n_vocab: int, tokens: list[int], n_prompt: int, max_adjust: int
+    ) -> dict | None:
+        """The next draw's parameters and logit adjustments (native.DeviceSampler.set), or
+        None when it cannot run where the logits are: more than `max_adjust` adjustments, or
+        parameters only the host path reports as wrong."""
+        try:
+            adjust = self.adjustments(n_vocab, tokens, n_prompt)
+        except ValueError:
+            return None
+        if adjust is not None and len(adjust) > max_adjust:
+            return None
+        return {**self._params(), "adjust": adjust}
+
+    def _params(self) -> dict:
+        """The next draw's pyqsa_sample_params (native._sample_params' keywords)."""
         p = self.params
         return {
             "temperature": 0.0 if p.greedy else p.temperature,
@@ -220,7 +267,7 @@ class Sampler:
         }
 
     def take(self, drawn: SampleResult) -> tuple[int, TokenLogprob | None]:
-        """Accept a draw made with device_draw()'s parameters."""
+        """Accept a draw made with the next draw's parameters (device_draw)."""
         self.counter += 1
         if self.params.logprobs is None:
             return drawn.token, None

@@ -8,7 +8,7 @@ import pytest
 
 from pyqsa import native
 from pyqsa.engine import SamplingParams
-from pyqsa.engine.sampler import draw, draw_key, logprobs
+from pyqsa.engine.sampler import ReferenceSampler, Sampler, draw, draw_key, logprobs
 
 SETTINGS = [
     {"temperature": 0},
@@ -62,7 +62,48 @@ def test_bad_arguments_are_refused():
     p = ffi.new("pyqsa_sample_params *")
     out = ffi.new("pyqsa_sample_result *")
     x = ffi.new("float[]", 4)
-    assert lib.pyqsa_sample(ffi.NULL, 4, p, out) == -1
-    assert lib.pyqsa_sample(x, 0, p, out) == -1
+    adjust = ffi.new("pyqsa_logit_adjust[]", 2)
+    assert lib.pyqsa_sample(x, 4, p, adjust, 2, out) == 0
+    assert lib.pyqsa_sample(ffi.NULL, 4, p, ffi.NULL, 0, out) == -1
+    assert lib.pyqsa_sample(x, 0, p, ffi.NULL, 0, out) == -1
+    assert lib.pyqsa_sample(x, 4, p, adjust, -1, out) == -1
+    assert lib.pyqsa_sample(x, 4, p, ffi.NULL, 2, out) == -1
     p.n_top = 21
-    assert lib.pyqsa_sample(x, 4, p, out) == -1
+    assert lib.pyqsa_sample(x, 4, p, ffi.NULL, 0, out) == -1
+
+
+PENALTIES = [
+    {"logit_bias": {5: 4.0, 17: -3.0, 31999: 10.0}},
+    {"repetition_penalty": 1.3},
+    {"repetition_penalty": 0.8, "frequency_penalty": 0.5, "presence_penalty": 0.25},
+    {"frequency_penalty": -0.7, "presence_penalty": 1.5, "logit_bias": {3: 2.5}},
+]
+
+
+@pytest.mark.parametrize("pen", PENALTIES, ids=lambda kw: ",".join(kw))
+@pytest.mark.parametrize("kw", [SETTINGS[0], SETTINGS[1], SETTINGS[5]], ids=["greedy", "t1", "cut"])
+def test_native_penalized_draws_equal_the_reference(pen, kw):
+    """The engine's sampler (bias and penalties as a list of logit adjustments, the native
+    kernel) against the reference (numpy apply_penalties, then the numpy draw), draw after
+    draw as the output grows; the penalties move the tokens (the rows' best ids are in the
+    prompt and output)."""
+    gen = np.random.default_rng(5)
+    moved = 0
+    for name, x in rows():
+        if x.size < 32000:
+            continue
+        best = np.argsort(-x, kind="stable")[:8].tolist()
+        prompt = gen.integers(0, 32000, 300).tolist() + best[:4]
+        params = SamplingParams(**kw, **pen, seed=9, logprobs=3)
+        plain = ReferenceSampler(SamplingParams(**kw, seed=9), 0)
+        ref, nat = ReferenceSampler(params, 0), Sampler(params, 0)
+        tokens = prompt + best[4:] * 3
+        for step in range(6):
+            want, want_lp = ref(x, tokens, len(prompt))
+            got, got_lp = nat(x, tokens, len(prompt))
+            assert got == want, (name, step)
+            assert got_lp.logprob == pytest.approx(want_lp.logprob, abs=1e-5)
+            assert [t for t, _ in got_lp.top] == [t for t, _ in want_lp.top]
+            moved += got != plain(x, tokens, len(prompt))[0]
+            tokens.append(got)
+    assert moved > 0

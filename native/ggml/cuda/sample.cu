@@ -8,10 +8,12 @@
 //  3. Gumbel-max over the kept ids with the counter-based uniforms of sample-rng.h;
 //  4. log-sum-exp of the row and the n_top best ids, one reduction each.
 // Sums are f64 as on the host; their order differs, so a cut may differ at an f64 near-tie.
+// Rows with logit adjustments are sampled from an adjusted copy (adjust_rows).
 #include "sample.cuh"
 
 #include "ordered-key.cuh"
 
+#include "../sample-adjust.h"
 #include "../sample-params.h"
 #include "pyqsa-ggml.h"
 
@@ -282,6 +284,25 @@ __global__ void sample_rows(const float * logits, const pyqsa_sample_params * pa
     }
 }
 
+// grid (n_rows), one warp: row r of x (a copy of the logits) adjusted by its list, which ends
+// at its first negative id
+__global__ void adjust_rows(float * x, int n, const pyqsa_logit_adjust * adjust, int max_adjust) {
+    const pyqsa_logit_adjust * list = adjust + (size_t) blockIdx.x * max_adjust;
+    float *                    row  = x + (size_t) blockIdx.x * n;
+    for (int j0 = 0; j0 < max_adjust; j0 += 32) {
+        const int                j   = j0 + (int) threadIdx.x;
+        const pyqsa_logit_adjust a   = j < max_adjust ? list[j] : pyqsa_logit_adjust{ -1, 0.0f, 1.0f, 0.0f };
+        const unsigned           end = __ballot_sync(0xffffffff, a.id < 0);
+        const int                n_j = end ? __ffs(end) - 1 : 32;  // entries before the end
+        if ((int) threadIdx.x < n_j && a.id < n) {
+            row[a.id] = pyqsa_adjusted_logit(row[a.id], a);
+        }
+        if (end) {
+            return;
+        }
+    }
+}
+
 }  // namespace
 
 bool pyqsa_cuda_sample_supported(const ggml_tensor * op) {
@@ -290,9 +311,21 @@ bool pyqsa_cuda_sample_supported(const ggml_tensor * op) {
 
 void pyqsa_cuda_sample(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggml_tensor * logits = dst->src[0];
+    const ggml_tensor * adjust = dst->src[2];  // [4, max_adjust, rows] or null
     const int           rows   = (int) logits->ne[1];
-    sample_rows<<<rows, THREADS, 0, ctx.stream()>>>((const float *) logits->data,
-                                                     (const pyqsa_sample_params *) dst->src[1]->data,
-                                                     (pyqsa_sample_result *) dst->data, (int) logits->ne[0]);
+    const int           n      = (int) logits->ne[0];
+    cudaStream_t        stream = ctx.stream();
+    const float *       x      = (const float *) logits->data;
+    ggml_cuda_pool_alloc<float> adjusted(ctx.pool());
+    if (adjust != nullptr) {
+        adjusted.alloc((size_t) rows * n);
+        CUDA_CHECK(cudaMemcpyAsync(adjusted.get(), x, ggml_nbytes(logits), cudaMemcpyDeviceToDevice, stream));
+        adjust_rows<<<rows, 32, 0, stream>>>(adjusted.get(), n, (const pyqsa_logit_adjust *) adjust->data,
+                                             (int) adjust->ne[1]);
+        CUDA_CHECK(cudaGetLastError());
+        x = adjusted.get();
+    }
+    sample_rows<<<rows, THREADS, 0, stream>>>(x, (const pyqsa_sample_params *) dst->src[1]->data,
+                                              (pyqsa_sample_result *) dst->data, n);
     CUDA_CHECK(cudaGetLastError());
 }
