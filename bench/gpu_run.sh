@@ -11,6 +11,8 @@
 #                 paged: pyqsa's with host-backed KV paging, --hot-blocks N, default 1024;
 #                 sampled: pyqsa's with each step's rows drawn by the sample op, --sampling device)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024 --repeats 3")
+#                 --serve "SERVE FLAGS" (after the decode runs: bench/serve_run.sh, issue 11's server
+#                 benchmark, with these extra serve flags, e.g. "--sampling device"; "" for none)
 #                 --checks (after the builds: test-qsa-ops, test-qsa-page and test-sample CUDA vs CPU and
 #                 their timings, tests/gpu/paging.sh, tests/gpu/sampling.sh, tests/gpu/serve_paged.sh (serve --slots 8
 #                 --ctx 262144 with paging, 8 concurrent requests), then tests/gpu/parity.sh)
@@ -23,13 +25,14 @@
 # Results ($OUT takes 8 files at most): decode.jsonl (JSON lines, see bench/decode.py),
 # commands.txt, report.txt, gpu_run.log (with the tail of any failing step's log; the full
 # logs stay in .build/bench/logs/ on the machine); with --checks also ops-perf.txt, the paging
-# and serve logs and tests/gpu/parity.sh's three logs (past 8 files, the last are left out).
+# and serve logs and tests/gpu/parity.sh's three logs (past 8 files, the last are left out, so
+# --serve, which adds serve-bench.jsonl, goes in a call without --checks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
 invocation="bench/gpu_run.sh $*"
 budget=540 contexts=8192,32768,131072,262144 seqs=1,8 steps=32 warmup=4 small= decode_args=
-variants=pyqsa,upstream checks= hot_blocks=1024
+variants=pyqsa,upstream checks= hot_blocks=1024 serve=
 while [ $# -gt 0 ]; do
     case "$1" in
         --small) small=--small; shift; continue ;;
@@ -43,6 +46,7 @@ while [ $# -gt 0 ]; do
         --decode-args) decode_args=$2 ;;
         --variants) variants=$2 ;;
         --hot-blocks) hot_blocks=$2 ;;
+        --serve) serve="run $2" ;;
         *) echo "gpu_run.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift 2
@@ -164,5 +168,10 @@ for c in ${contexts//,/ }; do
     done
 done
 [ -f "$out/decode.jsonl" ] && python3 bench/report.py "$out/decode.jsonl" --no-save | tee "$out/report.txt" || true
+if [ -n "$serve" ]; then
+    echo "serve benchmark ($(elapsed))"
+    # shellcheck disable=SC2086  # the serve flags are words
+    bench/serve_run.sh ${serve#run } || { echo "serve benchmark: FAILED"; status=1; }
+fi
 echo "done ($(elapsed))"
 exit $status
