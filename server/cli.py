@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -89,7 +91,7 @@ def _load(
     elif kv_offload == "none" or not gpu:
         plan = paging.PagingPlan(0, 0)
     try:
-        llama_model = LlamaModel(path, gpu_layers, device)
+        llama_model = _load_model(LlamaModel, path, gpu_layers, device)
         if plan is None:
             free = paging.device_free(gpu_layers, device)
             plan = _paging_plan(kv, "auto", hot_blocks, slots * ctx, paged_type, free)
@@ -171,6 +173,22 @@ def _paging_plan(kv, kv_offload, hot_blocks, n_tokens, kv_type, free_device):
         )
     except paging.PagingError as e:
         raise click.ClickException(str(e)) from None
+
+
+def _load_model(load, path: str, gpu_layers: int | None, device: int | None):
+    """load(path, gpu_layers, device, progress=...), said on stderr: a line naming the file and
+    its size, and on a terminal a bar as the weights load; then the seconds it took."""
+    from tqdm import tqdm
+
+    click.echo(f"pyqsa: loading {path} ({_size(os.path.getsize(path))})", err=True)
+    t0 = time.monotonic()
+    bar_format = "{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}"
+    with tqdm(
+        total=100, desc="pyqsa: loading", bar_format=bar_format, file=sys.stderr, disable=None
+    ) as bar:
+        model = load(path, gpu_layers, device, progress=lambda f: bar.update(int(100 * f) - bar.n))
+    click.echo(f"pyqsa: loaded in {time.monotonic() - t0:.1f} s", err=True)
+    return model
 
 
 def _size(n: int) -> str:

@@ -8,10 +8,14 @@ contexts here, so a benchmark or a parity run measures the settings the engine s
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import native
+
+log = logging.getLogger(__name__)
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml_type
 
@@ -72,12 +76,17 @@ class ContextConfig:
 
 
 def load_model(
-    path: str, gpu_layers: int | None = None, extra_bufts: bool = True, device: int | None = None
+    path: str,
+    gpu_layers: int | None = None,
+    extra_bufts: bool = True,
+    device: int | None = None,
+    progress: Callable[[float], None] | None = None,
 ) -> int:
     """A llama_model pointer for the GGUF at `path`; `gpu_layers` None keeps llama.cpp's
     default (every layer on the GPU when there is one). `device`: the one GPU (an index among
     llama.cpp's GPU devices, in their order) that holds the model, and so its contexts' caches
-    (split mode none, main_gpu); None keeps llama.cpp's default (layers split over every GPU)."""
+    (split mode none, main_gpu); None keeps llama.cpp's default (layers split over every GPU).
+    `progress` is called with the fraction loaded (0..1) as the weights load."""
     L = _llama()
     if not os.path.isfile(path):
         raise FileNotFoundError(f"model file not found: {path}")
@@ -90,6 +99,19 @@ def load_model(
         p.split_mode = L.LLAMA_SPLIT_MODE_NONE
         p.main_gpu = device
     p.use_extra_bufts = extra_bufts
+    if progress is not None:
+
+        def on_progress(fraction: float, _user_data) -> bool:
+            # NOTE: llama.cpp stops loading when this returns false, which is what ctypes
+            # returns when the callback raises: a broken display must not stop the load
+            try:
+                progress(fraction)
+            except Exception:
+                log.exception("model load progress display failed")
+            return True
+
+        callback = L.llama_progress_callback(on_progress)  # alive until the load returns
+        p.progress_callback = callback
     model = L.llama_model_load_from_file(path.encode(), p)
     if not model:
         raise ContextError(f"llama.cpp could not load {path}")

@@ -12,7 +12,7 @@ import ctypes
 import os
 import threading
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -109,12 +109,18 @@ def _init_backend() -> None:
 class LlamaModel:
     """Loaded weights + vocabulary. Tokenization is thread-safe (llama.h says so)."""
 
-    def __init__(self, path: str, gpu_layers: int | None = None, device: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        gpu_layers: int | None = None,
+        device: int | None = None,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
         _init_backend()
         L = _llama()
         self.path = path
         try:
-            self.ptr = load_model(path, gpu_layers=gpu_layers, device=device)
+            self.ptr = load_model(path, gpu_layers=gpu_layers, device=device, progress=progress)
         except ContextError as e:
             raise RunnerError(str(e)) from None
         self.vocab = L.llama_model_get_vocab(self.ptr)

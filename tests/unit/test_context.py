@@ -102,3 +102,22 @@ def test_kv_type_sets_the_indexed_layers_cache(model):
     f16, q8 = kv_bytes("f16"), kv_bytes("q8_0")
     assert kv_bytes("f32") == 2 * f16
     assert q8 * 64 == f16 * 34  # q8_0: 34 bytes per 32 values, f16: 64
+
+
+def test_loading_reports_its_progress(tiny_gguf):
+    seen: list[float] = []
+    m = load_model(str(tiny_gguf), gpu_layers=0, progress=seen.append)
+    llama_cpp.llama_model_free(m)
+    assert seen and seen == sorted(seen) and seen[-1] == 1.0
+
+
+def test_a_failing_progress_display_does_not_stop_the_load(tiny_gguf):
+    calls = []
+
+    def broken(fraction: float) -> None:
+        calls.append(fraction)
+        raise RuntimeError("display gone")
+
+    m = load_model(str(tiny_gguf), gpu_layers=0, progress=broken)
+    assert m and calls[-1] == 1.0  # every call came, none stopped the load
+    llama_cpp.llama_model_free(m)

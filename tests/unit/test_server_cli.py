@@ -85,7 +85,7 @@ def test_device_names_a_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(native, "devices", lambda: devices)
     loads = []
 
-    def load(path, gpu_layers=None, device=None):
+    def load(path, gpu_layers=None, device=None, progress=None):
         loads.append((gpu_layers, device))
         raise RunnerError("not loaded here")
 
@@ -102,7 +102,9 @@ def test_device_names_a_gpu(monkeypatch, tmp_path):
     for cmd in ("serve", "chat"):
         args = [cmd, str(gguf), "--device", "1", "--gpu-layers", "3", "--kv-offload", "none"]
         r = CliRunner().invoke(main, args, env=NO_ENV_KEY)
-        assert r.exit_code == 1 and r.output.splitlines() == ["Error: not loaded here"], r.output
+        assert r.exit_code == 1, r.output
+        said = [f"pyqsa: loading {gguf} (0.0 MiB)", "Error: not loaded here"]
+        assert r.output.splitlines() == said
     assert loads == [(3, 1), (3, 1)]
 
 
