@@ -1,6 +1,6 @@
 """`pyqsa serve --sampling device`: tokens drawn inside the forward pass, over HTTP, equal those
-the default server draws on the host with numpy, request by request (seeded sampling under
-the cuts, greedy with logprobs, and a penalised request that stays on the host)."""
+the default server draws on the host, request by request (seeded sampling under the cuts,
+greedy with logprobs, penalised and biased requests, whose adjustments go with the draw)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ REQUESTS = [
     {"temperature": 1.0, "top_p": 0.9, "seed": 5},
     {"temperature": 0, "logprobs": 2},
     {"temperature": 0.7, "seed": 9, "frequency_penalty": 0.5},
+    {"temperature": 0, "presence_penalty": 1.5, "logit_bias": {"200": 4, "300": -100}},
+    {"temperature": 0.9, "seed": 4, "extra_body": {"top_k": 20, "repetition_penalty": 1.4}},
 ]
 
 
