@@ -247,7 +247,11 @@ class LlamaRunner:
             sampler = None
             if draw is not None:
                 sampler = native.DeviceSampler(max_adjust)
-                sampler.set(**draw)
+                try:
+                    sampler.set(**draw)
+                except native.NativeError:  # nothing attached yet: the slot keeps what it had
+                    sampler.free()
+                    raise
             try:
                 native.sampler_attach(self.ctx, slot, sampler)
             except native.NativeError:  # the context holds no sampler for the slot now
