@@ -91,6 +91,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "per sequence and layer on the device (0: no paging)",
     )
     ap.add_argument(
+        "--kv-type",
+        choices=["f16", "q8_0"],
+        default="f16",
+        help="K/V type of the QSA layers; q8_0 only with --hot-blocks (the host store and hot "
+        "cache in q8_0: half the bytes each miss brings), reported as variant pyqsa-paged-q8",
+    )
+    ap.add_argument(
         "--sampling",
         choices=["host", "device"],
         default="host",
@@ -117,6 +124,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--hot-blocks needs --variant pyqsa (upstream has no paging)")
     if args.sampling == "device" and (args.variant != "pyqsa" or args.hot_blocks):
         ap.error("--sampling device needs --variant pyqsa without --hot-blocks")
+    if args.kv_type != "f16" and not args.hot_blocks:
+        ap.error("--kv-type q8_0 needs --hot-blocks (one thing compared at a time)")
     if args.steps < 1 or args.warmup < 1 or args.repeats < 1:
         ap.error(
             "--steps, --warmup and --repeats must be >= 1 (a first warmup step checks the copies)"
@@ -198,7 +207,7 @@ class Bench:
             ctx_per_seq=context,
             n_batch=a.ubatch,
             n_threads=a.threads,
-            kv_type="f16",
+            kv_type=a.kv_type,
             qsa_mode=a.qsa_mode,
             hot_blocks=a.hot_blocks,
         )
@@ -368,7 +377,7 @@ def run(args: argparse.Namespace) -> int:
 
     meta = run_meta(L, args.variant, args.lib, args.model)
     if args.hot_blocks:  # pyqsa's library with paging: reported as a variant of its own
-        meta["variant"] = "pyqsa-paged"
+        meta["variant"] = "pyqsa-paged" if args.kv_type == "f16" else "pyqsa-paged-q8"
     if args.sampling == "device":  # (only unpaged runs: one thing compared at a time)
         meta["variant"] = "pyqsa-sampled"
     emit = Emitter(args.out, meta)

@@ -9,6 +9,7 @@
 #                 --small (the tiny model of synth_model.py --small: a smoke test of the script)
 #                 --variants pyqsa,upstream (which libraries run, in this order, per context;
 #                 paged: pyqsa's with host-backed KV paging, --hot-blocks N, default 1024;
+#                 pagedq8: the same with q8_0 K/V (host store and hot cache);
 #                 sampled: pyqsa's with each step's rows drawn by the sample op, --sampling device)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024 --repeats 3")
 #                 --serve "SERVE FLAGS" (after the decode runs: bench/serve_run.sh, issue 11's server
@@ -147,8 +148,10 @@ export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 echo "# $invocation; env: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES PYTHONPATH=$PYTHONPATH" \
     >> "$out/commands.txt"
 declare -A libs=([pyqsa]=.build/py/llama_cpp/lib [paged]=.build/py/llama_cpp/lib
-                 [sampled]=.build/py/llama_cpp/lib [upstream]=$work/upstream-cuda/bin)
+                 [pagedq8]=.build/py/llama_cpp/lib [sampled]=.build/py/llama_cpp/lib
+                 [upstream]=$work/upstream-cuda/bin)
 declare -A variant_args=([pyqsa]="--variant pyqsa" [paged]="--variant pyqsa --hot-blocks $hot_blocks"
+                         [pagedq8]="--variant pyqsa --hot-blocks $hot_blocks --kv-type q8_0"
                          [sampled]="--variant pyqsa --sampling device" [upstream]="--variant upstream")
 for c in ${contexts//,/ }; do
     for v in ${variants//,/ }; do

@@ -20,9 +20,21 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# pyqsa-paged: decode.py --hot-blocks; pyqsa-sampled: decode.py --sampling device
-VARIANTS = ("pyqsa", "upstream", "pyqsa-paged", "pyqsa-sampled")
-SHORT = {"pyqsa": "pyqsa", "upstream": "upstr", "pyqsa-paged": "paged", "pyqsa-sampled": "smpld"}
+# pyqsa-paged: decode.py --hot-blocks; pyqsa-paged-q8: the same with --kv-type q8_0;
+# pyqsa-sampled: decode.py --sampling device
+VARIANTS = ("pyqsa", "upstream", "pyqsa-paged", "pyqsa-paged-q8", "pyqsa-sampled")
+SHORT = {
+    "pyqsa": "pyqsa",
+    "upstream": "upstr",
+    "pyqsa-paged": "paged",
+    "pyqsa-paged-q8": "pgdq8",
+    "pyqsa-sampled": "smpld",
+}
+# the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)
+PAGED = (
+    ("pyqsa-paged", "paged_over_pyqsa", "paged/pyqsa"),
+    ("pyqsa-paged-q8", "paged_q8_over_pyqsa", "pgdq8/pyqsa"),
+)
 Rec = dict[str, Any]
 
 
@@ -88,11 +100,16 @@ def decode_rows(recs: list[Rec]) -> list[Rec]:
                     x["step_ms_median"] for x in runs[(v, base, n)]
                 )
                 row[v]["smallest_context"] = base
-        tok = [row[v]["tok_s"] if row[v] else None for v in VARIANTS]
-        row["pyqsa_over_upstream"] = _ratio(tok[0], tok[1])
-        row["paged_over_pyqsa"] = _ratio(tok[2], tok[0])
+        _ratios(row)
         rows.append(row)
     return rows
+
+
+def _ratios(row: Rec) -> None:
+    tok = {v: row[v]["tok_s"] if row[v] else None for v in VARIANTS}
+    row["pyqsa_over_upstream"] = _ratio(tok["pyqsa"], tok["upstream"])
+    for v, key, _ in PAGED:
+        row[key] = _ratio(tok[v], tok["pyqsa"])
 
 
 def prefill_rows(recs: list[Rec]) -> list[Rec]:
@@ -112,9 +129,7 @@ def prefill_rows(recs: list[Rec]) -> list[Rec]:
                     "runs": len(runs[(v, ctx)]),
                 }
             )
-        tok = [row[v]["tok_s"] if row[v] else None for v in VARIANTS]
-        row["pyqsa_over_upstream"] = _ratio(tok[0], tok[1])
-        row["paged_over_pyqsa"] = _ratio(tok[2], tok[0])
+        _ratios(row)
         rows.append(row)
     return rows
 
@@ -122,11 +137,15 @@ def prefill_rows(recs: list[Rec]) -> list[Rec]:
 def print_tables(recs: list[Rec], dec: list[Rec], pre: list[Rec]) -> None:
     w = sys.stdout.write
     shown = [v for v in VARIANTS if any(r[v] for r in dec + pre)]
-    paged = "pyqsa-paged" in shown
+    paged = [(key, label) for v, key, label in PAGED if v in shown]
+    paged_head = "".join(f" | {label:>11}" for _, label in paged) + "\n"
+
+    def paged_cells(r: Rec) -> str:
+        return "".join(f" | {_fmt(r[key], '.2f'):>11}" for key, _ in paged) + "\n"
+
     w("## Decode (one token per sequence per step; median step of each run, median over runs)\n")
     head = " | ".join(f"{SHORT[v] + ' tok/s':>11} {'ms/step':>8} {'x@min':>5}" for v in shown)
-    w(f"{'context':>8} {'seqs':>4} | {head} | {'pyqsa/upstr':>11}")
-    w(f" | {'paged/pyqsa':>11}\n" if paged else "\n")
+    w(f"{'context':>8} {'seqs':>4} | {head} | {'pyqsa/upstr':>11}{paged_head}")
     for r in dec:
         cells = []
         for v in shown:
@@ -136,8 +155,7 @@ def print_tables(recs: list[Rec], dec: list[Rec], pre: list[Rec]) -> None:
                 f"{_fmt(c.get('step_vs_smallest'), '.2f'):>5}"
             )
         w(f"{r['context']:>8} {r['n_seq']:>4} | {' | '.join(cells)} | ")
-        w(f"{_fmt(r['pyqsa_over_upstream'], '.2f'):>11}")
-        w(f" | {_fmt(r['paged_over_pyqsa'], '.2f'):>11}\n" if paged else "\n")
+        w(f"{_fmt(r['pyqsa_over_upstream'], '.2f'):>11}{paged_cells(r)}")
     w("  x@min: this step time over the same variant's at its smallest measured context\n")
     for r in dec:
         for v in shown:
@@ -148,26 +166,27 @@ def print_tables(recs: list[Rec], dec: list[Rec], pre: list[Rec]) -> None:
                     f"{c['step_ms_median_min']:.2f}-{c['step_ms_median_max']:.2f} ms/step\n"
                 )
     for r in dec:
-        p = (r.get("pyqsa-paged") or {}).get("paging_per_step")
-        if p:
+        for v, _, _ in PAGED:
+            p = (r.get(v) or {}).get("paging_per_step")
+            if not p:
+                continue
             hit = p["hits"] / (p["hits"] + p["misses"]) if p["hits"] + p["misses"] else None
             w(
-                f"  paged {r['context']} x {r['n_seq']}: per step {p['hits']:.0f} hits, "
+                f"  {SHORT[v]} {r['context']} x {r['n_seq']}: per step {p['hits']:.0f} hits, "
                 f"{p['misses']:.0f} misses (hit rate {_fmt(hit, '.3f')}), "
                 f"{p['bytes_to_device'] / 2**20:.1f} MiB to the device, "
                 f"{p['bytes_to_host'] / 2**10:.1f} KiB to the host\n"
             )
     w("\n## Prefill (sequence 0, random tokens)\n")
     head = " | ".join(f"{SHORT[v] + ' tok/s':>11} {'s':>7}" for v in shown)
-    w(f"{'context':>8} | {head} | {'pyqsa/upstr':>11}")
-    w(f" | {'paged/pyqsa':>11}\n" if paged else "\n")
+    w(f"{'context':>8} | {head} | {'pyqsa/upstr':>11}{paged_head}")
     for r in pre:
         cells = [
             f"{_fmt((r[v] or {}).get('tok_s')):>11} {_fmt((r[v] or {}).get('seconds')):>7}"
             for v in shown
         ]
         w(f"{r['context']:>8} | {' | '.join(cells)} | {_fmt(r['pyqsa_over_upstream'], '.2f'):>11}")
-        w(f" | {_fmt(r['paged_over_pyqsa'], '.2f'):>11}\n" if paged else "\n")
+        w(paged_cells(r))
     ran = {(r["variant"], r["context"]) for r in recs if r.get("kind") == "prefill"}
     skipped = [
         r for r in recs if r.get("kind") == "skipped" and (r["variant"], r["context"]) not in ran

@@ -159,3 +159,38 @@ def test_decode_with_device_sampling(small_gguf, tmp_path):
         timeout=120,
     )
     assert proc.returncode == 2 and "--sampling device needs" in proc.stderr.splitlines()[-1]
+
+
+def test_decode_paged_with_q8_0(small_gguf, tmp_path):
+    """--hot-blocks with --kv-type q8_0: a variant of its own (pyqsa-paged-q8), its records
+    carry the K/V type and paging counters, and report.py compares it with the unpaged f16
+    run; q8_0 without paging is a usage error."""
+    out = tmp_path / "decode.jsonl"
+    args = ["--contexts", "512", "--seqs", "2", "--steps", "2", "--warmup", "1"]
+    args += ["--threads", "1", "--no-extra-bufts", "--lib", str(LIB), "--out", str(out)]
+    decode = [str(BENCH / "decode.py"), str(small_gguf), "--variant", "pyqsa"]
+    _run(*decode, *args)
+    _run(*decode, "--hot-blocks", "512", "--kv-type", "q8_0", *args)
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["variant"], r["kind"]) for r in recs] == [
+        ("pyqsa", "prefill"),
+        ("pyqsa", "decode"),
+        ("pyqsa-paged-q8", "prefill"),
+        ("pyqsa-paged-q8", "decode"),
+    ]
+    dec = recs[3]
+    assert dec["flags"]["type_k"] == "q8_0" and dec["flags"]["hot_blocks"] == 512
+    assert dec["paging_per_step"]["hits"] + dec["paging_per_step"]["misses"] > 0
+    assert recs[1]["flags"]["type_k"] == "f16"
+    rep = _run(str(BENCH / "report.py"), str(out), "--no-save")
+    assert "pgdq8 tok/s" in rep.stdout and "pgdq8/pyqsa" in rep.stdout
+    assert "paged/pyqsa" not in rep.stdout  # no f16 paged run to compare
+    ratio = recs[3]["tok_s"] / recs[1]["tok_s"]
+    assert f"{ratio:>11.2f}" in rep.stdout.split("## Prefill")[0]
+    proc = subprocess.run(
+        [sys.executable, *decode, "--kv-type", "q8_0", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "--kv-type q8_0 needs --hot-blocks" in proc.stderr
