@@ -209,9 +209,17 @@ class LlamaRunner:
         self.batch = L.llama_batch_init(self.max_tokens, 0, 1)
         self._install_abort()
         self.samples_on_device = config.sample_on_device
-        # the device sampler attached to each slot's sequence while its draws run on the device
-        # (attaching or detaching makes the next decode build its graphs again)
+        # with device draws every slot keeps a sampler attached (taking up to DEVICE_MAX_ADJUST
+        # adjustments), also while idle: attaching or detaching one makes llama.cpp build its
+        # scheduler and compute buffers again, so that happens only around a host draw
         self._attached: list[native.DeviceSampler | None] = [None] * config.n_slots
+        if config.sample_on_device:
+            try:
+                for slot in range(config.n_slots):
+                    self._attach(slot)
+            except native.NativeError as e:  # a context that cannot take a sampler
+                self.close()
+                raise RunnerError(str(e)) from None
 
     def _install_abort(self) -> None:
         # NOTE: the callback is pyqsa's C function reading _abort_flag, not a Python callable:
@@ -232,37 +240,29 @@ class LlamaRunner:
             if not c.sample:
                 continue
             slot = c.lease.slot
-            attached = self._attached[slot]
-            # a draw with logit adjustments needs a sampler that takes them (the sample op then
-            # works on an adjusted copy of the row), a plain one is cheaper for the others
-            max_adjust = 0 if draw is None or draw.get("adjust") is None else DEVICE_MAX_ADJUST
-            if draw is not None and attached is not None and attached.max_adjust == max_adjust:
-                attached.set(**draw)
+            if draw is None:  # drawn here: the row's logits must come back
+                self._detach(slot)
                 continue
-            if draw is None and attached is None:
-                continue
-            # NOTE: llama.cpp initializes a sampler chain when it is attached and refuses to do
-            # it twice, so a slot gets a new sampler each time, and the one it had is freed
-            # once detached
-            sampler = None
-            if draw is not None:
-                sampler = native.DeviceSampler(max_adjust)
-                try:
-                    sampler.set(**draw)
-                except native.NativeError:  # nothing attached yet: the slot keeps what it had
-                    sampler.free()
-                    raise
-            try:
-                native.sampler_attach(self.ctx, slot, sampler)
-            except native.NativeError:  # the context holds no sampler for the slot now
-                if sampler is not None:
-                    sampler.free()
-                sampler = None
-                raise
-            finally:
-                self._attached[slot] = sampler
-                if attached is not None:
-                    attached.free()
+            if self._attached[slot] is None:
+                self._attach(slot)
+            self._attached[slot].set(**draw)
+
+    def _attach(self, slot: int) -> None:
+        # NOTE: llama.cpp initializes a sampler chain when it is attached and refuses to do it
+        # twice, so a slot gets a new sampler each time and the detached one is freed
+        sampler = native.DeviceSampler(DEVICE_MAX_ADJUST)
+        try:
+            native.sampler_attach(self.ctx, slot, sampler)
+        except native.NativeError:
+            sampler.free()
+            raise
+        self._attached[slot] = sampler
+
+    def _detach(self, slot: int) -> None:
+        sampler, self._attached[slot] = self._attached[slot], None
+        if sampler is not None:
+            native.sampler_attach(self.ctx, slot, None)
+            sampler.free()
 
     def run(
         self, chunks: Sequence[Chunk], draws: Sequence[dict | None] | None = None
@@ -309,6 +309,8 @@ class LlamaRunner:
 
     def release(self, slot: int) -> None:
         _llama().llama_memory_seq_rm(self.mem, slot, -1, -1)
+        if self.samples_on_device and self._attached[slot] is None:
+            self._attach(slot)  # a host draw took it: idle slots keep the same graphs
 
     def ledger(self) -> dict[str, int]:
         return native.ledger(self.ctx)

@@ -1,5 +1,7 @@
 """Cancellation storm: hundreds of requests abandoned at random moments leave nothing behind,
-with the K/V on the device and paged."""
+with the K/V on the device and paged, and with tokens drawn inside the forward pass (requests
+with penalties and logit bias among them, some with more adjusted tokens than a device draw
+takes, so slots switch between device and host draws)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,15 @@ async def one(client: httpx.AsyncClient, server, rng: random.Random) -> str:
     """One request that runs to the end, or whose client hangs up at a random moment."""
     kind = rng.choice(["chat", "text"])
     body: dict = {"model": server.model, "max_tokens": rng.randint(1, 16), "temperature": 0.8}
+    body |= rng.choice(
+        [
+            {},
+            {},
+            {"presence_penalty": 0.5},
+            {"frequency_penalty": 0.3, "logit_bias": {"100": 2.0, "2000": -5.0}},
+            {"logit_bias": {str(i): 0.5 for i in range(1100)}},  # too many for a device draw
+        ]
+    )
     if kind == "chat":
         path = "/chat/completions"
         body["messages"] = [{"role": "user", "content": "word " * rng.randint(1, 40)}]
@@ -75,6 +86,15 @@ def paged_server(demo_gguf, cache_dir):
     stop_server(s)
 
 
+@pytest.fixture(scope="module")
+def device_sampling_server(demo_gguf, cache_dir):
+    """The same slots, tokens drawn inside the forward pass (pyqsa's sample op)."""
+    args = ["--slots", "8", "--ctx", "512", "--sampling", "device"]
+    s = start_server([str(demo_gguf), *args], cache_dir)
+    yield s
+    stop_server(s)
+
+
 PROBE = "probe " * 48  # longer than a paged hot cache holds (32 tokens)
 
 
@@ -85,7 +105,7 @@ def greedy(server) -> str:
     return r.choices[0].text
 
 
-@pytest.mark.parametrize("which", ["server", "paged_server"])
+@pytest.mark.parametrize("which", ["server", "paged_server", "device_sampling_server"])
 def test_cancellation_storm_leaves_no_trace(which, request):
     server = request.getfixturevalue(which)
     before_text = greedy(server)
@@ -117,7 +137,9 @@ def test_cancellation_storm_leaves_no_trace(which, request):
         hot = [end[f'pyqsa_ledger_bytes{{category="{w}.hot"}}'] for w in ("device", "host")]
         assert sum(hot) > 0  # it pages
         assert end["pyqsa_paging_misses_total"] > start["pyqsa_paging_misses_total"]
-        # paging changes where the K/V live, not the logits: the unpaged server's answer
+    if which != "server":
+        # paging changes where the K/V live, and drawing on the device where the draw runs,
+        # not the tokens: the default server's answer
         assert before_text == greedy(request.getfixturevalue("server"))
 
 

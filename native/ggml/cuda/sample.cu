@@ -8,7 +8,8 @@
 //  3. Gumbel-max over the kept ids with the counter-based uniforms of sample-rng.h;
 //  4. log-sum-exp of the row and the n_top best ids, one reduction each.
 // Sums are f64 as on the host; their order differs, so a cut may differ at an f64 near-tie.
-// Rows with logit adjustments are sampled from an adjusted copy (adjust_rows).
+// Rows with logit adjustments are sampled from an adjusted copy (adjust_rows); the others from
+// the logits themselves.
 #include "sample.cuh"
 
 #include "ordered-key.cuh"
@@ -174,9 +175,10 @@ template <typename Weight> __device__ cut prefix_cut(const row_ctx & r, Weight w
     return cut{ key, found };
 }
 
-__global__ void sample_rows(const float * logits, const pyqsa_sample_params * params, pyqsa_sample_result * out,
-                            int n) {
-    const float *               x = logits + (size_t) blockIdx.x * n;
+__global__ void sample_rows(const float * logits, const float * adjusted, const int * used,
+                            const pyqsa_sample_params * params, pyqsa_sample_result * out, int n) {
+    const bool                  adj = used != nullptr && used[blockIdx.x];
+    const float *               x   = (adj ? adjusted : logits) + (size_t) blockIdx.x * n;
     const pyqsa_sample_params   p = pyqsa_sample_params_checked(params[blockIdx.x], n);
     pyqsa_sample_result &       o = out[blockIdx.x];
     __shared__ uint64_t         scratch_w[WARPS];
@@ -284,21 +286,41 @@ __global__ void sample_rows(const float * logits, const pyqsa_sample_params * pa
     }
 }
 
-// grid (n_rows), one warp: row r of x (a copy of the logits) adjusted by its list, which ends
-// at its first negative id
-__global__ void adjust_rows(float * x, int n, const pyqsa_logit_adjust * adjust, int max_adjust) {
+// grid (n_rows), ADJUST_THREADS: row r's adjusted copy, when its list (ended by its first
+// negative id) has any entry; used[r] says whether sample_rows reads the copy or the logits, so
+// a row without adjustments costs a look at its list
+constexpr int ADJUST_THREADS = 256;
+
+__global__ void adjust_rows(const float * logits, float * copy, int * used, int n, const pyqsa_logit_adjust * adjust,
+                            int max_adjust) {
     const pyqsa_logit_adjust * list = adjust + (size_t) blockIdx.x * max_adjust;
-    float *                    row  = x + (size_t) blockIdx.x * n;
-    for (int j0 = 0; j0 < max_adjust; j0 += 32) {
-        const int                j   = j0 + (int) threadIdx.x;
-        const pyqsa_logit_adjust a   = j < max_adjust ? list[j] : pyqsa_logit_adjust{ -1, 0.0f, 1.0f, 0.0f };
-        const unsigned           end = __ballot_sync(0xffffffff, a.id < 0);
-        const int                n_j = end ? __ffs(end) - 1 : 32;  // entries before the end
-        if ((int) threadIdx.x < n_j && a.id < n) {
-            row[a.id] = pyqsa_adjusted_logit(row[a.id], a);
+    const float *              x    = logits + (size_t) blockIdx.x * n;
+    float *                    y    = copy + (size_t) blockIdx.x * n;
+    __shared__ int             end;
+    if (threadIdx.x == 0) {
+        end = max_adjust;
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < max_adjust; j += ADJUST_THREADS) {
+        if (list[j].id < 0) {
+            atomicMin(&end, j);
         }
-        if (end) {
-            return;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        used[blockIdx.x] = end > 0;
+    }
+    if (end == 0) {
+        return;
+    }
+    for (int i = threadIdx.x; i < n; i += ADJUST_THREADS) {
+        y[i] = x[i];
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < end; j += ADJUST_THREADS) {  // distinct ids: no write races
+        const pyqsa_logit_adjust a = list[j];
+        if (a.id < n) {
+            y[a.id] = pyqsa_adjusted_logit(x[a.id], a);
         }
     }
 }
@@ -317,15 +339,17 @@ void pyqsa_cuda_sample(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     cudaStream_t        stream = ctx.stream();
     const float *       x      = (const float *) logits->data;
     ggml_cuda_pool_alloc<float> adjusted(ctx.pool());
+    ggml_cuda_pool_alloc<int>   used(ctx.pool());
     if (adjust != nullptr) {
         adjusted.alloc((size_t) rows * n);
-        CUDA_CHECK(cudaMemcpyAsync(adjusted.get(), x, ggml_nbytes(logits), cudaMemcpyDeviceToDevice, stream));
-        adjust_rows<<<rows, 32, 0, stream>>>(adjusted.get(), n, (const pyqsa_logit_adjust *) adjust->data,
-                                             (int) adjust->ne[1]);
+        used.alloc(rows);
+        adjust_rows<<<rows, ADJUST_THREADS, 0, stream>>>(x, adjusted.get(), used.get(), n,
+                                                         (const pyqsa_logit_adjust *) adjust->data,
+                                                         (int) adjust->ne[1]);
         CUDA_CHECK(cudaGetLastError());
-        x = adjusted.get();
     }
-    sample_rows<<<rows, THREADS, 0, stream>>>(x, (const pyqsa_sample_params *) dst->src[1]->data,
+    sample_rows<<<rows, THREADS, 0, stream>>>(x, adjusted.get(), used.get(),
+                                              (const pyqsa_sample_params *) dst->src[1]->data,
                                               (pyqsa_sample_result *) dst->data, n);
     CUDA_CHECK(cudaGetLastError());
 }
