@@ -49,6 +49,24 @@ template <typename T, typename Op> __device__ T block_reduce(T v, Op op, T * scr
     return v;
 }
 
+// hist[bin] += w for every lane whose `take` holds, one atomic per distinct bin of the warp: a
+// row's logits mostly share their top key byte (sign and high exponent bits), so an atomic per
+// lane would queue a whole block on one or two bins. Every lane of the warp calls this.
+__device__ __forceinline__ void warp_hist_add(double * hist, int bin, double w, bool take) {
+    if (__ballot_sync(0xffffffff, take) == 0) {
+        return;
+    }
+    const unsigned peers = __match_any_sync(0xffffffff, take ? bin : -1);
+    double         sum   = 0;
+    for (int k = 0; k < 32; ++k) {
+        const double wk = __shfl_sync(0xffffffff, w, k);
+        sum += (peers >> k) & 1u ? wk : 0.0;
+    }
+    if (take && __ffs(peers) - 1 == (int) (threadIdx.x % 32)) {
+        atomicAdd(&hist[bin], sum);
+    }
+}
+
 struct cut {
     uint32_t key;     // ids with a larger key are kept
     int      id_end;  // ids with this key are kept below this id
@@ -89,12 +107,12 @@ template <typename Weight> __device__ cut prefix_cut(const row_ctx & r, Weight w
         }
         __syncthreads();
         const uint32_t high_mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
-        for (int i = threadIdx.x; i < r.n; i += THREADS) {
-            const uint32_t key = ordered_key(r.x[i]);
-            const double   w   = weight(i);
-            if (w > 0 && (key & high_mask) == prefix) {
-                atomicAdd(&hist[(key >> shift) & 0xff], w);
-            }
+        for (int i0 = 0; i0 < r.n; i0 += THREADS) {  // whole warps at every iteration
+            const int      i    = i0 + threadIdx.x;
+            const uint32_t key  = i < r.n ? ordered_key(r.x[i]) : 0u;
+            const double   w    = i < r.n ? weight(i) : 0.0;
+            const bool     take = w > 0 && (key & high_mask) == prefix;
+            warp_hist_add(hist, (int) ((key >> shift) & 0xff), w, take);
         }
         __syncthreads();
         if (threadIdx.x == 0) {
