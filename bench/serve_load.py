@@ -3,8 +3,10 @@ prompts (no template, no tokenizer), each generating exactly --max-tokens tokens
 and optionally a short request sent --short-after seconds later (an agent's call arriving behind
 other users' documents). Per run: each request's time to first token, the short request's, and
 the aggregate decode rate while every long request decodes together (tokens streamed between
-the last long request's first token and the first one's last token, over that window). One JSON
-line per run, then a summary line with medians over the runs.
+the last long request's first token and the first one's last token, over that window), with
+the engine's step time in that window split into forward pass and host work (its /metrics
+counters, read every 0.25 s). One JSON line per run, then a summary line with medians over the
+runs.
 
     pyqsa serve MODEL --slots 8 --ctx 36000 &
     python bench/serve_load.py http://127.0.0.1:8000 --requests 8 --prompt-tokens 32000 \\
@@ -52,23 +54,89 @@ def one(url: str, model: str, prompt: list[int], max_tokens: int) -> dict:
     return {"t0": t0, "times": times, "completion_tokens": usage}
 
 
-def together_rate(runs: list[dict]) -> float | None:
-    """Tokens per second streamed while every run decoded: from the last first token to the
-    first last token. None when the runs never all decoded at once.
-
-    A token whose text is held back (an incomplete UTF-8 sequence) comes in the next chunk, so
-    each run's chunks in the window count as tokens in its ratio of tokens to chunks."""
+def together_window(runs: list[dict]) -> tuple[float, float] | None:
+    """(start, end) while every run decoded: from the last first token to the first last token;
+    None when the runs never all decoded at once."""
     if not runs or any(not r["times"] for r in runs):
         return None
     start = max(r["times"][0] for r in runs)
     end = min(r["times"][-1] for r in runs)
-    if end <= start:
+    return (start, end) if end > start else None
+
+
+def together_rate(runs: list[dict]) -> float | None:
+    """Tokens per second streamed in the together window (None without one).
+
+    A token whose text is held back (an incomplete UTF-8 sequence) comes in the next chunk, so
+    each run's chunks in the window count as tokens in its ratio of tokens to chunks."""
+    window = together_window(runs)
+    if window is None:
         return None
+    start, end = window
     n = 0.0
     for r in runs:
         per_chunk = (r["completion_tokens"] or len(r["times"])) / len(r["times"])
         n += per_chunk * sum(start < t <= end for t in r["times"])
     return n / (end - start)
+
+
+ENGINE_COUNTERS = {
+    "pyqsa_engine_steps_total": "steps",
+    'pyqsa_engine_step_seconds_total{part="forward"}': "forward",
+    'pyqsa_engine_step_seconds_total{part="host"}': "host",
+}
+
+
+def engine_counters(url: str) -> dict[str, float]:
+    """The engine's step counters from the server's /metrics."""
+    out = {}
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name in ENGINE_COUNTERS:
+            out[ENGINE_COUNTERS[name]] = float(value)
+    return out
+
+
+class CounterPoller:
+    """(perf_counter time, engine_counters) every `every` seconds while running."""
+
+    def __init__(self, url: str, every: float = 0.25) -> None:
+        self.url, self.every = url, every
+        self.snapshots: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.snapshots.append((time.perf_counter(), engine_counters(self.url)))
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> CounterPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def engine_in_window(snapshots: list[tuple[float, dict]], window: tuple[float, float] | None):
+    """ms per step, and its forward and host parts, between the first and last snapshots inside
+    `window`; None without two such snapshots a step apart."""
+    if window is None:
+        return None
+    inside = [c for t, c in snapshots if window[0] <= t <= window[1]]
+    if len(inside) < 2 or inside[-1]["steps"] <= inside[0]["steps"]:
+        return None
+    a, b = inside[0], inside[-1]
+    steps = b["steps"] - a["steps"]
+    forward, host = (1e3 * (b[k] - a[k]) / steps for k in ("forward", "host"))
+    return {
+        "steps": int(steps),
+        "forward_ms_per_step": round(forward, 3),
+        "host_ms_per_step": round(host, 3),
+        "host_share": round(host / (forward + host), 3) if forward + host else None,
+    }
 
 
 def scenario(args: argparse.Namespace, model: str, rng: random.Random) -> dict:
@@ -85,13 +153,14 @@ def scenario(args: argparse.Namespace, model: str, rng: random.Random) -> dict:
 
     t0 = time.perf_counter()
     waiter = None
-    if args.short_after is not None:
-        waiter = threading.Thread(target=send_short)
-        waiter.start()
-    with ThreadPoolExecutor(args.requests) as pool:
-        runs = list(pool.map(lambda p: one(args.url, model, p, args.max_tokens), prompts))
-    if waiter is not None:
-        waiter.join()
+    with CounterPoller(args.url) as poller:
+        if args.short_after is not None:
+            waiter = threading.Thread(target=send_short)
+            waiter.start()
+        with ThreadPoolExecutor(args.requests) as pool:
+            runs = list(pool.map(lambda p: one(args.url, model, p, args.max_tokens), prompts))
+        if waiter is not None:
+            waiter.join()
     wall = time.perf_counter() - t0
 
     ttft = [r["times"][0] - r["t0"] for r in runs if r["times"]]
@@ -102,6 +171,7 @@ def scenario(args: argparse.Namespace, model: str, rng: random.Random) -> dict:
         "wall_s": round(wall, 2),
         "ttft_s": sorted(round(t, 3) for t in ttft),
         "together_tok_s": round(rate, 1) if rate is not None else None,
+        "together_engine": engine_in_window(poller.snapshots, together_window(runs)),
         # 1.0: each streamed chunk was one token, so the window's count is exact
         "tokens_per_chunk": round(tokens / max(1, sum(len(r["times"]) for r in runs)), 3),
     }
@@ -153,6 +223,12 @@ def main() -> None:
         "together_tok_s": median([r["together_tok_s"] for r in runs]),
         "together_spread": spread([r["together_tok_s"] for r in runs]),
         "tokens_per_chunk": max(r["tokens_per_chunk"] for r in runs),
+        "together_host_ms_per_step": median(
+            [(r["together_engine"] or {}).get("host_ms_per_step") for r in runs]
+        ),
+        "together_forward_ms_per_step": median(
+            [(r["together_engine"] or {}).get("forward_ms_per_step") for r in runs]
+        ),
     }
     if args.short_after is not None:
         summary["short"] = {"after_s": args.short_after, "prompt_tokens": args.short_prompt_tokens}
