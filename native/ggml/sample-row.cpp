@@ -64,6 +64,31 @@ double noise_bound(double d) {
     return bin < 0 ? 0.0 : bin >= BINS ? 1.0 : table[(size_t) bin];
 }
 
+// The largest logit, the lowest id on ties (0 when x[0] is NaN, as a scan with ">" gives): the
+// maximum over four running maxima (independent, so they overlap), then the first id holding it.
+// A greedy draw is only this; one running maximum kept a 150K row at 0.17 ms.
+int32_t first_max(const float * x, int64_t n) {
+    float   m[4] = { x[0], x[0], x[0], x[0] };
+    int64_t i    = 1;
+    for (; i + 4 <= n; i += 4) {
+        for (int k = 0; k < 4; ++k) {
+            m[k] = x[i + k] > m[k] ? x[i + k] : m[k];
+        }
+    }
+    for (; i < n; ++i) {
+        m[0] = x[i] > m[0] ? x[i] : m[0];
+    }
+    for (int k = 1; k < 4; ++k) {
+        m[0] = m[k] > m[0] ? m[k] : m[0];
+    }
+    for (int64_t j = 0; j < n; ++j) {
+        if (x[j] == m[0]) {
+            return (int32_t) j;
+        }
+    }
+    return 0;
+}
+
 }  // namespace
 
 void pyqsa_sample_row(const float * logits, int64_t n, const struct pyqsa_sample_params * params,
@@ -82,10 +107,7 @@ void pyqsa_sample_row(const float * logits, int64_t n, const struct pyqsa_sample
     }
     const pyqsa_sample_params checked = pyqsa_sample_params_checked(*params, n);
     const pyqsa_sample_params * p      = &checked;
-    int32_t best = 0;  // the largest logit, the lowest id on ties
-    for (int32_t i = 1; i < n; ++i) {
-        best = x[i] > x[best] ? i : best;
-    }
+    const int32_t best = first_max(x, n);
     std::fill(std::begin(out->top_ids), std::end(out->top_ids), -1);
     std::fill(std::begin(out->top_logprobs), std::end(out->top_logprobs), 0.0f);
 
