@@ -1,11 +1,13 @@
 // What the op-check binaries (test-qsa-ops, test-qsa-page, test-sample) share: their main (the
-// command line), the one-line result of each check, and running a check on every backend but
-// the CPU.
+// command line), the one-line result of each check, running a check on every backend but the
+// CPU, and timing a graph.
 #pragma once
 
 #include "ggml-backend.h"
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <string>
@@ -59,4 +61,20 @@ void on_other_backends(const char * only_backend, const std::string & name, int 
         report(name, ggml_backend_dev_name(dev), r.second, r.first, n_ok, n_fail);
         ggml_backend_free(be);
     }
+}
+
+// microseconds per compute of gf on be, after one untimed run; a failed compute ends the binary
+inline double time_graph(ggml_backend_t be, ggml_cgraph * gf, int iters) {
+    const auto compute = [&] {
+        if (ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
+            std::fprintf(stderr, "compute failed\n");
+            std::exit(2);
+        }
+    };
+    compute();
+    ggml_backend_synchronize(be);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int it = 0; it < iters; ++it) compute();
+    ggml_backend_synchronize(be);
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
 }

@@ -12,7 +12,6 @@
 #include "ggml.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -590,16 +589,6 @@ void test_score(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rn
                                   std::string(ok ? "vs CPU: nmse " + sci(e) + ", ties exact " : "not supported "));
         });
     }
-}
-
-// microseconds per compute of gf on be, after one untimed run
-double time_graph(ggml_backend_t be, ggml_cgraph * gf, int iters) {
-    ggml_backend_graph_compute(be, gf);
-    ggml_backend_synchronize(be);
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int it = 0; it < iters; ++it) ggml_backend_graph_compute(be, gf);
-    ggml_backend_synchronize(be);
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
 }
 
 int cmd_perf(const char * only_backend) {

@@ -11,7 +11,6 @@
 #include "../ggml/sample-rng.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -304,11 +303,7 @@ int cmd_perf(const char * only_backend) {
             const std::vector<float> x = make_rows(c, rng);
             const sample_graph       g(be, c, x, row_params(c, rng), make_adjust(c, rng));
             if (!g.supported) continue;
-            g.compute(be);  // warm-up
-            const auto t0 = std::chrono::steady_clock::now();
-            for (int it = 0; it < iters; ++it) g.compute(be);
-            ggml_backend_synchronize(be);
-            const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+            const double us = time_graph(be, g.gf, iters);
             std::printf("  SAMPLE(8 x 151936, %s) %s: %.1f us/step (the op alone, logits on the backend)\n", label,
                         ggml_backend_dev_name(dev), us);
         }
