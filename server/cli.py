@@ -41,7 +41,7 @@ def _load(
     """Start an engine on MODEL (the embedded demo model when None)."""
     from pyqsa.demo_model import demo_model_path
     from pyqsa.engine import EngineConfig, load_engine, paging
-    from pyqsa.engine.runner import LlamaModel, RunnerError
+    from pyqsa.engine.runner import RunnerError
 
     for flag, value in (("--hot-blocks", hot_blocks), ("--kv-host-type", kv_host_type)):
         if kv_offload == "none" and value is not None:
@@ -91,7 +91,7 @@ def _load(
     elif kv_offload == "none" or not gpu:
         plan = paging.PagingPlan(0, 0)
     try:
-        llama_model = _load_model(LlamaModel, path, gpu_layers, device)
+        llama_model = _load_model(path, gpu_layers, device)
         if plan is None:
             free = paging.device_free(gpu_layers, device)
             plan = _paging_plan(kv, "auto", hot_blocks, slots * ctx, paged_type, free)
@@ -175,10 +175,12 @@ def _paging_plan(kv, kv_offload, hot_blocks, n_tokens, kv_type, free_device):
         raise click.ClickException(str(e)) from None
 
 
-def _load_model(load, path: str, gpu_layers: int | None, device: int | None):
-    """load(path, gpu_layers, device, progress=...), said on stderr: a line naming the file and
-    its size, and on a terminal a bar as the weights load; then the seconds it took."""
+def _load_model(path: str, gpu_layers: int | None, device: int | None):
+    """The LlamaModel at path, said on stderr: a line naming the file and its size, and on a
+    terminal a bar as the weights load; then the seconds it took."""
     from tqdm import tqdm
+
+    from pyqsa.engine.runner import LlamaModel
 
     click.echo(f"pyqsa: loading {path} ({_size(os.path.getsize(path))})", err=True)
     t0 = time.monotonic()
@@ -186,7 +188,9 @@ def _load_model(load, path: str, gpu_layers: int | None, device: int | None):
     with tqdm(
         total=100, desc="pyqsa: loading", bar_format=bar_format, file=sys.stderr, disable=None
     ) as bar:
-        model = load(path, gpu_layers, device, progress=lambda f: bar.update(int(100 * f) - bar.n))
+        model = LlamaModel(
+            path, gpu_layers, device, progress=lambda f: bar.update(int(100 * f) - bar.n)
+        )
     click.echo(f"pyqsa: loaded in {time.monotonic() - t0:.1f} s", err=True)
     return model
 
