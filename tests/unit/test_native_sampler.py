@@ -107,3 +107,21 @@ def test_native_penalized_draws_equal_the_reference(pen, kw):
             moved += got != plain(x, tokens, len(prompt))[0]
             tokens.append(got)
     assert moved > 0
+
+
+def test_device_sampler_refuses_bad_capacities_and_lists():
+    for bad in (-1, 65537):
+        with pytest.raises(native.NativeError, match="max_adjust"):
+            native.DeviceSampler(bad)
+    sampler = native.DeviceSampler(2)
+    try:
+        row = [5, 0, int(np.float32(1.0).view(np.int32)), 0]
+        sampler.set(temperature=0.0, adjust=np.array([row, row], np.int32))
+        with pytest.raises(native.NativeError):  # 3 adjustments, room for 2
+            sampler.set(temperature=0.0, adjust=np.array([row] * 3, np.int32))
+        with pytest.raises(ValueError, match="rows of 4 words"):
+            sampler.set(temperature=0.0, adjust=np.array([1, 2, 3], np.int32))
+    finally:
+        sampler.free()
+    with pytest.raises(ValueError, match="rows of 4 words"):
+        native.sample(np.zeros(8, np.float32), temperature=0.0, adjust=np.zeros((2, 3), np.int32))
