@@ -121,19 +121,20 @@ for job in build-pyqsa:$pid_pyqsa ${pid_upstream:+build-upstream:$pid_upstream} 
 done
 tail -n 1 "$logs/synth.log"
 [ $status -eq 0 ] || exit 1
+# an op-check binary's CUDA-vs-CPU test (a crash too: its log's tail is shown), then its timings
+op_check() {  # binary, label, timing-line pattern
+    if ".build/cmake-cuda/bin/$1" test -b CUDA0 > "$logs/$1.log" 2>&1; then
+        echo "$2 CUDA vs CPU: $(tail -n 1 "$logs/$1.log")"
+    else
+        echo "$2 CUDA vs CPU: FAILED, log tail:"; grep -v ": OK$" "$logs/$1.log" | tail -n 20; status=1
+    fi
+    ".build/cmake-cuda/bin/$1" perf -b CUDA0 2>&1 | grep -E "$3" >> "$out/ops-perf.txt" || true
+}
 if [ -n "$checks" ]; then
-    .build/cmake-cuda/bin/test-qsa-ops test -b CUDA0 > "$logs/test-qsa-ops.log" 2>&1 ||
-        { echo "pyqsa ops CUDA vs CPU: FAILED"; grep FAIL "$logs/test-qsa-ops.log" | head -n 20; status=1; }
-    echo "pyqsa ops CUDA vs CPU: $(tail -n 1 "$logs/test-qsa-ops.log")"
-    .build/cmake-cuda/bin/test-qsa-ops perf -b CUDA0 2>&1 | grep "us/run" > "$out/ops-perf.txt" || true
-    .build/cmake-cuda/bin/test-qsa-page test -b CUDA0 > "$logs/test-qsa-page.log" 2>&1 ||
-        { echo "pyqsa paging ops CUDA vs CPU: FAILED"; grep FAIL "$logs/test-qsa-page.log" | head -n 20; status=1; }
-    echo "pyqsa paging ops CUDA vs CPU: $(tail -n 1 "$logs/test-qsa-page.log")"
-    .build/cmake-cuda/bin/test-qsa-page perf -b CUDA0 2>&1 | grep -E "us/(step|run)" >> "$out/ops-perf.txt" || true
-    .build/cmake-cuda/bin/test-sample test -b CUDA0 > "$logs/test-sample.log" 2>&1 ||
-        { echo "sample op CUDA vs CPU: FAILED"; grep FAIL "$logs/test-sample.log" | head -n 20; status=1; }
-    echo "sample op CUDA vs CPU: $(tail -n 1 "$logs/test-sample.log")"
-    .build/cmake-cuda/bin/test-sample perf 2>&1 | grep "us/step" >> "$out/ops-perf.txt" || true
+    : > "$out/ops-perf.txt"
+    op_check test-qsa-ops "pyqsa ops" "us/run"
+    op_check test-qsa-page "pyqsa paging ops" "us/(step|run)"
+    op_check test-sample "sample op" "us/step"
     cat "$out/ops-perf.txt"
     tests/gpu/paging.sh || { echo "paging checks: FAILED"; status=1; }
     tests/gpu/sampling.sh || { echo "sampling checks: FAILED"; status=1; }

@@ -4,9 +4,9 @@
 # commands to send. The machine's image has gguf's and tqdm's dependencies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# (the server's wheels came later: a carry without them is made again)
+# (the server's wheels and the openai client came later: a carry without them is made again)
 [ -f .gpu-carry/upstream-extract.tar.gz ] && [ -f .gpu-carry/ggml-vocab-qwen35.gguf ] &&
-    compgen -G ".gpu-carry/opentelemetry_api-*.whl" > /dev/null || tests/gpu/pack.sh
+    compgen -G ".gpu-carry/openai-*.whl" > /dev/null || tests/gpu/pack.sh
 du -sh .gpu-carry
 head=$(git rev-parse HEAD)
 git diff --quiet HEAD -- ggml_patches native pyqsa bench setup.py ||

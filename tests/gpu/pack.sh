@@ -15,11 +15,13 @@ tar -C "$(dirname "$root")" -czf .gpu-carry/upstream-extract.tar.gz \
     --exclude='ggml-opencl' --exclude='ggml-vulkan' \
     --exclude='docs' --exclude='examples' \
     "$(basename "$root")"
-# the image lacks these; the server's stack (tests/gpu/serve_paged.sh) comes last
+# the image lacks these; the server's stack (tests/gpu/serve_paged.sh) and the openai client
+# (the e2e tests of tests/gpu/sampling.sh) come last
 for w in cffi==2.1.1 pycparser==2.23 gguf==0.19.0 diskcache==5.6.3 transformers==5.23.0 \
     fastapi==0.165.0 starlette==1.10.0 sse-starlette==3.7.0 uvicorn==0.54.0 pydantic==2.14.4 \
     pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 \
-    opentelemetry-api==1.45.2; do
+    opentelemetry-api==1.45.2 openai==3.57.0 jiter==0.19.0 sniffio==1.3.1 httpx2==2.16.2 \
+    httpcore2==2.16.2 truststore==0.10.5; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 --platform any -d .gpu-carry "$w"

@@ -193,7 +193,7 @@ template <typename Weight> __device__ cut prefix_cut(const row_ctx & r, Weight w
     return cut{ key, found };
 }
 
-__global__ void sample_rows(const float * logits, const float * adjusted, const int * used,
+__global__ void __launch_bounds__(THREADS) sample_rows(const float * logits, const float * adjusted, const int * used,
                             const pyqsa_sample_params * params, pyqsa_sample_result * out, int n) {
     const bool                  adj = used != nullptr && used[blockIdx.x];
     const float *               x   = (adj ? adjusted : logits) + (size_t) blockIdx.x * n;
