@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
@@ -27,6 +29,44 @@ from .errors import APIError, internal_error
 from .metrics import Metrics
 
 
+class LoopMailbox:
+    """Events from the engine thread for the streams of one event loop, handed over with one
+    wake-up of the loop however many arrive together (the engine delivers a step's events in
+    one go, right before its next forward pass; the loop should then do their work while the
+    pass runs, not once per event in the middle of it)."""
+
+    _of_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopMailbox] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[asyncio.Queue[Event], Event]] = []
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> LoopMailbox:
+        """The loop's mailbox (made on the loop's thread, at its first use)."""
+        box = cls._of_loop.get(loop)
+        if box is None:
+            box = cls._of_loop[loop] = cls(loop)
+        return box
+
+    def post(self, queue: asyncio.Queue[Event], ev: Event) -> None:
+        """Any thread: `ev` goes into `queue` on the loop (raises if the loop is closed)."""
+        with self._lock:
+            wake = not self._pending
+            self._pending.append((queue, ev))
+        if wake:
+            self.loop.call_soon_threadsafe(self._hand_over)
+
+    def _hand_over(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for queue, ev in pending:
+            queue.put_nowait(ev)
+
+
 class EngineStream:
     """One request's events, moved from the engine thread onto the event loop."""
 
@@ -34,7 +74,7 @@ class EngineStream:
         self.engine = engine
         self.metrics = metrics
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
-        self.loop = asyncio.get_running_loop()
+        self.mailbox = LoopMailbox.of(asyncio.get_running_loop())
         self.request_id: str | None = None
         self.closed = False
         metrics.open_requests.inc()
@@ -54,7 +94,7 @@ class EngineStream:
             raise APIError(400, str(e), param="prompt") from e
 
     def _sink(self, ev: Event) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
+        self.mailbox.post(self.queue, ev)
 
     async def next(self) -> Event:
         ev = await self.queue.get()

@@ -44,11 +44,15 @@ class Runner(Protocol):
     samples_on_device: bool  # whether `run` takes draws (EngineConfig.sample_on_device)
 
     def run(
-        self, chunks: Sequence[Chunk], draws: Sequence[dict | None] | None = None
+        self,
+        chunks: Sequence[Chunk],
+        draws: Sequence[dict | None] | None = None,
+        on_launch: Callable[[], None] | None = None,
     ) -> Sequence[np.ndarray | native.SampleResult]:
         """Decode `chunks` in one batch; for each chunk with `chunk.sample`, in order, its
         float32 logits row, or, where `draws` (one entry per chunk) gives the parameters of
-        native.DeviceSampler.set, the token drawn where the logits are."""
+        native.DeviceSampler.set, the token drawn where the logits are. `on_launch` is called
+        once the pass is set up, right before it starts (not when it is refused before)."""
         ...
 
     def release(self, slot: int) -> None:
@@ -265,7 +269,10 @@ class LlamaRunner:
             sampler.free()
 
     def run(
-        self, chunks: Sequence[Chunk], draws: Sequence[dict | None] | None = None
+        self,
+        chunks: Sequence[Chunk],
+        draws: Sequence[dict | None] | None = None,
+        on_launch: Callable[[], None] | None = None,
     ) -> list[np.ndarray | native.SampleResult]:
         L = _llama()
         try:
@@ -289,6 +296,8 @@ class LlamaRunner:
                     rows.append(i)
                 i += 1
         b.n_tokens = i
+        if on_launch is not None:
+            on_launch()
         rc = L.llama_decode(self.ctx, b)
         broken = native.take_error()
         if broken:  # a QSA invariant the batch broke: its sequences hold wrong state now

@@ -34,7 +34,9 @@ class FakeRunner:
         self.abort = threading.Event()  # set by request_abort, cleared by clear_abort
         self.aborted = 0  # passes that ended in RunnerAborted
 
-    def run(self, chunks: Sequence[Chunk], draws=None) -> np.ndarray:
+    def run(self, chunks: Sequence[Chunk], draws=None, on_launch=None) -> np.ndarray:
+        if on_launch:
+            on_launch()
         self.batches.append([(c.lease.slot, c.start, c.tokens) for c in chunks])
         for c in chunks:
             self.cached[c.lease.slot] = c.start + len(c.tokens)

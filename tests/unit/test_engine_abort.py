@@ -104,7 +104,7 @@ class CancellingRunner:
         self.passes: list[tuple[str, ...]] = []
         self.aborted = 0
 
-    def run(self, chunks, draws=None):
+    def run(self, chunks, draws=None, on_launch=None):
         ids = tuple(c.request.request_id for c in chunks)
         self.passes.append(ids)
         if self.victim in ids:
@@ -112,7 +112,7 @@ class CancellingRunner:
             if self.seen == self.at:
                 self.engine.cancel(self.victim)
         try:
-            return self.runner.run(chunks, draws)
+            return self.runner.run(chunks, draws, on_launch)
         except RunnerAborted:
             self.aborted += 1
             raise

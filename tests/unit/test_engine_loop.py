@@ -232,6 +232,38 @@ def test_a_failing_sink_cancels_only_its_request(stop_after):
     assert (s.in_flight, s.busy_slots, s.finished["cancelled"]) == (0, 0, 1)
 
 
+def test_a_steps_events_are_delivered_when_the_next_pass_starts(stop_after):
+    """A step's events reach the sinks together once the next forward pass is set up (so a
+    server's event loop handles them while the device runs it), and the last ones when the
+    engine runs out of work."""
+    collector, got = Collector(), []
+
+    def sink(ev):
+        got.append(ev)  # (the collector's queue is read as it fills)
+        collector(ev)
+
+    delivered: list[tuple[int, int]] = []  # per pass: events delivered before, after its launch
+
+    class Runner(FakeRunner):
+        def run(self, chunks, draws=None, on_launch=None):
+            before = len(got)
+
+            def launch():
+                on_launch()
+                delivered.append((before, len(got)))
+
+            return super().run(chunks, draws, launch)
+
+    e = engine(Runner())
+    stop_after(e)
+    e.submit([3, 4], GREEDY, sink)
+    assert collector.wait().reason is FinishReason.LENGTH
+    # a prefill, then 4 decodes: each pass's launch hands over the previous step's token; the
+    # 5th token and the end come when the engine idles
+    assert delivered == [(0, 0), (0, 1), (1, 2), (2, 3), (3, 4)]
+    assert collector.tokens == [5, 6, 7, 8, 9]
+
+
 def test_stop_cancels_everything():
     gate = threading.Event()
     e = engine(FakeRunner(hook=lambda chunks: gate.wait(0.05)), n_slots=1)
