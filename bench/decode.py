@@ -14,6 +14,10 @@ run, each one token for every one of the n sequences in one llama_decode with lo
 them (timed up to llama_synchronize: the `decode` record). A step touches only the KV streams of
 the sequences in its batch, so one context serves all sequence counts at the cost of one.
 
+--profile PATH makes a profiling run instead: the last PROFILE_CHUNKS prefill batches and each
+sequence count's timed steps run under the CUDA kernel profiler (bench/kernels.py), whose tables
+(kernel time by name, per batch or step) go to PATH; it writes no timing records.
+
 --lib picks the shared-library folder (LLAMA_CPP_LIB_PATH), so one script drives pyqsa's build
 and an unpatched upstream build; the records say which one ran (pyqsa's library exports
 pyqsa_version, upstream's does not) and refuse a --variant that disagrees.
@@ -22,6 +26,7 @@ pyqsa_version, upstream's does not) and refuse a --variant that disagrees.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -34,12 +39,14 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import KernelProfile, require_kernel_profiler, table  # noqa: E402
 from meta import run_meta  # noqa: E402
 
 from pyqsa.engine.context import ContextConfig, ContextError, load_model, open_context  # noqa: E402
 
 PREFILL_EXPONENT = 2.0  # prefill time grows at most quadratically with context (budget guess)
 RUN_MARGIN_S = 30.0  # what a run needs besides its prefill: model load, context, decode steps
+PROFILE_CHUNKS = 2  # prefill batches a --profile run records (the last ones: the longest context)
 
 
 class BenchError(RuntimeError):
@@ -106,6 +113,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "inside the step by the sample op at temperature 1 and only the token comes back",
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        help="a profiling run: kernel time by name of the last prefill batches and the timed "
+        "decode steps, written to this file (needs PyTorch with CUDA); no timing records",
+    )
     ap.add_argument(
         "--out",
         type=Path,
@@ -198,6 +211,7 @@ class Bench:
         self.rng = np.random.default_rng(args.seed)
         self.ctx = None
         self.samplers: list[Any] = []  # --sampling device: one per sequence, attached
+        self.profiles: list[str] = []  # --profile: the kernel tables so far
 
     def config(self, context: int, n_seq: int) -> ContextConfig:
         """The engine's context settings (pyqsa.engine.context) at this shape."""
@@ -290,12 +304,37 @@ class Bench:
         if rc != 0:
             raise BenchError(f"llama_decode returned {rc}")
 
+    def _profiled(self, title: str, per: int):
+        """A context manager recording the kernels of the block as a table titled `title`, per
+        `per` batches or steps (--profile); nothing without --profile."""
+        if not self.args.profile:
+            return contextlib.nullcontext()
+        bench = self
+
+        class Recording(KernelProfile):
+            def __exit__(self, *exc: object) -> None:
+                bench.L.llama_synchronize(bench.ctx)
+                super().__exit__(*exc)
+                if exc[0] is None:
+                    bench.profiles.append(table(title, self.rows, per))
+
+        return Recording()
+
     def prefill(self, context: int) -> float:
         """Fill sequence 0 with `context` random tokens; return the seconds it took."""
         ub = self.args.ubatch
+        starts = list(range(0, context, ub))
+        n_last = min(PROFILE_CHUNKS, len(starts)) if self.args.profile else 0
         t0 = time.perf_counter()
-        for p0 in range(0, context, ub):
-            n = min(ub, context - p0)
+        self._prefill_batches(starts[: len(starts) - n_last], context)
+        with self._profiled(f"prefill, the batches of {ub} up to {context} tokens", n_last):
+            self._prefill_batches(starts[len(starts) - n_last :], context)
+        self.L.llama_synchronize(self.ctx)
+        return time.perf_counter() - t0
+
+    def _prefill_batches(self, starts: list[int], context: int) -> None:
+        for p0 in starts:
+            n = min(self.args.ubatch, context - p0)
             self._set(
                 self.rng.integers(0, self.n_vocab, n, dtype=np.int32),
                 np.arange(p0, p0 + n, dtype=np.int32),
@@ -303,8 +342,6 @@ class Bench:
                 False,
             )
             self._decode()
-        self.L.llama_synchronize(self.ctx)
-        return time.perf_counter() - t0
 
     def copy_seq0(self, n_seq: int) -> int:
         """Make sequences 1..n_seq-1 copies of sequence 0; return the next position."""
@@ -331,7 +368,11 @@ class Bench:
         a = self.args
         seqs = np.arange(n_seq, dtype=np.int32)
         times, check = [], {}
+        profiled = contextlib.ExitStack()
         for step in range(a.warmup + a.steps):
+            if step == a.warmup:
+                title = f"decode, {n_seq} x {pos + step} tokens"
+                profiled.enter_context(self._profiled(title, a.steps))
             if step == 0:  # the same token everywhere: every copy must give sequence 0's logits
                 tokens = np.full(n_seq, self.rng.integers(0, self.n_vocab), np.int32)
             else:
@@ -358,6 +399,7 @@ class Bench:
                     check["copy_max_abs_diff"] = float(np.abs(lg - lg[0]).max())
             elif step >= a.warmup:
                 times.append(dt)
+        profiled.close()
         med = statistics.median(times)
         return {
             "pos_start": pos,
@@ -375,12 +417,20 @@ class Bench:
 def run(args: argparse.Namespace) -> int:
     import llama_cpp as L
 
+    if args.profile:
+        try:
+            require_kernel_profiler()
+        except RuntimeError as e:
+            raise BenchError(f"--profile: {e}") from None
+
     meta = run_meta(L, args.variant, args.lib, args.model)
     if args.hot_blocks:  # pyqsa's library with paging: reported as a variant of its own
         meta["variant"] = "pyqsa-paged" if args.kv_type == "f16" else "pyqsa-paged-q8"
     if args.sampling == "device":  # (only unpaged runs: one thing compared at a time)
         meta["variant"] = "pyqsa-sampled"
-    emit = Emitter(args.out, meta)
+    if args.profile:  # its records, printed only, say so: the profiler slows the steps
+        meta["profiled"] = True
+    emit = Emitter([] if args.profile else args.out, meta)
     bench = Bench(L, args.model, args)
     n_seq = max(args.seqs)
     for context in args.contexts:
@@ -442,6 +492,11 @@ def run(args: argparse.Namespace) -> int:
                     )
         finally:
             bench.close()
+    if args.profile:
+        keys = ("commit", "variant", "gpu", "model")
+        head = "# " + ", ".join(f"{k} {meta.get(k)}" for k in keys) + f"; ubatch {args.ubatch}"
+        args.profile.write_text("\n\n".join([head, *bench.profiles]) + "\n")
+        print(args.profile.read_text(), file=sys.stderr)
     return 0
 
 

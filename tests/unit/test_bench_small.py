@@ -194,3 +194,63 @@ def test_decode_paged_with_q8_0(small_gguf, tmp_path):
         timeout=60,
     )
     assert proc.returncode == 2 and "--kv-type q8_0 needs --hot-blocks" in proc.stderr
+
+
+# decode.py --profile with a stand-in for the CUDA kernel profiler (this machine has no GPU):
+# every profiled stretch "records" 3 calls of one kernel, 120 us in all
+FAKE_PROFILER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import decode
+
+class Recording:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.rows = [("qsa_attn_kernel", 3, 120.0)]
+
+decode.KernelProfile = Recording
+decode.require_kernel_profiler = lambda: None
+sys.exit(decode.main(sys.argv[2:]))
+"""
+
+
+def test_decode_profile_writes_kernel_tables_and_no_records(small_gguf, tmp_path):
+    out, kernels = tmp_path / "decode.jsonl", tmp_path / "kernels.txt"
+    args = ["--contexts", "256", "--seqs", "1,2", "--steps", "2", "--warmup", "1"]
+    args += ["--threads", "1", "--no-extra-bufts", "--lib", str(LIB), "--out", str(out)]
+    args += ["--ubatch", "64", "--profile", str(kernels)]
+    _run("-c", FAKE_PROFILER, str(BENCH), str(small_gguf), "--variant", "pyqsa", *args)
+    assert not out.exists()  # a profiling run's timings are not measurements
+    text = kernels.read_text()
+    assert text.startswith("# commit ") and "variant pyqsa" in text and "ubatch 64" in text
+    titles = [line for line in text.splitlines() if line.startswith("## ")]
+    # the last 2 prefill batches (up to 256 - 2 x 3 decode positions), then 2 timed steps each
+    assert titles == [
+        "## prefill, the batches of 64 up to 250 tokens: 0.060 ms of kernels per step, 1 kernels",
+        "## decode, 1 x 251 tokens: 0.060 ms of kernels per step, 1 kernels",
+        "## decode, 2 x 254 tokens: 0.060 ms of kernels per step, 1 kernels",
+    ]
+    assert "100.0%     0.060        1.5  qsa_attn_kernel" in text
+
+
+def test_kernel_totals_and_table():
+    sys.path.insert(0, str(BENCH))
+    from kernels import kernel_totals, table
+
+    trace = {
+        "traceEvents": [
+            {"cat": "kernel", "name": "b", "dur": 5.0},
+            {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "dur": 50.0},
+            {"cat": "kernel", "name": "a", "dur": 10.0},
+            {"cat": "kernel", "name": "b", "dur": 7.0},
+            {"cat": "kernel", "name": "c"},  # no duration: not counted
+        ]
+    }
+    rows = kernel_totals(trace)
+    assert rows == [("b", 2, 12.0), ("a", 1, 10.0)]
+    text = table("t", rows, per=2, top=1).splitlines()
+    assert text[0] == "## t: 0.011 ms of kernels per step, 2 kernels"
+    assert text[2] == " 54.5%     0.006        1.0  b"
+    assert text[3].startswith(" 45.5%     0.005") and text[3].endswith("(1 more)")
