@@ -16,7 +16,7 @@ the sequences in its batch, so one context serves all sequence counts at the cos
 
 --profile PATH makes a profiling run instead: the last PROFILE_CHUNKS prefill batches and each
 sequence count's timed steps run under the CUDA kernel profiler (bench/kernels.py), whose tables
-(kernel time by name, per batch or step) go to PATH; it writes no timing records.
+(kernel time by name, per batch or step) are appended to PATH; it writes no timing records.
 
 --lib picks the shared-library folder (LLAMA_CPP_LIB_PATH), so one script drives pyqsa's build
 and an unpatched upstream build; the records say which one ran (pyqsa's library exports
@@ -117,7 +117,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--profile",
         type=Path,
         help="a profiling run: kernel time by name of the last prefill batches and the timed "
-        "decode steps, written to this file (needs PyTorch with CUDA); no timing records",
+        "decode steps, appended to this file (needs PyTorch with CUDA); no timing records",
     )
     ap.add_argument(
         "--out",
@@ -495,8 +495,10 @@ def run(args: argparse.Namespace) -> int:
     if args.profile:
         keys = ("commit", "variant", "gpu", "model")
         head = "# " + ", ".join(f"{k} {meta.get(k)}" for k in keys) + f"; ubatch {args.ubatch}"
-        args.profile.write_text("\n\n".join([head, *bench.profiles]) + "\n")
-        print(args.profile.read_text(), file=sys.stderr)
+        text = "\n\n".join([head, *bench.profiles]) + "\n\n"
+        with open(args.profile, "a") as f:  # a call's variants share one file
+            f.write(text)
+        print(text, file=sys.stderr)
     return 0
 
 
