@@ -56,6 +56,23 @@ record decode_together python3 bench/serve_load.py $url --requests 8 --prompt-to
 record short_behind_long python3 bench/serve_load.py $url --requests 7 --prompt-tokens "$prompt" \
     --max-tokens 32 --short-after 2 --short-prompt-tokens 64 --repeats "$repeats"
 curl -s $url/metrics | grep -E "^pyqsa_engine_step" || true
+# the together rate over decode.py's 8-sequence rate at 32K from the same call (gpu_run.sh's
+# decode runs; its latest unpaged, host-copy record), the issue's >= 0.95x
+python3 - "$out" <<'PY' || true
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+recs = [json.loads(l) for l in (out / "decode.jsonl").read_text().splitlines() if l] if (out / "decode.jsonl").exists() else []
+ref = [r for r in recs if r.get("kind") == "decode" and r.get("n_seq") == 8 and r.get("context") == 32768 and r.get("variant") == "pyqsa"]
+for r in reversed(ref):
+    for s in (json.loads(l) for l in (out / "serve-bench.jsonl").read_text().splitlines() if l):
+        if s["scenario"] == "decode_together" and "together_tok_s" in s:
+            print(f"decode_together ({s['serve_flags']}): {s['together_tok_s']} tok/s = "
+                  f"{s['together_tok_s'] / r['tok_s']:.3f}x decode.py's {r['tok_s']:.1f} ({r['variant']}, 32K x 8)")
+    break
+else:
+    print("no decode.py record at 32K x 8 in this call: compare decode_together by hand")
+PY
 kill $pid; wait $pid 2> /dev/null
 [ $status = 0 ] || tail -n 30 "$log"
 echo "serve benchmark: $([ $status = 0 ] && echo done || echo FAILED)"
