@@ -61,17 +61,19 @@ curl -s $url/metrics | grep -E "^pyqsa_engine_step" || true
 python3 - "$out" <<'PY' || true
 import json, sys
 from pathlib import Path
+
+def lines(path):
+    return [json.loads(l) for l in path.read_text().splitlines() if l] if path.exists() else []
+
 out = Path(sys.argv[1])
-recs = [json.loads(l) for l in (out / "decode.jsonl").read_text().splitlines() if l] if (out / "decode.jsonl").exists() else []
-ref = [r for r in recs if r.get("kind") == "decode" and r.get("n_seq") == 8 and r.get("context") == 32768 and r.get("variant") == "pyqsa"]
-for r in reversed(ref):
-    for s in (json.loads(l) for l in (out / "serve-bench.jsonl").read_text().splitlines() if l):
-        if s["scenario"] == "decode_together" and "together_tok_s" in s:
-            print(f"decode_together ({s['serve_flags']}): {s['together_tok_s']} tok/s = "
-                  f"{s['together_tok_s'] / r['tok_s']:.3f}x decode.py's {r['tok_s']:.1f} ({r['variant']}, 32K x 8)")
-    break
-else:
-    print("no decode.py record at 32K x 8 in this call: compare decode_together by hand")
+ref = [r for r in lines(out / "decode.jsonl") if r.get("kind") == "decode" and r.get("n_seq") == 8
+       and r.get("context") == 32768 and r.get("variant") == "pyqsa"]
+if not ref:
+    sys.exit("no decode.py record at 32K x 8 in this call: compare decode_together by hand")
+for s in lines(out / "serve-bench.jsonl"):
+    if s["scenario"] == "decode_together" and "together_tok_s" in s:
+        print(f"decode_together ({s['serve_flags']}): {s['together_tok_s']} tok/s = "
+              f"{s['together_tok_s'] / ref[-1]['tok_s']:.3f}x decode.py's {ref[-1]['tok_s']:.1f} (32K x 8)")
 PY
 kill $pid; wait $pid 2> /dev/null
 [ $status = 0 ] || tail -n 30 "$log"
