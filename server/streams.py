@@ -58,7 +58,12 @@ class LoopMailbox:
             wake = not self._pending
             self._pending.append((queue, ev))
         if wake:
-            self.loop.call_soon_threadsafe(self._hand_over)
+            try:
+                self.loop.call_soon_threadsafe(self._hand_over)
+            except RuntimeError:  # a closed loop: nothing takes these, and each post says so
+                with self._lock:
+                    self._pending.clear()
+                raise
 
     def _hand_over(self) -> None:
         with self._lock:

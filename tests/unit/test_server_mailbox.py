@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from server.streams import LoopMailbox
 
 
@@ -35,3 +37,15 @@ def test_events_posted_together_wake_the_loop_once_and_keep_their_order():
     got, wakes = asyncio.run(main())
     assert got == [[0, 2, 4, 6, 8], [1, 3, 5, 7]]
     assert wakes == 2
+
+
+def test_every_post_to_a_closed_loop_raises():
+    """The engine cancels a request whose sink raises: each post must raise, not only the one
+    that would have woken the loop."""
+    loop = asyncio.new_event_loop()
+    box = LoopMailbox(loop)
+    loop.close()
+    queue: asyncio.Queue = asyncio.Queue()
+    for ev in range(3):
+        with pytest.raises(RuntimeError):
+            box.post(queue, ev)
