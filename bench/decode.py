@@ -33,6 +33,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from meta import run_meta  # noqa: E402
 from pyqsa.engine.context import ContextConfig, ContextError, load_model, open_context  # noqa: E402
 
 PREFILL_EXPONENT = 2.0  # prefill time grows at most quadratically with context (budget guess)
+RESULTS = Path(__file__).resolve().parent / "results"  # report.py's files, earlier calls' records
 RUN_MARGIN_S = 30.0  # what a run needs besides its prefill: model load, context, decode steps
 PROFILE_CHUNKS = 2  # prefill batches a --profile run records (the last ones: the longest context)
 
@@ -159,9 +161,11 @@ class Emitter:
     """Writes each record as one JSON line to stdout and every --out file, flushed at once
     (a run killed at its time limit keeps what it measured)."""
 
-    def __init__(self, outs: list[Path], common: dict[str, Any]) -> None:
+    def __init__(
+        self, outs: list[Path], common: dict[str, Any], known: Sequence[dict[str, Any]] = ()
+    ) -> None:
         self.outs, self.common = outs, common
-        self.history: list[dict[str, Any]] = []
+        self.history: list[dict[str, Any]] = list(known)
         for p in outs:
             if p.exists():
                 self.history += [json.loads(line) for line in p.read_text().splitlines() if line]
@@ -175,16 +179,35 @@ class Emitter:
         self.history.append(json.loads(line))
 
     def estimate_s(self, variant: str, context: int) -> float | None:
-        """Prefill seconds for `context`, from this variant's largest smaller measured one."""
+        """Prefill seconds for `context` from this variant's measured prefills: the one at
+        `context` itself, else the nearest larger one scaled down linearly, else the largest
+        smaller one scaled up quadratically (both err long)."""
         done = [
-            r
-            for r in self.history
-            if r.get("kind") == "prefill" and r.get("variant") == variant and r["context"] < context
+            r for r in self.history if r.get("kind") == "prefill" and r.get("variant") == variant
         ]
+        larger = [r for r in done if r["context"] >= context]
+        if larger:
+            r = min(larger, key=lambda r: r["context"])
+            return r["seconds"] * context / r["context"]
         if not done:
             return None
         r = max(done, key=lambda r: r["context"])
         return r["seconds"] * (context / r["context"]) ** PREFILL_EXPONENT
+
+
+def known_prefills(meta: dict[str, Any], n_batch: int) -> list[dict[str, Any]]:
+    """Prefill records of bench/results/ from the same GPU, model and prefill batch: what an
+    earlier call measured, so a new call's budget guesses start from it."""
+    out = []
+    for path in sorted(RESULTS.glob("*-decode.json")):
+        for r in json.loads(path.read_text()).get("records", []):
+            if (
+                r.get("kind") == "prefill"
+                and (r.get("gpu"), r.get("model")) == (meta.get("gpu"), meta.get("model"))
+                and r.get("flags", {}).get("n_batch") == n_batch
+            ):
+                out.append(r)
+    return out
 
 
 class Bench:
@@ -430,7 +453,7 @@ def run(args: argparse.Namespace) -> int:
         meta["variant"] = "pyqsa-sampled"
     if args.profile:  # its records, printed only, say so: the profiler slows the steps
         meta["profiled"] = True
-    emit = Emitter([] if args.profile else args.out, meta)
+    emit = Emitter([] if args.profile else args.out, meta, known_prefills(meta, args.ubatch))
     bench = Bench(L, args.model, args)
     n_seq = max(args.seqs)
     for context in args.contexts:

@@ -254,3 +254,28 @@ def test_kernel_totals_and_table():
     assert text[0] == "## t: 0.011 ms of kernels per step, 2 kernels"
     assert text[2] == " 54.5%     0.006        1.0  b"
     assert text[3].startswith(" 45.5%     0.005") and text[3].endswith("(1 more)")
+
+
+def test_prefill_estimates_for_the_budget():
+    """decode.py's guess of a prefill's seconds (to skip what would overrun --budget): the
+    same context as measured, a smaller one scaled down linearly from the nearest larger, a
+    larger one scaled up quadratically; records of bench/results/ count when their GPU, model
+    and prefill batch match."""
+    sys.path.insert(0, str(BENCH))
+    import decode
+
+    def pre(variant, context, seconds):
+        return {"kind": "prefill", "variant": variant, "context": context, "seconds": seconds}
+
+    known = [pre("upstream", 8192, 1.5), pre("upstream", 131072, 47.0), pre("pyqsa", 8192, 2.0)]
+    e = decode.Emitter([], {}, known)
+    assert e.estimate_s("upstream", 131072) == 47.0
+    assert e.estimate_s("upstream", 65536) == 23.5
+    assert e.estimate_s("upstream", 262144) == 47.0 * 4
+    assert e.estimate_s("pyqsa", 16384) == 8.0
+    assert e.estimate_s("pyqsa-paged", 8192) is None
+    meta = {"gpu": "NVIDIA H200", "model": "flash-next-synth-bb6a59d2fe27.gguf"}
+    found = decode.known_prefills(meta, 512)  # session 9's file holds upstream at 256K
+    assert any(r["variant"] == "upstream" and r["context"] == 262144 for r in found)
+    assert all(r["flags"]["n_batch"] == 512 and r["gpu"] == "NVIDIA H200" for r in found)
+    assert decode.known_prefills(meta, 2048) == []
