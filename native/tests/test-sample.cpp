@@ -181,6 +181,9 @@ std::vector<sample_case> cases() {
         { 151936, 16, row_kind::peaked, mix, 300 },
         { 32000, 16, row_kind::levels, mix, 40 },
         { 5, 8, row_kind::levels, mix, 3 },
+        // one row: the op llama.cpp's backend sampling runs per sequence
+        { 151936, 1, row_kind::levels, { params(1, 50, 0.9f, 0.02f, 1) } },
+        { 151936, 1, row_kind::peaked, { params(0.9f, 0, 0.9f, 0, 20) } },
     };
 }
 
@@ -284,7 +287,8 @@ int cmd_test(const char * only_backend) {
     return n_fail == 0 ? 0 : 1;
 }
 
-// 8 rows of the Qwen vocabulary (a decode step of 8 requests), per parameter set
+// 8 rows of the Qwen vocabulary (a decode step of 8 requests), per parameter set, and one row:
+// the op llama.cpp's backend sampling runs for each sequence, one after another
 int cmd_perf(const char * only_backend) {
     std::mt19937 rng(7);
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
@@ -298,14 +302,16 @@ int cmd_perf(const char * only_backend) {
             { "top_p 0.9", params(1, 0, 0.9f, 0, -1), 0 }, { "top_k 40", params(1, 40, 1, 0, -1), 0 },
             { "logprobs 20", params(1, 0, 1, 0, 20), 0 },  { "temperature 1, 1024 adjustments", params(1, 0, 1, 0, -1), 1024 },
         };
-        for (const auto & [label, set, max_adjust] : sets) {
-            sample_case c{ 151936, 8, row_kind::peaked, { set }, max_adjust };
-            const std::vector<float> x = make_rows(c, rng);
-            const sample_graph       g(be, c, x, row_params(c, rng), make_adjust(c, rng));
-            if (!g.supported) continue;
-            const double us = time_graph(be, g.gf, iters);
-            std::printf("  SAMPLE(8 x 151936, %s) %s: %.1f us/step (the op alone, logits on the backend)\n", label,
-                        ggml_backend_dev_name(dev), us);
+        for (const int rows : { 8, 1 }) {
+            for (const auto & [label, set, max_adjust] : sets) {
+                sample_case c{ 151936, rows, row_kind::peaked, { set }, max_adjust };
+                const std::vector<float> x = make_rows(c, rng);
+                const sample_graph       g(be, c, x, row_params(c, rng), make_adjust(c, rng));
+                if (!g.supported) continue;
+                const double us = time_graph(be, g.gf, iters);
+                std::printf("  SAMPLE(%d x 151936, %s) %s: %.1f us/step (the op alone, logits on the backend)\n", rows,
+                            label, ggml_backend_dev_name(dev), us);
+            }
         }
         ggml_backend_free(be);
     }

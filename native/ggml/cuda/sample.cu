@@ -1,5 +1,7 @@
-// CUDA kernel of PYQSA_GGML_OP_SAMPLE, one CTA per row, the rules of pyqsa_sample_params
-// (pyqsa.h) as the host sampler (native/ggml/sample-row.cpp) applies them:
+// CUDA kernel of PYQSA_GGML_OP_SAMPLE, one thread-block cluster of CLUSTER CTAs per row (each
+// CTA a contiguous slice of the row; reductions and histograms meet in distributed shared
+// memory), the rules of pyqsa_sample_params (pyqsa.h) as the host sampler
+// (native/ggml/sample-row.cpp) applies them:
 //  1. the largest logit (lowest id on ties); with temperature 0 that is the token;
 //  2. top_k and top_p are both "keep the rank-order prefix whose weight before an id is below a
 //     target" (weight 1 and target k; weight exp(y - y_max) and target top_p * mass): a radix
@@ -10,6 +12,9 @@
 // Sums are f64 as on the host; their order differs, so a cut may differ at an f64 near-tie.
 // Rows with logit adjustments are sampled from an adjusted copy (adjust_rows); the others from
 // the logits themselves.
+// NOTE: a cluster per row, not a CTA: llama.cpp's backend sampling gives each sequence's sampler
+// its own one-row op, so a step runs one launch per sequence, one after another, each paying a
+// whole row's latency on as many SMs as the row gets.
 #include "sample.cuh"
 
 #include "ordered-key.cuh"
@@ -18,11 +23,16 @@
 #include "../sample-params.h"
 #include "pyqsa-ggml.h"
 
+#include <cooperative_groups.h>
+
+namespace cg = cooperative_groups;
+
 namespace {
 
 constexpr int THREADS = 1024;
 constexpr int WARPS   = THREADS / 32;
 constexpr int BINS    = 256;
+constexpr int CLUSTER = 8;  // CTAs a row (the portable cluster size)
 
 // (key desc, id asc) as one 64-bit word: the larger word ranks first
 __device__ __forceinline__ uint64_t rank_word(uint32_t key, int id) {
@@ -46,6 +56,25 @@ template <typename T, typename Op> __device__ T block_reduce(T v, Op op, T * scr
     for (int w = 1; w < WARPS; ++w) {
         v = op(v, scratch[w]);
     }
+    return v;
+}
+
+// op over every thread of the cluster: each CTA's value, then the CTAs' values in rank order
+// (the same result in every thread of every CTA)
+template <typename T, typename Op> __device__ T cluster_reduce(T v, Op op) {
+    __shared__ T scratch[WARPS];
+    __shared__ T mine;
+    cg::cluster_group cluster = cg::this_cluster();
+    v = block_reduce(v, op, scratch);
+    if (threadIdx.x == 0) {
+        mine = v;
+    }
+    cluster.sync();
+    v = *cluster.map_shared_rank(&mine, 0);
+    for (int k = 1; k < CLUSTER; ++k) {
+        v = op(v, *cluster.map_shared_rank(&mine, k));
+    }
+    cluster.sync();  // every CTA has read `mine` before it is written again
     return v;
 }
 
@@ -76,6 +105,7 @@ struct cut {
 struct row_ctx {
     const float * x;
     int           n;
+    int           lo, hi;  // this CTA's slice of the row
     double        t, y_max, min_p;
     bool          by_min_p;
     cut           k_cut;  // top_k (everything when off)
@@ -89,13 +119,15 @@ struct row_ctx {
 };
 
 // The prefix of the rank order whose weight before an id stays below `target`; weight(i) is 0
-// for ids outside the set being cut. Returns the boundary key and the id end of its ties.
+// for ids outside the set being cut. Returns the boundary key and the id end of its ties (the
+// same in every CTA of the cluster: each sums the CTAs' histograms in rank order).
 template <typename Weight> __device__ cut prefix_cut(const row_ctx & r, Weight weight, double target) {
-    __shared__ double   hist[BINS];
+    __shared__ double   hist[BINS];   // this CTA's slice
+    __shared__ double   total[BINS];  // the row's, summed over the cluster
     __shared__ uint32_t prefix;
     __shared__ double   above;  // weight of the keys above the current prefix's range
-    __shared__ int      base, found;
     __shared__ int      tie_count[WARPS];
+    cg::cluster_group   cluster = cg::this_cluster();
     if (threadIdx.x == 0) {
         prefix = 0;
         above  = 0;
@@ -107,30 +139,38 @@ template <typename Weight> __device__ cut prefix_cut(const row_ctx & r, Weight w
         }
         __syncthreads();
         const uint32_t high_mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
-        for (int i0 = 0; i0 < r.n; i0 += THREADS) {  // whole warps at every iteration
+        for (int i0 = r.lo; i0 < r.hi; i0 += THREADS) {  // whole warps at every iteration
             const int      i    = i0 + threadIdx.x;
-            const uint32_t key  = i < r.n ? ordered_key(r.x[i]) : 0u;
-            const double   w    = i < r.n ? weight(i) : 0.0;
+            const uint32_t key  = i < r.hi ? ordered_key(r.x[i]) : 0u;
+            const double   w    = i < r.hi ? weight(i) : 0.0;
             const bool     take = w > 0 && (key & high_mask) == prefix;
             warp_hist_add(hist, (int) ((key >> shift) & 0xff), w, take);
         }
-        __syncthreads();
+        cluster.sync();  // every CTA's histogram is complete
+        for (int b = threadIdx.x; b < BINS; b += THREADS) {
+            double sum = 0;
+            for (int k = 0; k < CLUSTER; ++k) {
+                sum += cluster.map_shared_rank(hist, k)[b];
+            }
+            total[b] = sum;
+        }
+        cluster.sync();  // every CTA has read the histograms before they are cleared
         if (threadIdx.x == 0) {
             // from the top bin down, the first whose weight carries the sum to the target; if
             // rounding leaves none, the lowest bin that has any weight
             int b = BINS - 1, last = -1;
             for (; b >= 0; --b) {
-                if (hist[b] > 0) {
+                if (total[b] > 0) {
                     last = b;
-                    if (above + hist[b] >= target) {
+                    if (above + total[b] >= target) {
                         break;
                     }
-                    above += hist[b];
+                    above += total[b];
                 }
             }
             if (b < 0 && last >= 0) {
                 b = last;
-                above -= hist[last];
+                above -= total[last];
             }
             b = max(b, 0);  // no weight at all: cannot happen with checked parameters
             prefix |= (uint32_t) b << shift;
@@ -141,13 +181,12 @@ template <typename Weight> __device__ cut prefix_cut(const row_ctx & r, Weight w
     // ties at the boundary key all weigh the same (equal logits): keep those whose weight
     // before them is still below the target, lowest ids first
     double w_tie = 0;
-    for (int i = threadIdx.x; i < r.n && w_tie == 0; i += THREADS) {
+    for (int i = r.lo + threadIdx.x; i < r.hi && w_tie == 0; i += THREADS) {
         if (ordered_key(r.x[i]) == key) {
             w_tie = weight(i);
         }
     }
-    __shared__ double scratch_d[WARPS];
-    w_tie = block_reduce(w_tie, [](double a, double b) { return a > b ? a : b; }, scratch_d);
+    w_tie = cluster_reduce(w_tie, [](double a, double b) { return a > b ? a : b; });
     // tie r (from 0) is kept while above + r * w_tie < target: keep = the first r that fails
     const double need = (target - above) / w_tie;
     int          keep = need <= 1 ? 1 : (int) fmin((double) r.n, ceil(need));
@@ -157,80 +196,103 @@ template <typename Weight> __device__ cut prefix_cut(const row_ctx & r, Weight w
     while (keep < r.n && above + keep * w_tie < target) {
         ++keep;
     }
-    // the id after the keep-th tie (in id order) among the weighted ids with this key
-    if (threadIdx.x == 0) {
-        base  = 0;
-        found = r.n;
+    // the id after the keep-th tie (in id order) among the weighted ids with this key: the
+    // slices' tie counts say which CTA holds it, that CTA finds it in its slice
+    const auto tie_at = [&](int i) { return i < r.hi && ordered_key(r.x[i]) == key && weight(i) > 0; };
+    int        mine   = 0;
+    for (int i = r.lo + threadIdx.x; i < r.hi; i += THREADS) {
+        mine += tie_at(i);
     }
-    __syncthreads();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int i0 = 0; i0 < r.n; i0 += THREADS) {
-        const int      i      = i0 + threadIdx.x;
-        const bool     tie    = i < r.n && ordered_key(r.x[i]) == key && weight(i) > 0;
-        const unsigned ballot = __ballot_sync(0xffffffff, tie);
-        if (lane == 0) {
-            tie_count[warp] = __popc(ballot);
-        }
-        __syncthreads();
-        int rank = base + __popc(ballot & ((1u << lane) - 1));
-        for (int w = 0; w < warp; ++w) {
-            rank += tie_count[w];
-        }
-        if (tie && rank == keep - 1) {
-            found = i + 1;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
+    __shared__ int counts[WARPS];
+    mine = block_reduce(mine, [](int a, int b) { return a + b; }, counts);
+    __shared__ int slice_ties;
+    if (threadIdx.x == 0) {
+        slice_ties = mine;
+    }
+    cluster.sync();
+    int base = 0;  // ties in the lower-ranked slices
+    for (unsigned k = 0; k < cluster.block_rank(); ++k) {
+        base += *cluster.map_shared_rank(&slice_ties, k);
+    }
+    cluster.sync();
+    int found = r.n;
+    if (base < keep && keep <= base + mine) {
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        for (int i0 = r.lo; i0 < r.hi; i0 += THREADS) {  // whole warps at every iteration
+            const int      i      = i0 + threadIdx.x;
+            const bool     tie    = tie_at(i);
+            const unsigned ballot = __ballot_sync(0xffffffff, tie);
+            if (lane == 0) {
+                tie_count[warp] = __popc(ballot);
+            }
+            __syncthreads();
+            int rank = base + __popc(ballot & ((1u << lane) - 1));
+            for (int w = 0; w < warp; ++w) {
+                rank += tie_count[w];
+            }
+            if (tie && rank == keep - 1) {
+                counts[0] = i + 1;  // (counts is free again: one thread writes it)
+            }
             for (int w = 0; w < WARPS; ++w) {
                 base += tie_count[w];
             }
-        }
-        __syncthreads();
-        if (found < r.n || base >= keep) {
-            break;
+            __syncthreads();
+            if (base >= keep) {
+                found = counts[0];
+                break;
+            }
         }
     }
+    found = cluster_reduce(found, [](int a, int b) { return a < b ? a : b; });
     return cut{ key, found };
 }
 
-__global__ void __launch_bounds__(THREADS) sample_rows(const float * logits, const float * adjusted, const int * used,
-                            const pyqsa_sample_params * params, pyqsa_sample_result * out, int n) {
-    const bool                  adj = used != nullptr && used[blockIdx.x];
-    const float *               x   = (adj ? adjusted : logits) + (size_t) blockIdx.x * n;
-    const pyqsa_sample_params   p = pyqsa_sample_params_checked(params[blockIdx.x], n);
-    pyqsa_sample_result &       o = out[blockIdx.x];
-    __shared__ uint64_t         scratch_w[WARPS];
-    __shared__ double           scratch_d[WARPS];
+// grid (CLUSTER * n_rows), clusters of CLUSTER CTAs: row blockIdx.x / CLUSTER
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS)
+    sample_rows(const float * logits, const float * adjusted, const int * used, const pyqsa_sample_params * params,
+                pyqsa_sample_result * out, int n) {
+    cg::cluster_group         cluster = cg::this_cluster();
+    const int                 row     = blockIdx.x / CLUSTER;
+    const int                 rank    = (int) cluster.block_rank();
+    const int                 slice   = (n + CLUSTER - 1) / CLUSTER;
+    const int                 lo      = min(n, rank * slice);
+    const int                 hi      = min(n, lo + slice);
+    const bool                adj     = used != nullptr && used[row];
+    const float *             x       = (adj ? adjusted : logits) + (size_t) row * n;
+    const pyqsa_sample_params p       = pyqsa_sample_params_checked(params[row], n);
+    pyqsa_sample_result &     o       = out[row];
     const auto max_word = [](uint64_t a, uint64_t b) { return a > b ? a : b; };
+    const auto sum      = [](double a, double b) { return a + b; };
 
     uint64_t best_w = 0;
-    for (int i = threadIdx.x; i < n; i += THREADS) {
+    for (int i = lo + threadIdx.x; i < hi; i += THREADS) {
         best_w = max(best_w, rank_word(ordered_key(x[i]), i));
     }
-    best_w         = block_reduce(best_w, max_word, scratch_w);
+    best_w         = cluster_reduce(best_w, max_word);
     const int best = rank_word_id(best_w);
 
     int token = best;
     if (p.temperature > 0) {
-        row_ctx r{ x, n, (double) p.temperature, (double) x[best] / p.temperature, (double) p.min_p,
+        row_ctx r{ x, n, lo, hi, (double) p.temperature, (double) x[best] / p.temperature, (double) p.min_p,
                    p.min_p > 0, cut{ 0u, n }, cut{ 0u, n } };
         if (p.top_k > 0) {
             r.k_cut = prefix_cut(r, [](int) { return 1.0; }, (double) p.top_k);
         }
         if (p.top_p < 1) {
             double z = 0;
-            for (int i = threadIdx.x; i < n; i += THREADS) {
+            for (int i = lo + threadIdx.x; i < hi; i += THREADS) {
                 z += r.before_top_p(i) ? exp(r.y(i) - r.y_max) : 0.0;
             }
-            z = block_reduce(z, [](double a, double b) { return a + b; }, scratch_d);
+            z       = cluster_reduce(z, sum);
             r.p_cut = prefix_cut(
                 r, [&r](int i) { return r.before_top_p(i) ? exp(r.y(i) - r.y_max) : 0.0; }, (double) p.top_p * z);
         }
-        // Gumbel-max over the kept ids: the largest y - log(-log(u)), the lowest id on ties
-        const uint64_t key   = pyqsa_draw_key((uint64_t) p.seed_lo | ((uint64_t) p.seed_hi << 32), p.counter);
+        // Gumbel-max over the kept ids: the largest y - log(-log(u)), the lowest id on ties, as
+        // one word per id: the score's order-preserving key (scores are finite) and the id
+        const uint64_t key = pyqsa_draw_key((uint64_t) p.seed_lo | ((uint64_t) p.seed_hi << 32), p.counter);
         double         top   = -INFINITY;
         int            top_i = n;
-        for (int i = threadIdx.x; i < n; i += THREADS) {
+        for (int i = lo + threadIdx.x; i < hi; i += THREADS) {
             if (r.kept(i)) {
                 const double score = r.y(i) - log(-log(pyqsa_draw_uniform(key, i)));
                 if (score > top) {
@@ -239,50 +301,59 @@ __global__ void __launch_bounds__(THREADS) sample_rows(const float * logits, con
                 }
             }
         }
+        struct scored {
+            double score;
+            int    id;
+        };
+        const auto better = [](scored a, scored b) {
+            return a.score > b.score || (a.score == b.score && a.id < b.id) ? a : b;
+        };
+        scored s{ top, top_i };
         for (int o2 = 16; o2 > 0; o2 /= 2) {
-            const double s2 = __shfl_xor_sync(0xffffffff, top, o2);
-            const int    i2 = __shfl_xor_sync(0xffffffff, top_i, o2);
-            if (s2 > top || (s2 == top && i2 < top_i)) {
-                top   = s2;
-                top_i = i2;
-            }
+            s = better(s, scored{ __shfl_xor_sync(0xffffffff, s.score, o2), __shfl_xor_sync(0xffffffff, s.id, o2) });
         }
-        __shared__ double s_top[WARPS];
-        __shared__ int    s_id[WARPS];
+        __shared__ scored warp_best[WARPS];
+        __shared__ scored cta_best;
         __syncthreads();
         if (threadIdx.x % 32 == 0) {
-            s_top[threadIdx.x / 32] = top;
-            s_id[threadIdx.x / 32]  = top_i;
+            warp_best[threadIdx.x / 32] = s;
         }
         __syncthreads();
-        top   = s_top[0];
-        token = s_id[0];
-        for (int w = 1; w < WARPS; ++w) {
-            if (s_top[w] > top || (s_top[w] == top && s_id[w] < token)) {
-                top   = s_top[w];
-                token = s_id[w];
+        if (threadIdx.x == 0) {
+            scored b = warp_best[0];
+            for (int w = 1; w < WARPS; ++w) {
+                b = better(b, warp_best[w]);
             }
+            cta_best = b;
         }
+        cluster.sync();
+        scored b = *cluster.map_shared_rank(&cta_best, 0);
+        for (int k = 1; k < CLUSTER; ++k) {
+            b = better(b, *cluster.map_shared_rank(&cta_best, k));
+        }
+        cluster.sync();
+        token = b.id;
     }
 
-    if (threadIdx.x < 20) {
+    const bool writes = rank == 0;  // one CTA writes the row's result
+    if (writes && threadIdx.x < 20) {
         o.top_ids[threadIdx.x]      = -1;
         o.top_logprobs[threadIdx.x] = 0.0f;
     }
-    if (threadIdx.x == 0) {
+    if (writes && threadIdx.x == 0) {
         o.token   = token;
         o.logprob = NAN;
     }
     if (p.n_top < 0) {
         return;
     }
-    double sum = 0;
-    for (int i = threadIdx.x; i < n; i += THREADS) {
-        sum += exp((double) x[i] - (double) x[best]);
+    double z = 0;
+    for (int i = lo + threadIdx.x; i < hi; i += THREADS) {
+        z += exp((double) x[i] - (double) x[best]);
     }
-    sum              = block_reduce(sum, [](double a, double b) { return a + b; }, scratch_d);
-    const double lse = (double) x[best] + log(sum);
-    if (threadIdx.x == 0) {
+    z                = cluster_reduce(z, sum);
+    const double lse = (double) x[best] + log(z);
+    if (writes && threadIdx.x == 0) {
         o.logprob = (float) ((double) x[token] - lse);
     }
     // the n_top best: each the largest rank word below the previous one
@@ -290,13 +361,13 @@ __global__ void __launch_bounds__(THREADS) sample_rows(const float * logits, con
     for (int j = 0; j < min(p.n_top, n); ++j) {
         if (j > 0) {
             uint64_t w = 0;
-            for (int i = threadIdx.x; i < n; i += THREADS) {
+            for (int i = lo + threadIdx.x; i < hi; i += THREADS) {
                 const uint64_t wi = rank_word(ordered_key(x[i]), i);
                 w                 = wi < prev ? max(w, wi) : w;
             }
-            prev = block_reduce(w, max_word, scratch_w);
+            prev = cluster_reduce(w, max_word);
         }
-        if (threadIdx.x == 0) {
+        if (writes && threadIdx.x == 0) {
             const int id      = rank_word_id(prev);
             o.top_ids[j]      = id;
             o.top_logprobs[j] = (float) ((double) x[id] - lse);
@@ -366,7 +437,7 @@ void pyqsa_cuda_sample(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
                                                          (int) adjust->ne[1]);
         CUDA_CHECK(cudaGetLastError());
     }
-    sample_rows<<<rows, THREADS, 0, stream>>>(x, adjusted.get(), used.get(),
+    sample_rows<<<rows * CLUSTER, THREADS, 0, stream>>>(x, adjusted.get(), used.get(),
                                               (const pyqsa_sample_params *) dst->src[1]->data,
                                               (pyqsa_sample_result *) dst->data, n);
     CUDA_CHECK(cudaGetLastError());
