@@ -33,7 +33,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -327,21 +327,17 @@ class Bench:
         if rc != 0:
             raise BenchError(f"llama_decode returned {rc}")
 
-    def _profiled(self, title: str, per: int):
-        """A context manager recording the kernels of the block as a table titled `title`, per
-        `per` batches or steps (--profile); nothing without --profile."""
+    @contextlib.contextmanager
+    def _profiled(self, title: str, per: int) -> Iterator[None]:
+        """Records the kernels of the block as a table titled `title`, per `per` batches or
+        steps (--profile); nothing without --profile."""
         if not self.args.profile:
-            return contextlib.nullcontext()
-        bench = self
-
-        class Recording(KernelProfile):
-            def __exit__(self, *exc: object) -> None:
-                bench.L.llama_synchronize(bench.ctx)
-                super().__exit__(*exc)
-                if exc[0] is None:
-                    bench.profiles.append(table(title, self.rows, per))
-
-        return Recording()
+            yield
+            return
+        with KernelProfile() as kp:
+            yield
+            self.L.llama_synchronize(self.ctx)
+        self.profiles.append(table(title, kp.rows, per))
 
     def prefill(self, context: int) -> float:
         """Fill sequence 0 with `context` random tokens; return the seconds it took."""
