@@ -279,3 +279,26 @@ def test_prefill_estimates_for_the_budget():
     assert any(r["variant"] == "upstream" and r["context"] == 262144 for r in found)
     assert all(r["flags"]["n_batch"] == 512 and r["gpu"] == "NVIDIA H200" for r in found)
     assert decode.known_prefills(meta, 2048) == []
+
+
+def test_decode_profile_without_a_cuda_profiler_is_a_one_line_error(tmp_path):
+    """Here PyTorch is a CPU build: --profile stops before loading anything, with one line."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "decode.py"),
+            str(tmp_path / "none.gguf"),
+            "--variant",
+            "pyqsa",
+            "--contexts",
+            "256",
+            "--profile",
+            str(tmp_path / "k.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("decode.py: --profile: ")
+    assert not (tmp_path / "k.txt").exists()
