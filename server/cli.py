@@ -51,6 +51,10 @@ def _load(
     paged_type = kv_host_type or kv_type
     if device is not None:
         _check_device(device)
+    gpu = paging.device_free(gpu_layers, device) is not None  # a GPU build, layers on a GPU
+    # the sample op's per-sequence draws cost a GPU less than the logits' round trip, and a CPU
+    # more than drawing rows in parallel on the host (bench/README.md, 2026-12-01)
+    on_device = sampling == "device" or (sampling == "auto" and gpu)
     if model is None:
         click.echo(
             "pyqsa: no model given, using the embedded demo model (random weights)", err=True
@@ -71,11 +75,10 @@ def _load(
             kv_type=kv_type,
             gpu_layers=gpu_layers,
             device=device,
-            sample_on_device=sampling == "device",
+            sample_on_device=on_device,
         )
     except ValueError as e:  # settings that do not fit together, in the flags' names
         raise click.UsageError(_in_flag_names(str(e))) from None
-    gpu = paging.device_free(gpu_layers, device) is not None  # a GPU build, layers on a GPU
     if gpu and hot_blocks is not None and hot_blocks > paging.MAX_HOT_BLOCKS_GPU:
         raise click.UsageError(
             f"--hot-blocks {hot_blocks}: a GPU takes at most {paging.MAX_HOT_BLOCKS_GPU}"
@@ -121,12 +124,15 @@ def _load(
             f"layer; host store {_size(store)} ({config.kv_type} K/V of {slots} x {ctx} tokens)",
             err=True,
         )
-    if sampling == "device":
+    chosen = f"{sampling}: " if sampling == "auto" else ""
+    if on_device:
         click.echo(
-            "pyqsa: sampling: device (tokens drawn inside the forward pass; a draw with "
-            f"over {DEVICE_MAX_ADJUST} biased or penalized tokens is made on the host)",
+            f"pyqsa: sampling: device ({chosen}tokens drawn inside the forward pass; a draw "
+            f"with over {DEVICE_MAX_ADJUST} biased or penalized tokens is made on the host)",
             err=True,
         )
+    else:
+        click.echo(f"pyqsa: sampling: host ({chosen}each sampled row's logits copied out)", err=True)
     return engine, llama_model, name
 
 
@@ -362,13 +368,14 @@ def _engine_options(f):
         ),
         click.option(
             "--sampling",
-            type=click.Choice(["host", "device"]),
-            default="host",
+            type=click.Choice(["auto", "host", "device"]),
+            default="auto",
             show_default=True,
             help="Where tokens are drawn: host copies every sampled row's logits to the host and "
             "draws there; device draws inside the forward pass (the sample op), so only tokens "
-            "and asked-for logprobs come back; logit_bias and penalties go with the draw, which "
-            f"is made on the host when it biases or penalizes over {DEVICE_MAX_ADJUST} tokens.",
+            "and asked-for logprobs come back; auto: device when the model runs on a GPU, else "
+            "host. logit_bias and penalties go with the draw, which is made on the host when it "
+            f"biases or penalizes over {DEVICE_MAX_ADJUST} tokens.",
         ),
         click.option(
             "--chat-template",

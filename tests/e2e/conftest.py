@@ -105,7 +105,8 @@ def stop_server(s: Server) -> None:
 @pytest.fixture(scope="session")
 def server(demo_gguf, cache_dir, tmp_path_factory):
     """8 slots of 512 tokens, an API key (from a file), a 1 MiB body limit, requests without
-    max_tokens capped at DEFAULT_MAX_TOKENS."""
+    max_tokens capped at DEFAULT_MAX_TOKENS; tokens drawn on the host on any build (the draws
+    test_server_device_sampling compares the device's with)."""
     key_file = tmp_path_factory.mktemp("key") / "api-key"
     key_file.write_text(API_KEY + "\n")
     s = start_server(
@@ -123,6 +124,8 @@ def server(demo_gguf, cache_dir, tmp_path_factory):
             str(1 << 20),
             "--default-max-tokens",
             str(DEFAULT_MAX_TOKENS),
+            "--sampling",
+            "host",
         ],
         cache_dir,
     )
@@ -133,7 +136,8 @@ def server(demo_gguf, cache_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def small_server(demo_gguf, cache_dir):
-    """1 slot, no waiting room (429 at once), and the test-only tool template."""
+    """1 slot, no waiting room (429 at once), and the test-only tool template; otherwise the
+    defaults."""
     s = start_server(
         [
             str(demo_gguf),

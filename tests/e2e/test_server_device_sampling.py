@@ -1,5 +1,5 @@
 """`pyqsa serve --sampling device`: tokens drawn inside the forward pass, over HTTP, equal those
-the default server draws on the host, request by request (seeded sampling under the cuts,
+a server that draws on the host, request by request (seeded sampling under the cuts,
 greedy with logprobs, penalised and biased requests, whose adjustments go with the draw)."""
 
 from __future__ import annotations
@@ -38,8 +38,18 @@ def device_server(demo_gguf, cache_dir):
     stop_server(s)
 
 
-def test_the_start_line_says_where_tokens_are_drawn(device_server):
-    assert any("pyqsa: sampling: device" in line for line in device_server.log)
+def test_the_start_line_says_where_tokens_are_drawn(device_server, server):
+    assert any("pyqsa: sampling: device (tokens" in line for line in device_server.log)
+    assert any("pyqsa: sampling: host (each" in line for line in server.log)
+
+
+def test_by_default_tokens_are_drawn_on_the_device_of_a_gpu_build_and_else_on_the_host(
+    small_server,
+):
+    from pyqsa.engine import paging
+
+    where = "device" if paging.device_free(None) is not None else "host"
+    assert any(f"pyqsa: sampling: {where} (auto: " in line for line in small_server.log)
 
 
 def complete(server, kw):
