@@ -447,6 +447,9 @@ def run(args: argparse.Namespace) -> int:
         meta["variant"] = "pyqsa-paged" if args.kv_type == "f16" else "pyqsa-paged-q8"
     if args.sampling == "device":  # (only unpaged runs: one thing compared at a time)
         meta["variant"] = "pyqsa-sampled"
+    if args.variant == "pyqsa" and os.environ.get("PYQSA_QSA_ATTN_MMA") == "0":
+        # the library keeps qsa_attn's prefill on CUDA cores (no tensor-core kernel)
+        meta["variant"] += "-cores"
     if args.profile:  # its records, printed only, say so: the profiler slows the steps
         meta["profiled"] = True
     emit = Emitter([] if args.profile else args.out, meta, known_prefills(meta, args.ubatch))

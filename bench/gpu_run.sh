@@ -10,7 +10,8 @@
 #                 --variants pyqsa,upstream (which libraries run, in this order, per context;
 #                 paged: pyqsa's with host-backed KV paging, --hot-blocks N, default 1024;
 #                 pagedq8: the same with q8_0 K/V (host store and hot cache);
-#                 sampled: pyqsa's with each step's rows drawn by the sample op, --sampling device)
+#                 sampled: pyqsa's with each step's rows drawn by the sample op, --sampling device;
+#                 cores: pyqsa's with PYQSA_QSA_ATTN_MMA=0, prefill attention on CUDA cores)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024 --repeats 3")
 #                 --serve "SERVE FLAGS" (after the decode runs: bench/serve_run.sh, issue 11's server
 #                 benchmark, with these extra serve flags, e.g. "--sampling device"; "" for none)
@@ -150,17 +151,20 @@ echo "# $invocation; env: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES PYTHONPATH=
     >> "$out/commands.txt"
 declare -A libs=([pyqsa]=.build/py/llama_cpp/lib [paged]=.build/py/llama_cpp/lib
                  [pagedq8]=.build/py/llama_cpp/lib [sampled]=.build/py/llama_cpp/lib
+                 [cores]=.build/py/llama_cpp/lib
                  [upstream]=$work/upstream-cuda/bin)
 declare -A variant_args=([pyqsa]="--variant pyqsa" [paged]="--variant pyqsa --hot-blocks $hot_blocks"
                          [pagedq8]="--variant pyqsa --hot-blocks $hot_blocks --kv-type q8_0"
-                         [sampled]="--variant pyqsa --sampling device" [upstream]="--variant upstream")
+                         [sampled]="--variant pyqsa --sampling device" [cores]="--variant pyqsa"
+                         [upstream]="--variant upstream")
+declare -A variant_env=([cores]=PYQSA_QSA_ATTN_MMA=0)
 for c in ${contexts//,/ }; do
     for v in ${variants//,/ }; do
         if [ "$(date +%s)" -ge "$deadline" ]; then
             echo "budget spent: context $c ($v) not run"
             continue
         fi
-        cmd=(python3 bench/decode.py "$model" ${variant_args[$v]} --lib "${libs[$v]}"
+        cmd=(env ${variant_env[$v]:-} python3 bench/decode.py "$model" ${variant_args[$v]} --lib "${libs[$v]}"
              --contexts "$c" --seqs "$seqs" --steps "$steps" --warmup "$warmup"
              --out "$out/decode.jsonl" --out "$work/history.jsonl" --deadline "$deadline"
              $decode_args)

@@ -21,14 +21,16 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # pyqsa-paged: decode.py --hot-blocks; pyqsa-paged-q8: the same with --kv-type q8_0;
-# pyqsa-sampled: decode.py --sampling device
-VARIANTS = ("pyqsa", "upstream", "pyqsa-paged", "pyqsa-paged-q8", "pyqsa-sampled")
+# pyqsa-sampled: decode.py --sampling device; pyqsa-cores: PYQSA_QSA_ATTN_MMA=0 (qsa_attn's
+# prefill on CUDA cores, not tensor cores)
+VARIANTS = ("pyqsa", "upstream", "pyqsa-paged", "pyqsa-paged-q8", "pyqsa-sampled", "pyqsa-cores")
 SHORT = {
     "pyqsa": "pyqsa",
     "upstream": "upstr",
     "pyqsa-paged": "paged",
     "pyqsa-paged-q8": "pgdq8",
     "pyqsa-sampled": "smpld",
+    "pyqsa-cores": "cores",
 }
 # the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)
 PAGED = (

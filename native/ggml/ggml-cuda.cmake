@@ -2,6 +2,7 @@
 target_sources(ggml-cuda PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cuda/pyqsa-cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-attn.cu
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-attn-mma.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-attn-part.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-block-cells.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-mask-cells.cu

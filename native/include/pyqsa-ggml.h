@@ -172,6 +172,11 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_stage(struct ggml_context * ct
 // The split count of pyqsa_ggml_qsa_attn on CUDA (the CPU kernel keeps one split): a query's
 // list of n_sel cells is cut into this many equal runs, each with its own online softmax, merged
 // at the end.
+// On CUDA, calls of at least this many query rows (n_q * n_stream) with f16 K/V run on tensor
+// cores (prefill); fewer stay on the CUDA-core kernel that pyqsa_ggml_qsa_attn_part reproduces bit
+// for bit (decode). PYQSA_QSA_ATTN_MMA=0 in the environment keeps every call on CUDA cores.
+#define PYQSA_GGML_QSA_ATTN_CUDA_MMA_MIN_ROWS 16
+
 static inline int pyqsa_ggml_qsa_attn_cuda_splits(int64_t n_sel, int64_t n_rows, int64_t n_head) {
     const int64_t ctas = n_rows * n_head > 0 ? n_rows * n_head : 1;
     const int64_t by_cells = (n_sel + 63) / 64, by_ctas = 4096 / ctas;

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -204,6 +205,12 @@ std::vector<attn_case> test_cases() {
         cases.push_back({ t, 512, 2, 1, 2, 1, 40, 40, 0.0, true });
         cases.push_back({ t, 64, 4, 2, 1, 1, 1, 1, 0.0, false });
     }
+    // prefill-sized f16 calls (CUDA: the tensor-core kernel): several splits with -1 entries and an
+    // empty row, a 16-head group over two streams, one head a group at D 64, one split at D 256
+    cases.push_back({ GGML_TYPE_F16, 256, 24, 2, 40, 1, 3000, 2051, 0.1, true });
+    cases.push_back({ GGML_TYPE_F16, 128, 16, 1, 20, 2, 500, 77, 0.3, false });
+    cases.push_back({ GGML_TYPE_F16, 64, 8, 8, 16, 1, 100, 33, 0.0, false });
+    cases.push_back({ GGML_TYPE_F16, 256, 12, 1, 180, 1, 1000, 515, 0.05, false });
     // long contexts: the list, not the cache, sets the cost
     cases.push_back({ GGML_TYPE_F16, 128, 4, 1, 1, 1, 262144, 2051, 0.0, false });
     cases.push_back({ GGML_TYPE_Q8_0, 256, 12, 1, 2, 1, 65536, 515, 0.05, false });
@@ -234,12 +241,19 @@ int cmd_test(const char * only_backend) {
         const std::vector<float> out_cpu = run(cpu, c, d, scale, &supported);
         const double e_cpu = nmse(out_cpu, ref);
         report(c.name(), "CPU", "vs reference: nmse " + sci(e_cpu) + " ", supported && e_cpu < 1e-9, n_ok, n_fail);
-        on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
+        const auto check = [&](ggml_backend_t be) {
             bool ok = false;
             const std::vector<float> out = run(be, c, d, scale, &ok);
             const double e = ok ? nmse(out, out_cpu) : INFINITY;
             return std::make_pair(ok && e < 1e-9, std::string(ok ? "vs CPU: nmse " + sci(e) + " " : "not supported "));
-        });
+        };
+        on_other_backends(only_backend, c.name(), n_ok, n_fail, check);
+        if (c.type == GGML_TYPE_F16 && c.n_q * c.ns >= PYQSA_GGML_QSA_ATTN_CUDA_MMA_MIN_ROWS) {
+            // the same call on CUDA's CUDA-core kernel (a fresh backend: no graph kept from above)
+            setenv("PYQSA_QSA_ATTN_MMA", "0", 1);
+            on_other_backends(only_backend, c.name() + " PYQSA_QSA_ATTN_MMA=0", n_ok, n_fail, check);
+            unsetenv("PYQSA_QSA_ATTN_MMA");
+        }
     }
     test_mask_cells(cpu, only_backend, rng, n_ok, n_fail);
     test_topk(cpu, only_backend, rng, n_ok, n_fail);
@@ -615,12 +629,21 @@ int cmd_perf(const char * only_backend) {
         for (const attn_case & c : shapes) {
             if (c.n_q > 1 && ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;
             const attn_data d = make_data(c, rng);
-            graph_run g;
-            if (!build(g, be, c, d, 0.0625f)) continue;
-            const double us = time_graph(be, g.gf, iters);
-            // K and V rows of the listed cells, once per kv head
-            const double bytes = 2.0 * c.ns * c.n_q * c.n_sel * c.Hkv * ggml_row_size(c.type, c.D);
-            std::printf("  %s %s: %.1f us/run, %.1f GB/s of K/V rows\n", c.name().c_str(), ggml_backend_dev_name(dev), us, bytes / us / 1e3);
+            // prefill-sized calls twice on a GPU: the tensor-core kernel, then the CUDA-core one
+            const bool both = c.n_q * c.ns >= PYQSA_GGML_QSA_ATTN_CUDA_MMA_MIN_ROWS;
+            for (const char * mma : { "", "0" }) {
+                if (*mma && !both) continue;
+                if (*mma) setenv("PYQSA_QSA_ATTN_MMA", mma, 1);
+                graph_run g;
+                if (build(g, be, c, d, 0.0625f)) {
+                    const double us = time_graph(be, g.gf, iters);
+                    // K and V rows of the listed cells, once per kv head
+                    const double bytes = 2.0 * c.ns * c.n_q * c.n_sel * c.Hkv * ggml_row_size(c.type, c.D);
+                    std::printf("  %s%s %s: %.1f us/run, %.1f GB/s of K/V rows\n", c.name().c_str(),
+                                *mma ? " PYQSA_QSA_ATTN_MMA=0" : "", ggml_backend_dev_name(dev), us, bytes / us / 1e3);
+                }
+                unsetenv("PYQSA_QSA_ATTN_MMA");
+            }
         }
         for (const score_case & c : score_shapes) {
             ggml_init_params ip = { ggml_tensor_overhead() * 4 + ggml_graph_overhead(), nullptr, true };

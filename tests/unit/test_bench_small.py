@@ -278,7 +278,8 @@ def test_prefill_estimates_for_the_budget():
     found = decode.known_prefills(meta, 512)  # session 9's file holds upstream at 256K
     assert any(r["variant"] == "upstream" and r["context"] == 262144 for r in found)
     assert all(r["flags"]["n_batch"] == 512 and r["gpu"] == "NVIDIA H200" for r in found)
-    assert decode.known_prefills(meta, 2048) == []
+    assert all(r["flags"]["n_batch"] == 2048 for r in decode.known_prefills(meta, 2048))
+    assert decode.known_prefills(meta, 1024) == []  # never measured
 
 
 def test_decode_profile_without_a_cuda_profiler_is_a_one_line_error(tmp_path):
@@ -302,3 +303,23 @@ def test_decode_profile_without_a_cuda_profiler_is_a_one_line_error(tmp_path):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("decode.py: --profile: ")
     assert not (tmp_path / "k.txt").exists()
+
+
+def test_decode_with_prefill_attention_on_cuda_cores_is_a_variant_of_its_own(
+    small_gguf, tmp_path, monkeypatch
+):
+    """PYQSA_QSA_ATTN_MMA=0 (gpu_run.sh's `cores`): the library keeps qsa_attn off the tensor
+    cores, so decode.py records the run as pyqsa-cores and report.py gives it a column."""
+    monkeypatch.setenv("PYQSA_QSA_ATTN_MMA", "0")
+    out = tmp_path / "decode.jsonl"
+    _run(
+        str(BENCH / "decode.py"),
+        str(small_gguf),
+        "--variant",
+        "pyqsa",
+        *("--contexts", "256", "--seqs", "1", "--steps", "2", "--warmup", "1"),
+        *("--threads", "1", "--no-extra-bufts", "--lib", str(LIB), "--out", str(out)),
+    )
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["variant"] for r in recs] == ["pyqsa-cores"] * 2
+    assert "cores tok/s" in _run(str(BENCH / "report.py"), str(out), "--no-save").stdout

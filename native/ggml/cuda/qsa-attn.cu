@@ -2,10 +2,12 @@
 // (query, head) is split across CTAs (split-K); each warp keeps an online softmax over its share
 // and a second kernel merges the partial (max, sum, acc) triples (qsa-attn-warp.cuh).
 // One CTA per (GQA group, query, split), one warp a head: the group's heads read each cell's K/V
-// rows once, from shared memory (cta_attn).
+// rows once, from shared memory (cta_attn). Prefill-sized calls with f16 K/V go to the
+// tensor-core kernel instead (qsa-attn-mma.cu).
 #include "qsa-attn.cuh"
 
 #include "pyqsa-ggml.h"
+#include "qsa-attn-mma.cuh"
 #include "qsa-attn-warp.cuh"
 
 using namespace pyqsa_attn;
@@ -45,6 +47,9 @@ void pyqsa_cuda_qsa_attn(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const int n_rows = (int) (q->ne[2] * q->ne[3]);
     // enough CTAs to fill the GPU at decode, none wasted when many queries already do
     a.n_split = pyqsa_ggml_qsa_attn_cuda_splits(a.n_sel, n_rows, a.H);
+    if (pyqsa_cuda_qsa_attn_mma(ctx, a, k->type, (int) q->ne[0], n_rows)) {
+        return;
+    }
 
     cudaStream_t stream = ctx.stream();
     by_kv_type(k->type, [&](auto type) {
