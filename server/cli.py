@@ -132,7 +132,9 @@ def _load(
             err=True,
         )
     else:
-        click.echo(f"pyqsa: sampling: host ({chosen}each sampled row's logits copied out)", err=True)
+        click.echo(
+            f"pyqsa: sampling: host ({chosen}each sampled row's logits copied out)", err=True
+        )
     return engine, llama_model, name
 
 
