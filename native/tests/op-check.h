@@ -18,6 +18,8 @@
 // line for anything else.
 template <typename F>
 int op_check_main(int argc, char ** argv, std::initializer_list<const char *> modes, F && run) {
+    // a line at a time into a pipe too, so a run stopped by a timeout keeps what it printed
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);
     const char * mode    = *modes.begin();
     const char * backend = nullptr;
     for (int i = 1; i < argc; ++i) {
