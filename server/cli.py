@@ -312,8 +312,9 @@ def _engine_options(f):
         click.option(
             "--prefill-batch-tokens",
             type=click.IntRange(min=1),
-            help="Token budget of a step with no decode token in it (default: --batch-tokens); "
-            "larger prefills faster, at the cost of a larger compute buffer.",
+            help="Token budget of a step with no decode token in it whose prompts all need more "
+            "than --batch-tokens (default: --batch-tokens); larger prefills faster, at the cost "
+            "of a larger compute buffer.",
         ),
         click.option(
             "--prefill-policy",

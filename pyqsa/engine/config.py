@@ -15,7 +15,8 @@ class EngineConfig:
     `n_slots` sequences run at once, each with room for `ctx_per_slot` tokens (prompt plus
     output); `max_batch_tokens` is the token budget of one step (decode tokens first, then
     prefill chunks shared by `prefill_policy`, "fair" or "fcfs": see scheduler.py);
-    `max_prefill_tokens` (0: the same) is the budget of a step with no decode token in it.
+    `max_prefill_tokens` (0: the same) is the budget of a step with no decode token in it whose
+    prompts all need more than `max_batch_tokens`.
     `max_waiting` bounds the queue of requests waiting for a slot, beyond
     which submissions are refused rather than buffered without limit.
     """

@@ -1,6 +1,9 @@
 """Continuous batching: which tokens of which requests go into the next step.
 
-Each step has a token budget. Requests whose cache is one token behind (decode) go first, one
+Each step has a token budget: `max_batch_tokens`, or `max_prefill_tokens` for a step with no
+decode token whose prompts all need more than `max_batch_tokens` (long prompts only: a short
+prompt's first token never waits for a large step of its own). Requests whose cache is one
+token behind (decode) go first, one
 token each, whatever their age, so a running request never stalls (the config keeps the budget
 at least the slot count). The rest of the budget goes to prompt chunks, by the prefill policy:
 
@@ -106,9 +109,11 @@ class Scheduler:
         assert max_batch_tokens >= slots.n_slots
         self.slots = slots
         self.max_batch_tokens = max_batch_tokens
-        # the budget of a step with no decode token in it: larger steps prefill faster (bigger
-        # matrix products) and delay no running request; a request that arrives meanwhile waits
-        # for that one step
+        # the budget of a step with no decode token in it and only long prompts (each needing
+        # more than a regular step): larger steps prefill faster (bigger matrix products) and
+        # delay no running request; a request that arrives meanwhile waits for that one step,
+        # and while a prompt of at most a regular step is in flight steps stay regular, so its
+        # first token does not wait for a large one of its own
         self.max_prefill_tokens = max(max_prefill_tokens or 0, max_batch_tokens)
         self.policy = PREFILL_POLICIES[policy]
         self.waiting: deque[Request] = deque()
@@ -140,8 +145,10 @@ class Scheduler:
 
         decode = [r for r in self.running if r.num_pending == 1]
         prompts = [r for r in self.running if r.num_pending > 1]
-        budget = (self.max_batch_tokens if decode else self.max_prefill_tokens) - len(decode)
-        shares = self.policy([r.num_pending for r in prompts], budget)
+        remaining = [r.num_pending for r in prompts]
+        large = not decode and min(remaining, default=0) > self.max_batch_tokens
+        budget = (self.max_prefill_tokens if large else self.max_batch_tokens) - len(decode)
+        shares = self.policy(remaining, budget)
         chunks = [self._chunk(r, 1) for r in decode]
         chunks += [self._chunk(r, n) for r, n in zip(prompts, shares, strict=True) if n > 0]
         chunks.sort(key=lambda c: c.lease.slot)

@@ -200,16 +200,24 @@ def test_no_starvation_over_a_long_mixed_run(policy):
                 assert done[r.request_id] - admitted[r.request_id] + 1 <= bound
 
 
-def test_a_step_without_decode_takes_the_prefill_budget():
-    s = Scheduler(SlotTable(2, 1000, lambda slot: None), max_batch_tokens=8, max_prefill_tokens=32)
-    a, b = req("a", 100), req("b", 5)
+def test_a_step_of_long_prompts_only_takes_the_prefill_budget():
+    s = Scheduler(SlotTable(3, 1000, lambda slot: None), max_batch_tokens=8, max_prefill_tokens=32)
+    a, b = req("a", 100), req("b", 20)
     for r in (a, b):
         s.add(r)
-    step = s.schedule()  # only prompts: the larger budget, shared fairly
-    assert plan(step) == [("a", 0, 0, 27, False), ("b", 1, 0, 5, True)]
+    step = s.schedule()  # only prompts, each longer than a step: the larger budget, fairly shared
+    assert plan(step) == [("a", 0, 0, 16, False), ("b", 1, 0, 16, False)]
     advance(step)
-    step = s.schedule()  # b decodes now: the step budget again
-    assert plan(step) == [("a", 0, 27, 7, False), ("b", 1, 5, 1, True)]
+    c = req("c", 5)  # a short prompt arrives: steps stay regular until its first token
+    s.add(c)
+    step = s.schedule()
+    assert plan(step) == [("a", 0, 16, 2, False), ("b", 1, 16, 2, False), ("c", 2, 0, 2, False)]
+    advance(step)
+    step = s.schedule()  # b has 2 left, c 3: both fit a regular step's shares
+    assert plan(step) == [("a", 0, 18, 3, False), ("b", 1, 18, 2, True), ("c", 2, 2, 3, True)]
+    advance(step)
+    step = s.schedule()  # b and c decode now: the step budget again
+    assert plan(step) == [("a", 0, 21, 6, False), ("b", 1, 20, 1, True), ("c", 2, 5, 1, True)]
 
 
 def test_the_prefill_budget_is_never_below_the_step_budget():
