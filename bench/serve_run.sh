@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU machine, after bench/gpu_run.sh built pyqsa and wrote the synthetic model: issue 11's server
 # benchmark through HTTP, on `pyqsa serve MODEL --slots 8 --ctx 36000 --batch-tokens 512` (more
-# serve flags may follow on the command line, e.g. --sampling device):
+# serve flags may follow on the command line, e.g. --sampling host; the default, auto, draws on
+# the device of a GPU build):
 #   1. idle time to first token, 32-token prompt (bench/serve_ttft.py, 30 runs after 3 warm-up);
 #   2. 8 x 32000-token prompts, 256 tokens each: the decode rate while all 8 decode together
 #      (compare with bench/decode.py's 8-sequence step rate at 32K: target >= 0.95x);
@@ -40,7 +41,9 @@ for _ in $(seq 300); do
 done
 curl -sf $url/health > /dev/null || { echo "serve did not start:"; tail -n 30 "$log"; exit 1; }
 head -n 5 "$log"
-meta="\"commit\": \"${PYQSA_BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}\", \"serve_flags\": \"${flags[*]}\""
+# where tokens are drawn, from the start line (--sampling auto picks device on a GPU)
+sampling=$(sed -n 's/^pyqsa: sampling: \([a-z]*\).*/\1/p' "$log" | head -n 1)
+meta="\"commit\": \"${PYQSA_BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}\", \"serve_flags\": \"${flags[*]}\", \"sampling\": \"$sampling\""
 status=0
 record() {  # scenario name, command...: runs it, keeps its last line (the summary) with the metadata
     local name=$1; shift
