@@ -196,15 +196,17 @@ class Emitter:
 
 
 def known_prefills(meta: dict[str, Any], n_batch: int) -> list[dict[str, Any]]:
-    """Prefill records of bench/results/ from the same GPU, model and prefill batch: what an
-    earlier call measured, so a new call's budget guesses start from it."""
+    """Prefill records of bench/results/ from the same GPU and model at this prefill batch or a
+    smaller one (no faster: its times bound this batch's from above): what earlier calls
+    measured, so a new call's budget guesses start from it rather than from a quadratic
+    scale-up of a short context."""
     out = []
     for path in sorted(RESULTS.glob("*-decode.json")):
         for r in json.loads(path.read_text()).get("records", []):
             if (
                 r.get("kind") == "prefill"
                 and (r.get("gpu"), r.get("model")) == (meta.get("gpu"), meta.get("model"))
-                and r.get("flags", {}).get("n_batch") == n_batch
+                and r.get("flags", {}).get("n_batch", n_batch + 1) <= n_batch
             ):
                 out.append(r)
     return out
