@@ -189,7 +189,9 @@ static inline int pyqsa_ggml_qsa_attn_cuda_splits(int64_t n_sel, int64_t n_rows,
 // of its list inside this pass's positions and goes on to the next pass. Every backend splits a
 // list as its qsa_attn does, so passes over increasing, disjoint position ranges that cover every
 // listed cell give the bits of that backend's qsa_attn (cell lists are in increasing position
-// order apart from -1 padding).
+// order apart from -1 padding) — on CUDA, of its CUDA-core kernel: the passes do not reproduce
+// the tensor-core rounding of a qsa_attn call of PYQSA_GGML_QSA_ATTN_CUDA_MMA_MIN_ROWS or more
+// query rows with f16 K/V (the same values to f32 rounding, not the same bits).
 //   q, cells: as for pyqsa_ggml_qsa_attn, cells being positions (pyqsa_ggml_qsa_block_cells)
 //   n_paged:  I32 [n_q * n_stream] blocks of each query's stream in the host store
 //   k, v:     [D, n_head_kv, n_rows, n_stream] this pass's rows
