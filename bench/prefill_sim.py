@@ -7,6 +7,12 @@ synthetic model (issue 11's measurements): at least one decode pass, or its toke
 prefill rate. The figures are a model for comparing policies, not a benchmark.
 
     python bench/prefill_sim.py            # the issue's workloads, both policies
+    python bench/prefill_sim.py --paged    # long prompts with host-backed KV paging
+
+With --paged each prompt chunk also stages, in each of the 12 QSA layers, the history blocks its
+queries select from host memory: a share 1 - (1 - 2048 / history) ** chunk of the history's K/V
+(random selections, the synthetic model's worst case; a real model's local selections share
+more) at 33 GB/s (the H200's staged rate, 16.2 ms a layer for a 512-token chunk at 256K).
 """
 
 from __future__ import annotations
@@ -46,6 +52,20 @@ def split_equal(batch: Sequence[tuple[int, int]], n_ubatch: int) -> list[list[tu
     return ubatches
 
 
+STAGE_BYTES_S = 33e9  # host K/V staged for paged prefill (bench/README.md, 8f8e313)
+QSA_LAYERS = 12
+CELL_BYTES = 2 * 2 * 256 * 2  # K and V, 2 KV heads of 256 f16
+SELECTED = 2048  # cells one query selects
+
+
+def stage_seconds(chunk: int, history: int) -> float:
+    """--paged: the staging of one prompt chunk of `chunk` tokens after `history` tokens."""
+    if history == 0:
+        return 0.0
+    share = 1.0 - (1.0 - min(1.0, SELECTED / history)) ** chunk
+    return QSA_LAYERS * share * history * CELL_BYTES / STAGE_BYTES_S
+
+
 def ubatch_seconds(ubatch: list[tuple[int, int]]) -> float:
     """A pass costs at least a decode step of as many sequences, or its tokens at the prefill
     rate (decode step times interpolated between 1 and 8 sequences)."""
@@ -74,16 +94,24 @@ class Result:
 
 
 def simulate(
-    arrivals: Sequence[Arrival], policy: str, n_slots: int = 8, batch_tokens: int = 512
+    arrivals: Sequence[Arrival],
+    policy: str,
+    n_slots: int = 8,
+    batch_tokens: int = 512,
+    paged: bool = False,
+    long_turns: bool = False,
 ) -> Result:
     """Run the workload through a Scheduler until every request has its output."""
-    sched = Scheduler(SlotTable(n_slots, 1 << 30, lambda slot: None), batch_tokens, policy)
+    sched = Scheduler(
+        SlotTable(n_slots, 1 << 30, lambda slot: None), batch_tokens, policy, long_turns=long_turns
+    )
     reqs = [
         Request(str(i), [1] * a.prompt, SamplingParams(), lambda ev: None, a.prompt + a.output)
         for i, a in enumerate(arrivals)
     ]
     order = sorted(range(len(arrivals)), key=lambda i: arrivals[i].at)
-    res = Result(policy, [0.0] * len(arrivals), [0.0] * len(arrivals))
+    label = policy + ("+turns" if long_turns else "")
+    res = Result(label, [0.0] * len(arrivals), [0.0] * len(arrivals))
     now, nxt = 0.0, 0
     while nxt < len(order) or sched.running or sched.waiting:
         while nxt < len(order) and arrivals[order[nxt]].at <= now:
@@ -95,6 +123,9 @@ def simulate(
             continue
         ubatches = split_equal([(c.lease.slot, len(c.tokens)) for c in chunks], batch_tokens)
         now += sum(ubatch_seconds(u) for u in ubatches)
+        if paged:
+            prompt_chunks = [c for c in chunks if c.start < len(c.request.prompt)]
+            now += sum(stage_seconds(len(c.tokens), c.start) for c in prompt_chunks)
         res.steps += 1
         res.ubatches += len(ubatches)
         res.per_step_ubatches.append(len(ubatches))
@@ -152,16 +183,28 @@ def report(name: str, arrivals: list[Arrival], res: Result) -> str:
     )
 
 
+def paged_workloads() -> dict[str, list[Arrival]]:
+    return {
+        "8 x 64K prompts, 64 out": [Arrival(0, 65536, 64) for _ in range(8)],
+        "8 x 256K prompts, 64 out": [Arrival(0, 262144, 64) for _ in range(8)],
+        "7 x 64K, then 64 tokens at 2 s": [Arrival(0, 65536, 64) for _ in range(7)]
+        + [Arrival(2.0, 64, 16)],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--batch-tokens", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--paged", action="store_true", help="add paged prefill's staging (above)")
     args = ap.parse_args()
     print("ttft: median / p99 seconds; end: last token of the workload")
-    for name, arrivals in workloads(args.seed).items():
-        for policy in PREFILL_POLICIES:
-            res = simulate(arrivals, policy, args.slots, args.batch_tokens)
+    runs = [(p, False) for p in PREFILL_POLICIES] + ([("fair", True)] if args.paged else [])
+    loads = paged_workloads() if args.paged else workloads(args.seed)
+    for name, arrivals in loads.items():
+        for policy, turns in runs:
+            res = simulate(arrivals, policy, args.slots, args.batch_tokens, args.paged, turns)
             print(report(name, arrivals, res))
             if len(arrivals) <= 8:
                 print(f"{'':34s}       first tokens at {[round(t, 1) for t in res.ttft]}")

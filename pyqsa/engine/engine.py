@@ -116,7 +116,11 @@ class Engine:
         self.vocab = vocab
         self.slots = SlotTable(config.n_slots, config.ctx_per_slot, runner.release)
         self.scheduler = Scheduler(
-            self.slots, config.max_batch_tokens, config.prefill_policy, config.max_prefill_tokens
+            self.slots,
+            config.max_batch_tokens,
+            config.prefill_policy,
+            config.max_prefill_tokens,
+            long_turns=config.hot_blocks > 0,  # each chunk stages its stream's history
         )
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}

@@ -17,6 +17,18 @@ at least the slot count). The rest of the budget goes to prompt chunks, by the p
   first finishes decoding before the last one starts).
 - `fcfs`: the oldest prompt takes all the rest, then the next oldest; kept for comparison.
 
+With host-backed KV paging (`long_turns`, set by the engine when it pages), `fair` counts the
+prompts longer than the step budget as one prompt, whose share goes to one of them at a time, in
+turn, instead of an equal share each: every chunk of a prompt stages the blocks its queries
+select from its stream's history in host memory (up to all of it; 16 ms a QSA layer for a
+512-token chunk at 256K on the H200, against 3.4 ms of attention), so many small chunks pay the
+history many times over. Shorter prompts share the step with the long ones' turn as with any
+other prompt; the long ones still reach decode together, and each gets a chunk every so many
+steps (as many as there are long prompts). `bench/prefill_sim.py
+--paged` models the cost (8 x 256K prompts, random selections: all first tokens at 2387 s with
+equal shares, at 992-997 s taking turns; fcfs 125-1001 s; a 64-token request behind 7 x 64K
+still gets its first at 0.2 s. A model, not a measurement).
+
 `bench/prefill_sim.py` measures both on the issue's workloads with a model of llama.cpp's
 batch splitting (below) and the H200's step costs (8 slots, 512-token steps). A 64-token
 request sent 2 s after 7 x 32K prompts: first token after 0.19 s (fair) against 66.8 s (fcfs).
@@ -103,6 +115,7 @@ class Scheduler:
         max_batch_tokens: int,
         policy: str = "fair",
         max_prefill_tokens: int | None = None,
+        long_turns: bool = False,
     ) -> None:
         # NOTE: every running slot must be able to decode one token per step (EngineConfig
         # checks it for users): then decode never waits and every prompt gets >= 1 token.
@@ -116,6 +129,10 @@ class Scheduler:
         # first token does not wait for a large one of its own
         self.max_prefill_tokens = max(max_prefill_tokens or 0, max_batch_tokens)
         self.policy = PREFILL_POLICIES[policy]
+        # with paging, fair's long prompts take turns (see the module docstring); the next one's
+        # index among them
+        self.long_turns = long_turns and policy == "fair"
+        self._turn = 0
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # oldest first
 
@@ -148,11 +165,30 @@ class Scheduler:
         remaining = [r.num_pending for r in prompts]
         large = not decode and min(remaining, default=0) > self.max_batch_tokens
         budget = (self.max_prefill_tokens if large else self.max_batch_tokens) - len(decode)
-        shares = self.policy(remaining, budget)
+        if self.long_turns:
+            shares = self._long_ones_take_turns(remaining, budget)
+        else:
+            shares = self.policy(remaining, budget)
         chunks = [self._chunk(r, 1) for r in decode]
         chunks += [self._chunk(r, n) for r, n in zip(prompts, shares, strict=True) if n > 0]
         chunks.sort(key=lambda c: c.lease.slot)
         return chunks
+
+    def _long_ones_take_turns(self, remaining: list[int], budget: int) -> list[int]:
+        """Fair shares in which the prompts longer than the budget count as one prompt, whose
+        share goes to one of them, the next in turn (oldest first)."""
+        long = [i for i, r in enumerate(remaining) if r > budget]
+        if len(long) < 2:
+            return self.policy(remaining, budget)
+        rest = [i for i, r in enumerate(remaining) if r <= budget]
+        as_one = sum(remaining[i] for i in long)
+        group = self.policy([remaining[i] for i in rest] + [as_one], budget)
+        shares = [0] * len(remaining)
+        for i, n in zip(rest, group, strict=False):
+            shares[i] = n
+        shares[long[self._turn % len(long)]] = group[-1]  # < its remaining: it goes on later
+        self._turn += 1
+        return shares
 
     @staticmethod
     def _chunk(req: Request, n: int) -> Chunk:

@@ -349,3 +349,11 @@ def test_an_engine_bug_fails_requests_instead_of_hanging_them():
         e.submit([1], GREEDY, Collector())
     assert e.stats().in_flight == 0
     e.stop()
+
+
+@pytest.mark.parametrize("hot_blocks", [0, 8])
+def test_an_engine_that_pages_lets_long_prompts_take_turns(stop_after, hot_blocks):
+    """With paging every prompt chunk stages its stream's history: the scheduler's long_turns."""
+    e = engine(hot_blocks=hot_blocks)
+    stop_after(e)
+    assert e.scheduler.long_turns is (hot_blocks > 0)

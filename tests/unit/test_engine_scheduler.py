@@ -138,10 +138,42 @@ def test_chunks_are_in_slot_order_and_equal_one_ubatch_for_the_prompts():
     assert split_equal(batch, 64) == [[(0, 1), (1, 1), (2, 1), (3, 1)], [(1, 20), (2, 20), (3, 20)]]
 
 
-@pytest.mark.parametrize("policy", list(PREFILL_POLICIES))
-def test_a_short_prompt_behind_long_ones_gets_its_first_token_within_a_few_steps(policy):
+def test_with_paging_long_prompts_take_turns_at_one_share():
+    """long_turns (the engine sets it when it pages): the prompts longer than the budget count
+    as one prompt of the fair split, whose share goes to each of them in turn."""
+    s = Scheduler(SlotTable(4, 1000, lambda slot: None), max_batch_tokens=8, long_turns=True)
+    for name in "abc":
+        s.add(req(name, 100, 1000))
+    got = []
+    for _ in range(4):
+        step = s.schedule()
+        got.append(plan(step))
+        advance(step)
+    assert got == [
+        [("a", 0, 0, 8, False)],
+        [("b", 1, 0, 8, False)],
+        [("c", 2, 0, 8, False)],
+        [("a", 0, 8, 8, False)],
+    ]
+    s.add(req("d", 3))  # a short prompt: its share of the split, the long ones' turn the rest
+    assert plan(s.schedule()) == [("b", 1, 8, 5, False), ("d", 3, 0, 3, True)]
+
+
+def test_long_turns_apply_to_the_fair_policy_only():
+    s = Scheduler(SlotTable(2, 1000, lambda slot: None), 8, "fcfs", long_turns=True)
+    s.add(req("a", 100, 1000))
+    s.add(req("b", 100, 1000))
+    assert plan(s.schedule()) == [("a", 0, 0, 8, False)]
+    assert not s.long_turns
+
+
+TURNS = [(p, False) for p in PREFILL_POLICIES] + [("fair", True)]
+
+
+@pytest.mark.parametrize("policy,turns", TURNS)
+def test_a_short_prompt_behind_long_ones_gets_its_first_token_within_a_few_steps(policy, turns):
     n_slots, budget = 8, 64
-    s = Scheduler(SlotTable(n_slots, 10_000, lambda slot: None), budget, policy)
+    s = Scheduler(SlotTable(n_slots, 10_000, lambda slot: None), budget, policy, long_turns=turns)
     for i in range(7):
         s.add(req(f"long{i}", 2000, 3000))
     for _ in range(5):
@@ -153,17 +185,19 @@ def test_a_short_prompt_behind_long_ones_gets_its_first_token_within_a_few_steps
         advance(s.schedule())
         steps += 1
     bound = math.ceil(20 / (budget // n_slots))  # see the scheduler's docstring
-    if policy == "fair":
+    if turns:  # the long ones count as one prompt: the short one is one of two
+        assert steps <= math.ceil(20 / (budget // 2))
+    elif policy == "fair":
         assert steps <= bound
     else:  # the oldest prompts take the whole budget until their prefill is done
         assert steps > 7 * 2000 // budget - 5
 
 
-@pytest.mark.parametrize("policy", list(PREFILL_POLICIES))
-def test_no_starvation_over_a_long_mixed_run(policy):
+@pytest.mark.parametrize("policy,turns", TURNS)
+def test_no_starvation_over_a_long_mixed_run(policy, turns):
     rng = random.Random(11)
     n_slots, budget = 4, 16
-    s = Scheduler(SlotTable(n_slots, 10_000, lambda slot: None), budget, policy)
+    s = Scheduler(SlotTable(n_slots, 10_000, lambda slot: None), budget, policy, long_turns=turns)
     reqs: list[Request] = []
     arrived: dict[str, int] = {}
     admitted: dict[str, int] = {}
@@ -179,11 +213,12 @@ def test_no_starvation_over_a_long_mixed_run(policy):
         planned = {c.request.request_id: len(c.tokens) for c in step}
         assert sum(planned.values()) <= budget
         running = list(s.running)
+        left = budget - sum(r.num_pending == 1 for r in running)  # for the prompts
         for r in running:
             admitted.setdefault(r.request_id, i)
             if r.num_pending == 1:
                 assert planned[r.request_id] == 1  # decode first, every step, any age
-            elif policy == "fair":
+            elif policy == "fair" and not (turns and r.num_pending > left):
                 assert planned[r.request_id] >= min(r.num_pending, budget // n_slots)
         advance(step)
         for r in running:
@@ -192,7 +227,7 @@ def test_no_starvation_over_a_long_mixed_run(policy):
                 done[r.request_id] = i
     assert all(r.request_id in done for r in reqs if arrived[r.request_id] < 2000)
     assert len(done) > 300
-    if policy == "fair":  # from its slot: the prompt at >= budget // slots a step, then decode
+    if policy == "fair" and not turns:  # from its slot: >= budget // slots a step, then decode
         for r in reqs:
             if r.request_id in done:
                 n_out = r.max_len - len(r.prompt)

@@ -66,10 +66,11 @@ def test_decoders_of_any_age_get_their_token_beside_a_step_filling_prompt(decodi
     assert sum(len(c.tokens) for c in chunks) <= 8
 
 
+@pytest.mark.parametrize("long_turns", [False, True])
 @pytest.mark.parametrize("seed", range(5))
-def test_random_arrivals_keep_decode_first(seed):
+def test_random_arrivals_keep_decode_first(seed, long_turns):
     rng = random.Random(seed)
-    s = Scheduler(SlotTable(4, CTX, lambda slot: None), max_batch_tokens=24)
+    s = Scheduler(SlotTable(4, CTX, lambda slot: None), max_batch_tokens=24, long_turns=long_turns)
     arrivals: dict[int, list[Request]] = {}
     for i in range(12):
         r = request(f"r{i}", rng.randint(1, 200), rng.randint(1, 20))
