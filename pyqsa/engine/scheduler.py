@@ -3,9 +3,9 @@
 Each step has a token budget: `max_batch_tokens`, or `max_prefill_tokens` for a step with no
 decode token whose prompts all need more than `max_batch_tokens` (long prompts only: a short
 prompt's first token never waits for a large step of its own). Requests whose cache is one
-token behind (decode) go first, one
-token each, whatever their age, so a running request never stalls (the config keeps the budget
-at least the slot count). The rest of the budget goes to prompt chunks, by the prefill policy:
+token behind (decode) go first, one token each, whatever their age, so a running request never
+stalls (the config keeps the budget at least the slot count). The rest of the budget goes to
+prompt chunks, by the prefill policy:
 
 - `fair` (default), max-min fair shares: every prompt in flight gets a chunk every step; a prompt
   that needs less than an equal share of what is left gets all it needs (it finishes its
@@ -24,10 +24,10 @@ select from its stream's history in host memory (up to all of it; 16 ms a QSA la
 512-token chunk at 256K on the H200, against 3.4 ms of attention), so many small chunks pay the
 history many times over. Shorter prompts share the step with the long ones' turn as with any
 other prompt; the long ones still reach decode together, and each gets a chunk every so many
-steps (as many as there are long prompts). `bench/prefill_sim.py
---paged` models the cost (8 x 256K prompts, random selections: all first tokens at 2387 s with
-equal shares, at 992-997 s taking turns; fcfs 125-1001 s; a 64-token request behind 7 x 64K
-still gets its first at 0.2 s. A model, not a measurement).
+steps (as many as there are long prompts). `bench/prefill_sim.py --paged` models the cost
+(8 x 256K prompts, random selections: all first tokens at 2387 s with equal shares, at 992-997 s
+taking turns; fcfs 125-1001 s; a 64-token request behind 7 x 64K still gets its first at 0.2 s.
+A model, not a measurement).
 
 `bench/prefill_sim.py` measures both on the issue's workloads with a model of llama.cpp's
 batch splitting (below) and the H200's step costs (8 slots, 512-token steps). A 64-token
