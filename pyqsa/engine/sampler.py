@@ -191,7 +191,10 @@ class Sampler:
         # any integer is a valid seed (OpenAI takes negative ones): its low 64 bits
         self.seed = (params.seed if params.seed is not None else seed) % 2**64
         self.counter = 0
-        self._prompt_ids: np.ndarray | None = None  # the prompt's distinct ids, once needed
+        # adjustments(): the rows so far and each row's output count, and how many output tokens
+        # they hold
+        self._adjust: tuple[np.ndarray, np.ndarray] | None = None
+        self._folded = 0
 
     def __call__(
         self, logits: np.ndarray, tokens: list[int], n_prompt: int
@@ -202,29 +205,39 @@ class Sampler:
 
     def adjustments(self, n_vocab: int, tokens: list[int], n_prompt: int) -> np.ndarray | None:
         """The next draw's logit bias and penalties as pyqsa_logit_adjust rows (int32 [n, 4]:
-        id, then bias, repetition penalty and subtrahend as float32 bits), None when it has
-        none; `tokens` is this request's prompt + output so far. ValueError for a logit_bias id
-        outside the vocabulary."""
+        id, then bias, repetition penalty and subtrahend as float32 bits, ids ascending), None
+        when it has none; `tokens` is this request's prompt + output so far, which only grows
+        between calls. ValueError for a logit_bias id outside the vocabulary.
+
+        NOTE: the rows are kept and each call folds in only the tokens output since the last
+        one (a draw adds one): rebuilding them from all the output each step, host time before
+        every forward pass, cost 380-554 us a step for 8 penalized requests over 300 output
+        tokens (and grew with the output), 55-131 us now (the CPU machine of session 10)."""
         p = self.params
         rep = p.repetition_penalty != 1.0
         pen = bool(p.presence_penalty or p.frequency_penalty)
         if not (p.logit_bias or rep or pen):
             return None
+        if self._adjust is None:
+            self._adjust = self._base_adjustments(n_vocab, tokens[:n_prompt], rep)
+        if rep or pen:
+            for t in tokens[n_prompt + self._folded :]:
+                self._fold(t, rep, pen)
+            self._folded = len(tokens) - n_prompt
+        rows, _ = self._adjust
+        return rows.copy() if len(rows) else None
+
+    def _base_adjustments(
+        self, n_vocab: int, prompt: list[int], rep: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The rows before any output (the logit bias; with a repetition penalty, every prompt
+        id) and each row's output count (0)."""
+        p = self.params
         bias_ids = np.fromiter(p.logit_bias.keys(), dtype=np.int64, count=len(p.logit_bias))
         if bias_ids.size and not (0 <= bias_ids.min() and bias_ids.max() < n_vocab):
             raise ValueError(f"logit_bias: token ids must be below {n_vocab}")
-        out_ids = counts = np.zeros(0, np.int64)
-        if (rep or pen) and len(tokens) > n_prompt:
-            out = np.asarray(tokens[n_prompt:], dtype=np.int64)
-            out_ids, counts = np.unique(out, return_counts=True)
-        seen = np.zeros(0, np.int64)
-        if rep:
-            if self._prompt_ids is None:  # the prompt never changes: its ids once
-                self._prompt_ids = np.unique(np.asarray(tokens[:n_prompt], dtype=np.int64))
-            seen = np.union1d(self._prompt_ids, out_ids)
-        ids = np.unique(np.concatenate([bias_ids, seen, out_ids if pen else out_ids[:0]]))
-        if ids.size == 0:
-            return None
+        seen = np.unique(np.asarray(prompt, dtype=np.int64)) if rep else np.zeros(0, np.int64)
+        ids = np.union1d(bias_ids, seen)
         table = np.zeros((ids.size, 4), np.float32)
         table[:, 2] = 1.0
         if bias_ids.size:
@@ -232,12 +245,30 @@ class Sampler:
             table[np.searchsorted(ids, bias_ids), 1] = bias
         if rep:
             table[np.searchsorted(ids, seen), 2] = np.float32(p.repetition_penalty)
-        if pen and out_ids.size:
-            sub = p.frequency_penalty * counts + p.presence_penalty
-            table[np.searchsorted(ids, out_ids), 3] = sub.astype(np.float32)
         rows = table.view(np.int32)
         rows[:, 0] = ids
-        return rows
+        return rows, np.zeros(ids.size, np.int64)
+
+    def _fold(self, token: int, rep: bool, pen: bool) -> None:
+        """One more output token: its row gets the repetition penalty and, with the frequency
+        or presence penalty, the subtrahend of its new count (a row of its own if new)."""
+        p = self.params
+        rows, counts = self._adjust
+        i = int(np.searchsorted(rows[:, 0], token))
+        if i == len(rows) or rows[i, 0] != token:
+            one = np.zeros(4, np.float32)
+            one[2] = 1.0
+            row = one.view(np.int32)
+            row[0] = token
+            rows = np.concatenate((rows[:i], row[None], rows[i:]))
+            counts = np.concatenate((counts[:i], [0], counts[i:]))
+        counts[i] += 1
+        values = rows.view(np.float32)
+        if rep:
+            values[i, 2] = np.float32(p.repetition_penalty)
+        if pen:
+            values[i, 3] = np.float32(p.frequency_penalty * counts[i] + p.presence_penalty)
+        self._adjust = rows, counts
 
     def device_draw(
         self, n_vocab: int, tokens: list[int], n_prompt: int, max_adjust: int

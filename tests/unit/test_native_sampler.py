@@ -8,7 +8,14 @@ import pytest
 
 from pyqsa import native
 from pyqsa.engine import SamplingParams
-from pyqsa.engine.sampler import ReferenceSampler, Sampler, draw, draw_key, logprobs
+from pyqsa.engine.sampler import (
+    ReferenceSampler,
+    Sampler,
+    apply_penalties,
+    draw,
+    draw_key,
+    logprobs,
+)
 
 SETTINGS = [
     {"temperature": 0},
@@ -107,6 +114,35 @@ def test_native_penalized_draws_equal_the_reference(pen, kw):
             moved += got != plain(x, tokens, len(prompt))[0]
             tokens.append(got)
     assert moved > 0
+
+
+@pytest.mark.parametrize("pen", PENALTIES, ids=lambda kw: ",".join(kw))
+@pytest.mark.parametrize("every", [1, 3])
+def test_adjustment_rows_kept_across_draws_equal_the_reference(pen, every):
+    """Sampler.adjustments folds only the tokens output since its last call into the rows it
+    keeps: applied to a logits row (as pyqsa_logit_adjust, float32), they give the reference's
+    apply_penalties bit for bit at every length, called after every draw or every third; ids
+    ascending and distinct."""
+    gen = np.random.default_rng(11)
+    n_vocab = 32000
+    prompt = gen.integers(0, 400, 200).tolist()
+    sampler = Sampler(SamplingParams(**pen), 0)
+    tokens = list(prompt)
+    for step in range(90):
+        tokens.append(int(gen.integers(0, 600)))  # repeats, prompt ids and new ones
+        if step % every:
+            continue
+        rows = sampler.adjustments(n_vocab, tokens, len(prompt))
+        ids = rows[:, 0]
+        assert (np.diff(ids) > 0).all()
+        x = gen.standard_normal(n_vocab).astype(np.float32)
+        got = x.copy()
+        bias, rep, sub = rows[:, 1:].view(np.float32).T
+        y = got[ids] + bias
+        y = np.where(rep != 1.0, np.where(y > 0, y / rep, y * rep), y)
+        got[ids] = y - sub
+        want = apply_penalties(x, sampler.params, tokens, len(prompt))
+        assert np.array_equal(got, want), step
 
 
 def test_device_sampler_refuses_bad_capacities_and_lists():
