@@ -8,14 +8,8 @@ import pytest
 
 from pyqsa import native
 from pyqsa.engine import SamplingParams
-from pyqsa.engine.sampler import (
-    ReferenceSampler,
-    Sampler,
-    apply_penalties,
-    draw,
-    draw_key,
-    logprobs,
-)
+from pyqsa.engine import sampler as engine_sampler
+from pyqsa.engine.sampler import ReferenceSampler, Sampler, draw, draw_key, logprobs
 
 SETTINGS = [
     {"temperature": 0},
@@ -141,7 +135,7 @@ def test_adjustment_rows_kept_across_draws_equal_the_reference(pen, every):
         y = got[ids] + bias
         y = np.where(rep != 1.0, np.where(y > 0, y / rep, y * rep), y)
         got[ids] = y - sub
-        want = apply_penalties(x, sampler.params, tokens, len(prompt))
+        want = engine_sampler.apply_penalties(x, sampler.params, tokens, len(prompt))
         assert np.array_equal(got, want), step
 
 
