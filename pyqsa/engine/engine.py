@@ -495,17 +495,32 @@ def load_engine(config: EngineConfig, model: LlamaModel | None = None) -> tuple[
     if model is None:
         model = LlamaModel(config.model_path, config.gpu_layers, config.device)
     runner = LlamaRunner(model, config)
-    warm_up(runner, model.eos)
+    # a prompt as long as a short request's, within one step and the slot
+    warm_up(runner, model.eos, max(1, min(32, config.max_batch_tokens, config.ctx_per_slot - 2)))
     return Engine(config, runner, model).start(), model
 
 
-def warm_up(runner: Runner, token: int) -> None:
-    """One forward pass and one sampled token, on slot 0, released after, so that the first
-    request does not pay for what runs once: numpy's lazily imported modules, llama.cpp's
-    first decode (on CUDA also kernel loading and library handles). On CPU with the demo
-    model its engine time to first token went from 42 to 25 ms (medians of 5 starts), as
-    for later requests; its time to its first pass from 13 to 1 ms."""
-    req = Request("warm-up", [token], SamplingParams(), lambda ev: None, max_len=2)
-    rows = runner.run([Chunk(req, SlotLease(0, 0, 2), 0, (token,))], None)
-    Sampler(req.params, seed=0)(rows[0], req.tokens, 1)
+def warm_up(runner: Runner, token: int, n_prompt: int = 1) -> None:
+    """A prompt of `n_prompt` tokens, then one decode step, on slot 0, released after, each
+    with a drawn token, drawn as the engine draws (on the device when the runner does): so the
+    first request does not pay for what runs once: numpy's lazily imported modules, llama.cpp's
+    first decode (on CUDA also kernel loading and library handles, such as the ones a prefill's
+    matrix products and attention use and a one-token step does not). On CPU with the demo
+    model its engine time to first token went from 42 to 25 ms (medians of 5 starts), as for
+    later requests; its time to its first pass from 13 to 1 ms. On the H200 the first request
+    after a one-token warm-up still took 207-226 ms against 19 ms later (issue 11's server
+    runs), and that warm-up detached slot 0's device sampler, which the first draw attached
+    again (llama.cpp then sets up its compute buffers again); whether this warm-up removes that
+    is for the next GPU run (bench/serve_ttft.py's `first_ms`)."""
+    req = Request("warm-up", [token] * n_prompt, SamplingParams(), lambda ev: None, n_prompt + 2)
+    sampler = Sampler(req.params, seed=0)
+    lease = SlotLease(0, 0, 2)
+    for start in (0, n_prompt):
+        chunk = Chunk(req, lease, start, tuple(req.tokens[start:]))
+        if runner.samples_on_device:
+            draw = sampler.device_draw(runner.n_vocab, req.tokens, n_prompt, DEVICE_MAX_ADJUST)
+            drawn, _ = sampler.take(runner.run([chunk], [draw])[0])
+        else:
+            drawn, _ = sampler(runner.run([chunk], None)[0], req.tokens, n_prompt)
+        req.tokens.append(drawn)
     runner.release(0)

@@ -3,6 +3,7 @@
 import threading
 import time
 
+import numpy as np
 import pytest
 from engine_fakes import BYTES_PER_TOKEN, EOS, Collector, FakeRunner, FakeVocab
 
@@ -17,6 +18,7 @@ from pyqsa.engine import (
     SamplingParams,
 )
 from pyqsa.engine.engine import warm_up
+from pyqsa.native import SampleResult
 
 GREEDY = SamplingParams(temperature=0, max_tokens=5)
 
@@ -317,11 +319,33 @@ def test_step_time_is_split_into_forward_and_host(stop_after):
     assert s.step_seconds["forward"] >= 0.05 and s.step_seconds["host"] > 0
 
 
-def test_warm_up_runs_one_pass_and_leaves_the_slot_empty():
+def test_warm_up_runs_a_prompt_and_a_decode_step_and_leaves_the_slot_empty():
     runner = FakeRunner()
-    warm_up(runner, 5)
-    assert runner.batches == [[(0, 0, (5,))]]
+    warm_up(runner, 5, n_prompt=3)
+    assert runner.batches == [[(0, 0, (5, 5, 5))], [(0, 3, (6,))]]
     assert runner.released == [0] and runner.cached == {}
+
+
+def test_warm_up_draws_on_the_device_when_the_runner_does():
+    """A runner that draws where the logits are gets a draw for each pass (a None would make
+    LlamaRunner detach slot 0's sampler, which the first request would attach again)."""
+    draws_seen = []
+
+    class DeviceRunner(FakeRunner):
+        def __init__(self):
+            super().__init__()
+            self.samples_on_device = True
+
+        def run(self, chunks, draws=None, on_launch=None):
+            draws_seen.append(draws)
+            rows = super().run(chunks)
+            return [SampleResult(int(np.argmax(r)), float("nan"), ()) for r in rows]
+
+    runner = DeviceRunner()
+    warm_up(runner, 5, n_prompt=2)
+    assert runner.batches == [[(0, 0, (5, 5))], [(0, 2, (6,))]]
+    assert len(draws_seen) == 2 and all(isinstance(d[0], dict) for d in draws_seen)
+    assert runner.released == [0]
 
 
 def test_a_bad_request_fails_alone(stop_after):
