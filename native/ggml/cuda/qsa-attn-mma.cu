@@ -229,7 +229,6 @@ __global__ void __launch_bounds__(THREADS) qsa_attn_mma(const args a) {
     __syncthreads();
 
     // rows g and g + 8 of this warp's columns: the output, or the split's partial for merge
-    const int n_rows = gridDim.y;
 #pragma unroll
     for (int half_row = 0; half_row < 2; ++half_row) {
         const int r = g + 8 * half_row;
@@ -240,10 +239,10 @@ __global__ void __launch_bounds__(THREADS) qsa_attn_mma(const args a) {
         float *   o;
         float     mul;
         if (a.n_split == 1) {
-            o   = (float *) ((char *) a.out + h * a.o_nb1 + (size_t) iq * a.o_nb2 + (size_t) s * a.o_nb3);
+            o   = out_row(a, h, row);
             mul = l_s[r] > 0.0f ? 1.0f / l_s[r] : 0.0f;
         } else {
-            o   = a.out + (((size_t) split * n_rows + row) * a.H + h) * (D + 2);
+            o   = state_at<D / WARP>(a.out, a, h, row, split);
             mul = 1.0f;
         }
 #pragma unroll
@@ -254,7 +253,7 @@ __global__ void __launch_bounds__(THREADS) qsa_attn_mma(const args a) {
         }
     }
     if (a.n_split > 1 && tid < a.group) {
-        float * st = a.out + (((size_t) split * n_rows + row) * a.H + hk * a.group + tid) * (D + 2);
+        float * st = state_at<D / WARP>(a.out, a, hk * a.group + tid, row, split);
         st[D]      = m_s[tid];
         st[D + 1]  = l_s[tid];
     }

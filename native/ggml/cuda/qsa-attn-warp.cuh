@@ -88,6 +88,12 @@ inline args make_args(const ggml_tensor * q, const ggml_tensor * k, const ggml_t
     return a;
 }
 
+// the output row of head h for query row `row` (query row % n_q of stream row / n_q)
+__device__ __forceinline__ float * out_row(const args & a, int h, int row) {
+    return (float *) ((char *) a.out + h * a.o_nb1 + (size_t) (row % a.n_q) * a.o_nb2 +
+                      (size_t) (row / a.n_q) * a.o_nb3);
+}
+
 // (acc, max, sum) of one (head, query, split) at `part`, laid out [n_split, n_rows, H, D + 2]
 // (a kernel of grid (H, n_rows, ...))
 template <int DPL, typename T>
@@ -113,7 +119,7 @@ template <int DPL>
 __device__ __forceinline__ void write_partial(const args & a, const float * acc, float m, float l, int h, int row,
                                               int split, int lane) {
     if (a.n_split == 1) {
-        float * out = (float *) ((char *) a.out + h * a.o_nb1 + (row % a.n_q) * a.o_nb2 + (row / a.n_q) * a.o_nb3);
+        float * out = out_row(a, h, row);
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
         for (int i = 0; i < DPL; ++i) {
@@ -252,8 +258,6 @@ __global__ void merge(const float * part, const args a) {
     const int lane = threadIdx.x;
     const int h    = blockIdx.x;
     const int row  = blockIdx.y;
-    const int iq   = row % a.n_q;
-    const int s    = row / a.n_q;
 
     const size_t stride = (size_t) gridDim.y * a.H * (D + 2);
     const float * p0    = part + ((size_t) row * a.H + h) * (D + 2);
@@ -275,7 +279,7 @@ __global__ void merge(const float * part, const args a) {
             }
         }
     }
-    float * out = (float *) ((char *) a.out + h * a.o_nb1 + iq * a.o_nb2 + s * a.o_nb3);
+    float * out = out_row(a, h, row);
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
     for (int i = 0; i < DPL; ++i) {
