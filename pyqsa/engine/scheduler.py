@@ -184,7 +184,7 @@ class Scheduler:
         as_one = sum(remaining[i] for i in long)
         group = self.policy([remaining[i] for i in rest] + [as_one], budget)
         shares = [0] * len(remaining)
-        for i, n in zip(rest, group, strict=False):
+        for i, n in zip(rest, group[:-1], strict=True):
             shares[i] = n
         shares[long[self._turn % len(long)]] = group[-1]  # < its remaining: it goes on later
         self._turn += 1
