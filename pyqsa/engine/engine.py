@@ -396,10 +396,8 @@ class Engine:
             item: tuple[_Live, np.ndarray | SampleResult],
         ) -> tuple[int, TokenLogprob | None] | Exception:
             live, row = item
-            if isinstance(row, SampleResult):
-                return live.sampler.take(row)
             try:
-                return live.sampler(row, live.req.tokens, len(live.req.prompt))
+                return live.sampler.next_token(row, live.req.tokens, len(live.req.prompt))
             except Exception as e:
                 return e
 
@@ -517,10 +515,9 @@ def warm_up(runner: Runner, token: int, n_prompt: int = 1) -> None:
     lease = SlotLease(0, 0, 2)
     for start in (0, n_prompt):
         chunk = Chunk(req, lease, start, tuple(req.tokens[start:]))
+        draws = None
         if runner.samples_on_device:
-            draw = sampler.device_draw(runner.n_vocab, req.tokens, n_prompt, DEVICE_MAX_ADJUST)
-            drawn, _ = sampler.take(runner.run([chunk], [draw])[0])
-        else:
-            drawn, _ = sampler(runner.run([chunk], None)[0], req.tokens, n_prompt)
-        req.tokens.append(drawn)
+            draws = [sampler.device_draw(runner.n_vocab, req.tokens, n_prompt, DEVICE_MAX_ADJUST)]
+        row = runner.run([chunk], draws)[0]
+        req.tokens.append(sampler.next_token(row, req.tokens, n_prompt)[0])
     runner.release(0)

@@ -304,6 +304,15 @@ class Sampler:
             return drawn.token, None
         return drawn.token, TokenLogprob(drawn.token, drawn.logprob, drawn.top)
 
+    def next_token(
+        self, row: np.ndarray | SampleResult, tokens: list[int], n_prompt: int
+    ) -> tuple[int, TokenLogprob | None]:
+        """The next token from a forward pass's output row: a draw made where the logits are
+        (runner.run given device_draw's parameters) taken, or one drawn here from logits."""
+        if isinstance(row, SampleResult):
+            return self.take(row)
+        return self(row, tokens, n_prompt)
+
 
 class ReferenceSampler(Sampler):
     """The same draws with this module's numpy functions: the reference the native samplers
