@@ -22,6 +22,7 @@ enum pyqsa_ggml_op {
     PYQSA_GGML_OP_QSA_PAGE_STAGE = 8,
     PYQSA_GGML_OP_QSA_ATTN_PART  = 9,
     PYQSA_GGML_OP_SAMPLE         = 10,
+    PYQSA_GGML_OP_QSA_SCORE_SUM  = 11,
 };
 
 // Sparse attention: every query attends only to the KV cells listed for it (QSA: the selected
@@ -60,6 +61,17 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_score(struct ggml_context * ctx,
                                                    struct ggml_tensor * q,
                                                    struct ggml_tensor * keys,
                                                    float scale);
+
+// The head sum of pyqsa_ggml_qsa_score for scores a matrix product already computed (prefill
+// chunks, whose many queries suit a tiled product): one pass instead of a ReLU, a copy and
+// n_head - 1 additions over the product, the largest tensor of a long-context chunk.
+//   score[b, t, s] = scale * sum over h of ReLU(prod[b, h, t, s])
+//   prod: F32 [n_blocks, n_head, n_tps, n_stream], rows contiguous (nb[0] = 4)
+// returns F32 [n_blocks, n_tps, n_stream]; the heads are added in order 0..n_head-1 and the sum
+// scaled last, on every backend, as the graph of ggml_relu, ggml_add and ggml_scale did
+GGML_API struct ggml_tensor * pyqsa_ggml_qsa_score_sum(struct ggml_context * ctx,
+                                                       struct ggml_tensor * prod,
+                                                       float scale);
 
 // Top-k block selection with a deterministic order: the k largest scores of each row, exact
 // ties going to the lower index (HF's reference leaves tie order to torch.topk; pyqsa fixes it

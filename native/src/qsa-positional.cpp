@@ -241,15 +241,9 @@ ggml_tensor * select_blocks(ggml_context * ctx, ggml_cgraph * gf, pyqsa_qsa_posi
         ggml_tensor * q4 = ggml_view_4d(ctx, q, Di, n_head, n_tps, ns, q->nb[1], q->nb[2], n_tps * q->nb[2], 0);
         summed = pyqsa_ggml_qsa_score(ctx, q4, keys, scale);
     } else {
-        ggml_tensor * score = ggml_mul_mat(ctx, keys, ggml_reshape_3d(ctx, ggml_cont(ctx, q), Di, n_head * n_tps, ns));
-        ggml_prec_set_acc(score, GGML_PREC_F32);  // on CUDA: f32, not TF32 (ggml_patches/0008)
-        score = ggml_relu(ctx, ggml_reshape_4d(ctx, score, n_blocks, n_head, n_tps, ns));
-        summed = nullptr;
-        for (int64_t h = 0; h < n_head; ++h) {
-            ggml_tensor * s = ggml_view_3d(ctx, score, n_blocks, n_tps, ns, score->nb[2], score->nb[3], h * score->nb[1]);
-            summed = summed ? ggml_add(ctx, summed, s) : ggml_cont(ctx, s);
-        }
-        summed = ggml_scale(ctx, summed, scale);
+        ggml_tensor * prod = ggml_mul_mat(ctx, keys, ggml_reshape_3d(ctx, ggml_cont(ctx, q), Di, n_head * n_tps, ns));
+        ggml_prec_set_acc(prod, GGML_PREC_F32);  // on CUDA: f32, not TF32 (ggml_patches/0008)
+        summed = pyqsa_ggml_qsa_score_sum(ctx, ggml_reshape_4d(ctx, prod, n_blocks, n_head, n_tps, ns), scale);
     }
     *score_out = summed;
 

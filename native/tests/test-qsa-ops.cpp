@@ -227,6 +227,7 @@ void test_mask_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937
 void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
 void test_block_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
 void test_score(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
+void test_score_sum(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
 
 int cmd_test(const char * only_backend) {
     std::mt19937 rng(1234);
@@ -259,6 +260,7 @@ int cmd_test(const char * only_backend) {
     test_topk(cpu, only_backend, rng, n_ok, n_fail);
     test_block_cells(cpu, only_backend, rng, n_ok, n_fail);
     test_score(cpu, only_backend, rng, n_ok, n_fail);
+    test_score_sum(cpu, only_backend, rng, n_ok, n_fail);
     ggml_backend_free(cpu);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
     return n_fail == 0 ? 0 : 1;
@@ -605,6 +607,107 @@ void test_score(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rn
     }
 }
 
+struct score_sum_case {
+    int64_t n_blocks, n_head, n_tps, ns;
+
+    std::string name() const {
+        char buf[128];
+        std::snprintf(buf, sizeof(buf), "QSA_SCORE_SUM(n_blocks=%lld,n_head=%lld,n_tps=%lld,ns=%lld)",
+                      (long long) n_blocks, (long long) n_head, (long long) n_tps, (long long) ns);
+        return buf;
+    }
+};
+
+std::vector<float> run_score_sum(ggml_backend_t backend, const score_sum_case & c, const std::vector<float> & prod,
+                                 float scale, bool * supported) {
+    ggml_init_params ip = { ggml_tensor_overhead() * 4 + ggml_graph_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(ip);
+    ggml_tensor * p   = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.n_blocks, c.n_head, c.n_tps, c.ns);
+    ggml_tensor * out = pyqsa_ggml_qsa_score_sum(ctx, p, scale);
+    std::vector<float> res;
+    *supported = ggml_backend_supports_op(backend, out);
+    if (*supported) {
+        ggml_cgraph * gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, out);
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+        ggml_backend_tensor_set(p, prod.data(), 0, ggml_nbytes(p));
+        ggml_backend_graph_compute(backend, gf);
+        res.resize(ggml_nelements(out));
+        ggml_backend_tensor_get(out, res.data(), 0, ggml_nbytes(out));
+        ggml_backend_buffer_free(buf);
+    }
+    ggml_free(ctx);
+    return res;
+}
+
+// The op replaces ggml_relu, ggml_add per head and ggml_scale in the prefill graph, so it must
+// give their f32 result bit for bit: the reference is that arithmetic, in that order.
+void test_score_sum(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail) {
+    const score_sum_case cases[] = {
+        { 65536, 4, 3, 1 },   // Flash-Next indexer at 256K, a few queries of a chunk
+        { 8192, 4, 40, 2 },   // two streams' chunks at 32K
+        { 301, 2, 5, 3 },     // rows not a multiple of 4 (CUDA: the scalar path)
+        { 7, 4, 17, 1 },      // the tiny models: few blocks
+        { 1, 1, 1, 1 },
+    };
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (const score_sum_case & c : cases) {
+        const float scale = 0.0883883f;
+        std::vector<float> prod(c.n_blocks * c.n_head * c.n_tps * c.ns);
+        for (auto & x : prod) x = nd(rng);
+        std::vector<float> ref(c.n_blocks * c.n_tps * c.ns);
+        for (int64_t row = 0; row < c.n_tps * c.ns; ++row)
+        for (int64_t b = 0; b < c.n_blocks; ++b) {
+            float acc = 0.0f;
+            for (int64_t h = 0; h < c.n_head; ++h) {
+                const float x = prod[(row * c.n_head + h) * c.n_blocks + b];
+                acc = h == 0 ? std::max(x, 0.0f) : acc + std::max(x, 0.0f);
+            }
+            ref[row * c.n_blocks + b] = acc * scale;
+        }
+        bool supported = false;
+        const std::vector<float> out_cpu = run_score_sum(cpu, c, prod, scale, &supported);
+        report(c.name(), "CPU", "vs reference (bit for bit): ", supported && out_cpu == ref, n_ok, n_fail);
+        on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
+            bool ok = false;
+            const std::vector<float> out = run_score_sum(be, c, prod, scale, &ok);
+            return std::make_pair(ok && out == out_cpu, std::string(ok ? "vs CPU (bit for bit): " : "not supported "));
+        });
+    }
+}
+
+// A prefill chunk's block selection in one indexed layer, as qsa-positional.cpp builds it: the f32
+// product of the queries' heads with every block key, the head sum, then top-k. Timed three ways
+// (the product alone, with the sum, with top-k) so the pieces' costs are the differences.
+void perf_select(ggml_backend_t be, int64_t n_tps, int64_t n_blocks, int iters) {
+    const int64_t Di = 128, n_head = 4, kb = 512;
+    for (int upto = 0; upto < 3; ++upto) {
+        ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
+        ggml_context * ctx  = ggml_init(ip);
+        ggml_tensor *  q    = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, Di, n_head * n_tps);
+        ggml_tensor *  k    = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, Di, n_blocks);
+        ggml_tensor *  out  = ggml_mul_mat(ctx, k, q);
+        ggml_prec_set_acc(out, GGML_PREC_F32);
+        if (upto >= 1) out = pyqsa_ggml_qsa_score_sum(ctx, ggml_reshape_4d(ctx, out, n_blocks, n_head, n_tps, 1), 0.088f);
+        if (upto >= 2) out = pyqsa_ggml_qsa_topk(ctx, out, nullptr, kb);
+        ggml_cgraph * gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, out);
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
+        std::vector<float> x(ggml_nelements(q) + ggml_nelements(k));
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::mt19937 rng(7);
+        for (auto & v : x) v = nd(rng);
+        ggml_backend_tensor_set(q, x.data(), 0, ggml_nbytes(q));
+        ggml_backend_tensor_set(k, x.data() + ggml_nelements(q), 0, ggml_nbytes(k));
+        const char * what[] = { "f32 product", "product + QSA_SCORE_SUM", "product + QSA_SCORE_SUM + QSA_TOPK" };
+        std::printf("  prefill selection (n_tps=%lld, n_blocks=%lld, Di=%lld, n_head=%lld, kb=%lld) %s %s: %.1f us/run\n",
+                    (long long) n_tps, (long long) n_blocks, (long long) Di, (long long) n_head, (long long) kb,
+                    what[upto], ggml_backend_name(be), time_graph(be, gf, iters));
+        ggml_backend_buffer_free(buf);
+        ggml_free(ctx);
+    }
+}
+
 int cmd_perf(const char * only_backend) {
     std::mt19937 rng(99);
     // decode: one query per slot, Flash-Next attention shape, budget 2048 + tail
@@ -662,6 +765,12 @@ int cmd_perf(const char * only_backend) {
                 ggml_backend_buffer_free(buf);
             }
             ggml_free(ctx);
+        }
+        if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+            // a 512-query and a 2048-query chunk at 256K (65536 blocks), 2048 queries at 32K
+            perf_select(be, 512, 65536, 20);
+            perf_select(be, 2048, 65536, 10);
+            perf_select(be, 2048, 8192, 20);
         }
         ggml_backend_free(be);
     }
