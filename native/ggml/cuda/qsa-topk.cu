@@ -1,6 +1,9 @@
 // CUDA kernel of PYQSA_GGML_OP_QSA_TOPK, one CTA per row:
 //  1. radix select (4 passes of 8 bits over order-preserving keys) finds the k-th largest key T
-//     and how many keys are above it;
+//     and how many keys are above it. A warp adds its lanes of one bin with a single atomic
+//     (the first pass's bin is the sign and high exponent bits, nearly all scores share one or
+//     two, so per-lane atomics would queue on the same address), and warp 0 finds the bin
+//     holding the remaining rank with a suffix scan over its lanes' 8 bins each;
 //  2. one ordered pass keeps every key > T and the first (k - above) keys == T by index, written
 //     in increasing index order with warp ballots (as qsa-mask-cells.cu), matching the CPU kernel.
 #include "qsa-topk.cuh"
@@ -40,21 +43,51 @@ __global__ void qsa_topk(const float * score, const int32_t * n_vis, int32_t * d
         }
         __syncthreads();
         const uint32_t high_mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
-        for (int i = threadIdx.x; i < n; i += THREADS) {
-            const uint32_t key = ordered_key(i < vis ? x[i] : -INFINITY);
-            if ((key & high_mask) == prefix) {
-                atomicAdd(&hist[(key >> shift) & 0xff], 1);
+        for (int i0 = 0; i0 < n; i0 += THREADS) {  // the same trip count in every thread
+            const int      i      = i0 + threadIdx.x;
+            const uint32_t key    = ordered_key(i < vis ? x[i] : -INFINITY);
+            const bool     counts = i < n && (key & high_mask) == prefix;
+            const uint32_t bin    = (key >> shift) & 0xff;
+            const unsigned active = __ballot_sync(0xffffffff, counts);
+            if (counts) {
+                const unsigned peers = __match_any_sync(active, bin);
+                if (threadIdx.x % 32 == __ffs(peers) - 1) {
+                    atomicAdd(&hist[bin], __popc(peers));
+                }
             }
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            // walk the bins from the top until the remaining rank falls inside one
-            int b = BINS - 1;
-            for (; b > 0 && hist[b] < remaining; --b) {
-                remaining -= hist[b];
-                above += hist[b];
+        if (threadIdx.x < 32) {
+            // the bin where the remaining rank falls, counting from the top: lane l owns bins
+            // 8l .. 8l+7; excl counts the keys in the bins of the lanes above it
+            constexpr int PER_LANE = BINS / 32;
+            const int     lane     = threadIdx.x;
+            int           c[PER_LANE];
+            int           sum = 0;
+            for (int j = 0; j < PER_LANE; ++j) {
+                c[j] = hist[lane * PER_LANE + j];
+                sum += c[j];
             }
-            prefix |= (uint32_t) b << shift;
+            int incl = sum;
+            for (int off = 1; off < 32; off <<= 1) {
+                const int v = __shfl_down_sync(0xffffffff, incl, off);
+                incl += lane + off < 32 ? v : 0;
+            }
+            const int      excl  = incl - sum;
+            const int      rank  = remaining;
+            const unsigned here  = __ballot_sync(0xffffffff, excl < rank && rank <= incl);
+            // no lane holds it only when fewer keys match than the rank: bin 0 then, as a walk
+            // from the top would end
+            const int      owner = here ? __ffs(here) - 1 : 0;
+            if (lane == owner) {
+                int r = rank - excl, b = PER_LANE - 1;
+                for (; b > 0 && c[b] < r; --b) {
+                    r -= c[b];
+                }
+                above += rank - r;
+                remaining = r;
+                prefix |= (uint32_t) (lane * PER_LANE + b) << shift;
+            }
         }
         __syncthreads();
     }
