@@ -18,6 +18,8 @@
 #                 --checks (after the builds: test-qsa-ops, test-qsa-page and test-sample CUDA vs CPU and
 #                 their timings, tests/gpu/paging.sh, tests/gpu/sampling.sh, tests/gpu/serve_paged.sh (serve --slots 8
 #                 --ctx 262144 with paging, 8 concurrent requests), then tests/gpu/parity.sh)
+#                 --op-checks (the first part of --checks only: the three op-check binaries, CUDA vs CPU
+#                 and their timings, a minute or two where --checks takes many)
 # Steps: unpack the carried upstream extract; build pyqsa's CUDA variant (setup path) and an
 # unpatched upstream CUDA `llama` in .build/bench/upstream-cuda, while the model is written to
 # .build/bench/ (all three in parallel); then decode.py per context, cheapest first, pyqsa then
@@ -34,11 +36,12 @@ cd "$(dirname "$0")/.."
 t_start=$(date +%s)
 invocation="bench/gpu_run.sh $*"
 budget=540 contexts=8192,32768,131072,262144 seqs=1,8 steps=32 warmup=4 small= decode_args=
-variants=pyqsa,upstream checks= hot_blocks=1024 serve=
+variants=pyqsa,upstream checks= op_checks= hot_blocks=1024 serve=
 while [ $# -gt 0 ]; do
     case "$1" in
         --small) small=--small; shift; continue ;;
         --checks) checks=1; shift; continue ;;
+        --op-checks) op_checks=1; shift; continue ;;
         --commit) export PYQSA_BENCH_COMMIT=$2 ;;
         --budget) budget=$2 ;;
         --contexts) contexts=$2 ;;
@@ -131,12 +134,15 @@ op_check() {  # binary, label, timing-line pattern
     fi
     ".build/cmake-cuda/bin/$1" perf -b CUDA0 2>&1 | grep -E "$3" >> "$out/ops-perf.txt" || true
 }
-if [ -n "$checks" ]; then
+if [ -n "$checks$op_checks" ]; then
     : > "$out/ops-perf.txt"
     op_check test-qsa-ops "pyqsa ops" "us/run"
     op_check test-qsa-page "pyqsa paging ops" "us/(step|run)"
     op_check test-sample "sample op" "us/step"
     cat "$out/ops-perf.txt"
+    echo "op checks done ($(elapsed))"
+fi
+if [ -n "$checks" ]; then
     tests/gpu/paging.sh || { echo "paging checks: FAILED"; status=1; }
     tests/gpu/sampling.sh || { echo "sampling checks: FAILED"; status=1; }
     tests/gpu/serve_paged.sh || { echo "serve with paging: FAILED"; status=1; }
