@@ -6,7 +6,10 @@
 One llama context per context length C: n_seq_max = max(--seqs) sequences, a KV stream of C
 cells per sequence (kv_unified off, n_ctx = C * n_seq_max), flash attention on, f16 K/V, all
 layers offloaded when the build can. Sequence 0 is prefilled with random tokens in batches of
---ubatch (timed: the `prefill` record) up to C minus the decode steps still to come, so every
+--ubatch (timed: the `prefill` record) up to C minus the decode steps still to come, after
+--prefill-warmup untimed batches that are then removed again (llama-bench warms up likewise: a
+context's first batch also pays one-time costs, kernel loading and buffer growth, which are not
+throughput and which a server pays at start), so every
 decode step runs between C - (warmup + steps) * len(seqs) and C (`pos_start` says where).
 For each sequence count n (ascending) sequences 1..n-1 become copies of sequence 0
 (llama_memory_seq_cp: one long prefill serves every n), then --warmup + --steps decode steps
@@ -81,6 +84,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "shows their median and spread)",
     )
     ap.add_argument("--ubatch", type=int, default=512, help="prefill batch (n_batch = n_ubatch)")
+    ap.add_argument(
+        "--prefill-warmup",
+        type=int,
+        default=1,
+        help="untimed prefill batches into sequence 0 before the timed prefill, then removed "
+        "(the `prefill` record's warmup_batches; records without it had none)",
+    )
     ap.add_argument("--gpu-layers", type=int, default=999, help="ignored by CPU-only builds")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     # NOTE: the pinned CPU backend's AMX f16 matmul crashes on batches over 5 streams; CPU
@@ -141,6 +151,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--sampling device needs --variant pyqsa without --hot-blocks")
     if args.kv_type != "f16" and not args.hot_blocks:
         ap.error("--kv-type q8_0 needs --hot-blocks (one thing compared at a time)")
+    if args.prefill_warmup < 0:
+        ap.error("--prefill-warmup must be >= 0")
     if args.steps < 1 or args.warmup < 1 or args.repeats < 1:
         ap.error(
             "--steps, --warmup and --repeats must be >= 1 (a first warmup step checks the copies)"
@@ -342,8 +354,14 @@ class Bench:
         self.profiles.append(table(title, kp.rows, per))
 
     def prefill(self, context: int) -> float:
-        """Fill sequence 0 with `context` random tokens; return the seconds it took."""
+        """Fill sequence 0 with `context` random tokens; return the seconds it took (after
+        --prefill-warmup untimed batches, removed again)."""
         ub = self.args.ubatch
+        warm = list(range(0, min(context, self.args.prefill_warmup * ub), ub))
+        if warm:
+            self._prefill_batches(warm, context)
+            self.L.llama_synchronize(self.ctx)
+            self.L.llama_memory_seq_rm(self.mem, 0, -1, -1)
         starts = list(range(0, context, ub))
         n_last = min(PROFILE_CHUNKS, len(starts)) if self.args.profile else 0
         t0 = time.perf_counter()
@@ -481,6 +499,7 @@ def run(args: argparse.Namespace) -> int:
                     "tokens": n_fill,
                     "seconds": secs,
                     "tok_s": n_fill / secs,
+                    "warmup_batches": args.prefill_warmup,
                     "model_load_s": bench.load_s,
                     "flags": flags,
                     **bench.ledger(),

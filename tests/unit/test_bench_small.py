@@ -53,6 +53,7 @@ def test_decode_records(small_gguf, tmp_path):
     ]
     pre, one, eight = recs
     assert pre["context"] == 256 and pre["tokens"] == 256 - 3 * 2 and pre["tok_s"] > 0
+    assert pre["warmup_batches"] == 1  # untimed, removed again: the copies below still match
     assert pre["ledger"]["host.kv"] > 0 and pre["ledger"]["host.weights"] > 0  # CPU: all host
     for r in recs:
         assert r["variant"] == "pyqsa" and r["pyqsa_version"].startswith("pyqsa")
@@ -106,18 +107,23 @@ def test_decode_repeats_and_their_median(small_gguf, tmp_path):
     assert "max |logit diff|: 0.0\n" in rep.stdout
 
 
-@pytest.mark.parametrize("value", ["0", "-2", "three"])
-def test_bad_repeats_is_a_usage_error(tmp_path, value):
-    """--repeats below 1 or not a number stops decode.py with argparse's one-line error."""
+@pytest.mark.parametrize(
+    "flag,value",
+    [("--repeats", "0"), ("--repeats", "-2"), ("--repeats", "three"), ("--prefill-warmup", "-1")]
+    + [("--prefill-warmup", "one")],
+)
+def test_bad_counts_are_usage_errors(tmp_path, flag, value):
+    """--repeats below 1, --prefill-warmup below 0, or either not a number stops decode.py with
+    argparse's one-line error."""
     proc = subprocess.run(
         [sys.executable, str(BENCH / "decode.py"), str(tmp_path / "none.gguf")]
-        + ["--variant", "pyqsa", "--repeats", value],
+        + ["--variant", "pyqsa", flag, value],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "repeats" in proc.stderr.splitlines()[-1]
+    assert flag.lstrip("-").split("-")[-1] in proc.stderr.splitlines()[-1]
 
 
 def test_decode_with_device_sampling(small_gguf, tmp_path):
