@@ -279,13 +279,14 @@ struct mask_case {
     }
 };
 
-// one-input op with an I32 result on backend: make(ctx) -> {input, output}; upload(input)
-template <typename Make, typename Upload>
-std::vector<int32_t> run_i32(ggml_backend_t backend, Make && make, Upload && upload, bool * supported) {
+// an op with a result of element type T on backend: make(ctx) -> {input, output}; upload(input)
+// (inputs beyond the first are captured by make and upload)
+template <typename T, typename Make, typename Upload>
+std::vector<T> run_op(ggml_backend_t backend, Make && make, Upload && upload, bool * supported) {
     ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(ip);
     const std::pair<ggml_tensor *, ggml_tensor *> io = make(ctx);
-    std::vector<int32_t> res;
+    std::vector<T> res;
     *supported = ggml_backend_supports_op(backend, io.second);
     if (*supported) {
         ggml_cgraph * gf = ggml_new_graph(ctx);
@@ -315,7 +316,7 @@ std::vector<int32_t> run_mask(ggml_backend_t backend, const mask_case & c, const
             ggml_backend_tensor_set(m, h.data(), 0, ggml_nbytes(m));
         }
     };
-    return run_i32(backend, make, upload, supported);
+    return run_op<int32_t>(backend, make, upload, supported);
 }
 
 void test_mask_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail) {
@@ -375,7 +376,7 @@ std::vector<int32_t> run_topk(ggml_backend_t backend, const topk_case & c, const
         ggml_backend_tensor_set(t, x.data(), 0, ggml_nbytes(t));
         if (v) ggml_backend_tensor_set(v, vis.data(), 0, ggml_nbytes(v));
     };
-    return run_i32(backend, make, upload, supported);
+    return run_op<int32_t>(backend, make, upload, supported);
 }
 
 void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail) {
@@ -488,11 +489,11 @@ void test_block_cells(ggml_backend_t cpu, const char * only_backend, std::mt1993
             }
         };
         bool supported = false;
-        const std::vector<int32_t> out_cpu = run_i32(cpu, make, upload, &supported);
+        const std::vector<int32_t> out_cpu = run_op<int32_t>(cpu, make, upload, &supported);
         report(name, "CPU", "vs reference: ", supported && out_cpu == ref, n_ok, n_fail);
         on_other_backends(only_backend, name, n_ok, n_fail, [&](ggml_backend_t be) {
             bool ok = false;
-            const std::vector<int32_t> out = run_i32(be, make, upload, &ok);
+            const std::vector<int32_t> out = run_op<int32_t>(be, make, upload, &ok);
             return std::make_pair(ok && out == out_cpu, std::string("vs CPU: "));
         });
     }
@@ -514,34 +515,25 @@ struct score_case {
 
 std::vector<float> run_score(ggml_backend_t backend, const score_case & c, const std::vector<float> & q,
                              const std::vector<float> & keys, float scale, bool * supported) {
-    ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
-    ggml_context * ctx = ggml_init(ip);
     // with q_view, q's rows sit in the even head slots of a tensor twice as wide
     const int64_t wide = c.q_view ? 2 : 1;
-    ggml_tensor * q_all = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.D, wide * c.n_head, c.n_tps, c.ns);
-    ggml_tensor * qv    = ggml_view_4d(ctx, q_all, c.D, c.n_head, c.n_tps, c.ns, wide * q_all->nb[1], q_all->nb[2],
-                                       q_all->nb[3], 0);
-    ggml_tensor * k     = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.D, c.n_blocks, c.ns);
-    ggml_tensor * out   = pyqsa_ggml_qsa_score(ctx, qv, k, scale);
-    std::vector<float> res;
-    *supported = ggml_backend_supports_op(backend, out);
-    if (*supported) {
-        ggml_cgraph * gf = ggml_new_graph(ctx);
-        ggml_build_forward_expand(gf, out);
-        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+    ggml_tensor * k    = nullptr;
+    const auto make = [&](ggml_context * ctx) {
+        ggml_tensor * q_all = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.D, wide * c.n_head, c.n_tps, c.ns);
+        ggml_tensor * qv    = ggml_view_4d(ctx, q_all, c.D, c.n_head, c.n_tps, c.ns, wide * q_all->nb[1],
+                                           q_all->nb[2], q_all->nb[3], 0);
+        k = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.D, c.n_blocks, c.ns);
+        return std::make_pair(q_all, pyqsa_ggml_qsa_score(ctx, qv, k, scale));
+    };
+    const auto upload = [&](ggml_tensor * q_all) {
         std::vector<float> q_host(ggml_nelements(q_all), NAN);  // the odd slots must not be read
         for (int64_t row = 0; row < c.n_head * c.n_tps * c.ns; ++row) {
             std::copy(q.begin() + row * c.D, q.begin() + (row + 1) * c.D, q_host.begin() + wide * row * c.D);
         }
         ggml_backend_tensor_set(q_all, q_host.data(), 0, ggml_nbytes(q_all));
         ggml_backend_tensor_set(k, keys.data(), 0, ggml_nbytes(k));
-        ggml_backend_graph_compute(backend, gf);
-        res.resize(ggml_nelements(out));
-        ggml_backend_tensor_get(out, res.data(), 0, ggml_nbytes(out));
-        ggml_backend_buffer_free(buf);
-    }
-    ggml_free(ctx);
-    return res;
+    };
+    return run_op<float>(backend, make, upload, supported);
 }
 
 // the duplicated blocks' scores equal block 0's, bit for bit, in every row
@@ -620,24 +612,12 @@ struct score_sum_case {
 
 std::vector<float> run_score_sum(ggml_backend_t backend, const score_sum_case & c, const std::vector<float> & prod,
                                  float scale, bool * supported) {
-    ggml_init_params ip = { ggml_tensor_overhead() * 4 + ggml_graph_overhead(), nullptr, true };
-    ggml_context * ctx = ggml_init(ip);
-    ggml_tensor * p   = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.n_blocks, c.n_head, c.n_tps, c.ns);
-    ggml_tensor * out = pyqsa_ggml_qsa_score_sum(ctx, p, scale);
-    std::vector<float> res;
-    *supported = ggml_backend_supports_op(backend, out);
-    if (*supported) {
-        ggml_cgraph * gf = ggml_new_graph(ctx);
-        ggml_build_forward_expand(gf, out);
-        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
-        ggml_backend_tensor_set(p, prod.data(), 0, ggml_nbytes(p));
-        ggml_backend_graph_compute(backend, gf);
-        res.resize(ggml_nelements(out));
-        ggml_backend_tensor_get(out, res.data(), 0, ggml_nbytes(out));
-        ggml_backend_buffer_free(buf);
-    }
-    ggml_free(ctx);
-    return res;
+    const auto make = [&](ggml_context * ctx) {
+        ggml_tensor * p = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.n_blocks, c.n_head, c.n_tps, c.ns);
+        return std::make_pair(p, pyqsa_ggml_qsa_score_sum(ctx, p, scale));
+    };
+    const auto upload = [&](ggml_tensor * p) { ggml_backend_tensor_set(p, prod.data(), 0, ggml_nbytes(p)); };
+    return run_op<float>(backend, make, upload, supported);
 }
 
 // The op replaces ggml_relu, ggml_add per head and ggml_scale in the prefill graph, so it must
