@@ -1,12 +1,10 @@
-// CPU kernel of PYQSA_GGML_OP_QSA_SCORE_SUM: each thread takes a contiguous run of the output
-// rows (query, stream) and walks a row's heads in order, so every element is
+// CPU kernel of PYQSA_GGML_OP_QSA_SCORE_SUM: thread i takes output rows (query, stream) i,
+// i + nth, ... and walks a row's heads in order, so every element is
 // scale * (((relu(p0) + relu(p1)) + relu(p2)) + ...), as the CUDA kernel computes it.
 #include "qsa-score-sum.h"
 
 #include "ggml-cpu/ggml-cpu-impl.h"
 #include "ggml-impl.h"
-
-#include <algorithm>
 
 void pyqsa_cpu_qsa_score_sum(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
     const ggml_tensor * prod  = dst->src[0];  // [n_blocks, n_head, n_tps, ns]
@@ -17,10 +15,7 @@ void pyqsa_cpu_qsa_score_sum(const struct ggml_compute_params * params, struct g
     const int64_t n_tps    = prod->ne[2];
     const int64_t n_rows   = n_tps * prod->ne[3];
 
-    const int64_t per_thread = (n_rows + params->nth - 1) / params->nth;
-    const int64_t first      = per_thread * params->ith;
-    const int64_t last       = std::min(n_rows, first + per_thread);
-    for (int64_t row = first; row < last; ++row) {
+    for (int64_t row = params->ith; row < n_rows; row += params->nth) {
         const int64_t t   = row % n_tps;
         const int64_t s   = row / n_tps;
         const char *  src = (const char *) prod->data + t * prod->nb[2] + s * prod->nb[3];
