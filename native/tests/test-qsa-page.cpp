@@ -676,12 +676,13 @@ int cmd_trace() {
     return rc;
 }
 
-// a paged prefill chunk's attention at 256K: 512 queries of one stream selecting 512 random blocks
-// of 4 cells each (plus the tail) from 65536 stored blocks, Flash-Next heads, a hot area of 1024
-// blocks: 64 staged windows and passes, then the ring's pass; against qsa_attn over the whole
-// cache on the device
-void perf_prefill_attention(ggml_backend_t be, const char * dev_name) {
-    const int64_t D = 256, Hq = 24, Hkv = 2, n_q = 512, kb = 512, n_blocks = 65536, hot = 1024, ring = 515;
+// a paged prefill chunk's attention at 256K: n_q queries of one stream selecting 512 random blocks
+// of 4 cells each (plus the tail) from 65536 stored blocks, Flash-Next heads, a hot area of `hot`
+// blocks: 65536 / hot staged windows and passes, then the ring's pass; against qsa_attn over the
+// whole cache on the device. The window (the hot cache, --hot-blocks) sets how many passes and
+// stagings a chunk costs, the chunk (--prefill-batch-tokens) how often the history is staged.
+void perf_prefill_attention(ggml_backend_t be, const char * dev_name, int64_t hot, int64_t n_q) {
+    const int64_t D = 256, Hq = 24, Hkv = 2, kb = 512, n_blocks = 65536, ring = n_q + 3;
     const int32_t r = 4;
     const int64_t n_kv = n_blocks * r + n_q, rows = hot * r + ring, n_windows = n_blocks / hot;
     const size_t  row  = ggml_row_size(GGML_TYPE_F16, D) * Hkv;
@@ -739,10 +740,11 @@ void perf_prefill_attention(ggml_backend_t be, const char * dev_name) {
             }
             std::sort(us.begin(), us.end());
             const double bytes = out == paged ? (double) n_blocks * r * 2 * row : 0.0;  // every block is selected
+            const std::string what = out == paged ? "paged: " + std::to_string(n_windows) + " staged windows of " +
+                                                        std::to_string(hot) + " blocks + ring"
+                                                  : std::string("unpaged qsa_attn");
             std::printf("  QSA prefill attention (n_q=%lld, kb=%lld, 256K, %s) %s: %.0f us/run (median of 5, %.0f-%.0f)%s\n",
-                        (long long) n_q, (long long) kb,
-                        out == paged ? "paged: 64 staged windows of 1024 blocks + ring" : "unpaged qsa_attn", dev_name,
-                        us[2], us[0], us[4],
+                        (long long) n_q, (long long) kb, what.c_str(), dev_name, us[2], us[0], us[4],
                         out == paged ? (", " + std::to_string((int) (bytes / us[2] / 1e3)) + " GB/s of host K/V staged").c_str() : "");
         }
         ggml_backend_buffer_free(buf);
@@ -792,7 +794,12 @@ int cmd_perf(const char * only_backend) {
             }
         }
         std::fflush(stdout);
-        if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) perf_prefill_attention(be, ggml_backend_dev_name(dev));
+        if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+            // the default hot cache (1024) and a 4x larger one, at 512- and 2048-token chunks
+            for (const auto & [hot, n_q] : { std::pair<int64_t, int64_t>{ 1024, 512 }, { 4096, 512 }, { 1024, 2048 }, { 4096, 2048 } }) {
+                perf_prefill_attention(be, ggml_backend_dev_name(dev), hot, n_q);
+            }
+        }
         ggml_backend_free(be);
     }
     return 0;
