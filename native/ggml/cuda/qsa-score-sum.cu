@@ -1,7 +1,8 @@
 // CUDA kernel of PYQSA_GGML_OP_QSA_SCORE_SUM: a thread per 4 consecutive blocks of one output row
 // (float4 loads and stores where the row allows), reading each head's product once and adding
 // the ReLUs in head order, then scaling, as the CPU kernel does (same value bit for bit: plain
-// f32 adds and one multiply, nothing to contract).
+// f32 adds and one multiply, nothing to contract; the sums start at 0, and 0 + relu(p) is
+// relu(p) exactly).
 #include "qsa-score-sum.cuh"
 
 namespace {
@@ -36,22 +37,17 @@ __global__ void __launch_bounds__(THREADS) qsa_score_sum(const score_sum_args a)
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int h = 0; h < a.n_head; ++h) {
             const float4 p = *(const float4 *) ((const float *) (src + (size_t) h * a.nb1) + b0);
-            if (h == 0) {
-                acc = make_float4(relu(p.x), relu(p.y), relu(p.z), relu(p.w));
-            } else {
-                acc.x += relu(p.x);
-                acc.y += relu(p.y);
-                acc.z += relu(p.z);
-                acc.w += relu(p.w);
-            }
+            acc.x += relu(p.x);
+            acc.y += relu(p.y);
+            acc.z += relu(p.z);
+            acc.w += relu(p.w);
         }
         *(float4 *) (out + b0) = make_float4(acc.x * a.scale, acc.y * a.scale, acc.z * a.scale, acc.w * a.scale);
     } else {
         for (int b = b0; b < min(b0 + 4, a.n_blocks); ++b) {
             float acc = 0.0f;
             for (int h = 0; h < a.n_head; ++h) {
-                const float p = ((const float *) (src + (size_t) h * a.nb1))[b];
-                acc           = h == 0 ? relu(p) : acc + relu(p);
+                acc += relu(((const float *) (src + (size_t) h * a.nb1))[b]);
             }
             out[b] = acc * a.scale;
         }
