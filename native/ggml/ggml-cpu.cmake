@@ -9,7 +9,6 @@ target_sources(${GGML_CPU_NAME} PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-page-stage.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-page-write.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-score.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-score-sum.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-topk.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/sample.cpp)
 target_include_directories(${GGML_CPU_NAME} PRIVATE ${CMAKE_CURRENT_LIST_DIR}/cpu)

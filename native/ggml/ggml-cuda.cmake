@@ -11,7 +11,7 @@ target_sources(ggml-cuda PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-page-stage.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-page-write.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-score.cu
-    ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-score-sum.cu
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-score-mma.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-topk.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/sample.cu)
 target_include_directories(ggml-cuda PRIVATE ${CMAKE_CURRENT_LIST_DIR}/cuda)

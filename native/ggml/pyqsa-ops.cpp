@@ -95,17 +95,6 @@ struct ggml_tensor * pyqsa_ggml_qsa_score(struct ggml_context * ctx, struct ggml
     return result;
 }
 
-struct ggml_tensor * pyqsa_ggml_qsa_score_sum(struct ggml_context * ctx, struct ggml_tensor * prod, float scale) {
-    GGML_ASSERT(prod->type == GGML_TYPE_F32 && prod->nb[0] == sizeof(float));
-
-    struct ggml_tensor * result = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, prod->ne[0], prod->ne[2], prod->ne[3]);
-    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_SCORE_SUM);
-    ggml_set_op_params_f32(result, 1, scale);
-    result->op     = GGML_OP_PYQSA;
-    result->src[0] = prod;
-    return result;
-}
-
 struct ggml_tensor * pyqsa_ggml_qsa_topk(struct ggml_context * ctx, struct ggml_tensor * score,
                                          struct ggml_tensor * n_vis, int64_t k) {
     GGML_ASSERT(score->type == GGML_TYPE_F32 && ggml_is_contiguous(score));

@@ -22,7 +22,6 @@ enum pyqsa_ggml_op {
     PYQSA_GGML_OP_QSA_PAGE_STAGE = 8,
     PYQSA_GGML_OP_QSA_ATTN_PART  = 9,
     PYQSA_GGML_OP_SAMPLE         = 10,
-    PYQSA_GGML_OP_QSA_SCORE_SUM  = 11,
 };
 
 // Sparse attention: every query attends only to the KV cells listed for it (QSA: the selected
@@ -54,24 +53,20 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_mask_cells(struct ggml_context * ct
 //   score[b, t, s] = scale * sum over h of ReLU(q[:, h, t, s] . keys[:, b, s])
 //   q:    F32 [D, n_head, n_tps, n_stream], rows contiguous (nb[0] = 4)
 //   keys: F32 [D, n_blocks, n_stream], rows contiguous (the block-key prefix of each stream)
-// returns F32 [n_blocks, n_tps, n_stream]. Reads every key once per call, so it suits
-// decode-shaped ubatches (few queries per stream); it is not a tiled matrix product. CUDA takes
-// D = 32, 64, 128, 256 or 512 (the CPU kernel any D).
+// returns F32 [n_blocks, n_tps, n_stream]; heads are added in order 0..n_head-1 after the ReLU,
+// then the sum is scaled. One op for decode and prefill, so a chunk's [n_blocks, n_head, n_tps]
+// product is never materialized. CUDA takes D = 32, 64, 128, 256 or 512 (the CPU kernel any D):
+// calls of fewer than PYQSA_GGML_QSA_SCORE_CUDA_MMA_MIN_TPS queries per stream (decode) read each
+// key once with f32 FMAs; more (prefill chunks) run on tensor cores when D <= 256 and n_head is
+// 1, 2, 4 or 8 (f16 hi/lo splits of q and keys, f32 accumulators: the CPU's scores to f32
+// rounding, not its bits; identical keys still tie exactly). Other shapes with many queries take
+// the decode kernel, correct but slow.
+#define PYQSA_GGML_QSA_SCORE_CUDA_MMA_MIN_TPS 17
+
 GGML_API struct ggml_tensor * pyqsa_ggml_qsa_score(struct ggml_context * ctx,
                                                    struct ggml_tensor * q,
                                                    struct ggml_tensor * keys,
                                                    float scale);
-
-// The head sum of pyqsa_ggml_qsa_score for scores a matrix product already computed (prefill
-// chunks, whose many queries suit a tiled product): one pass instead of a ReLU, a copy and
-// n_head - 1 additions over the product, the largest tensor of a long-context chunk.
-//   score[b, t, s] = scale * sum over h of ReLU(prod[b, h, t, s])
-//   prod: F32 [n_blocks, n_head, n_tps, n_stream], rows contiguous (nb[0] = 4)
-// returns F32 [n_blocks, n_tps, n_stream]; the heads are added in order 0..n_head-1 and the sum
-// scaled last, on every backend, as the graph of ggml_relu, ggml_add and ggml_scale did
-GGML_API struct ggml_tensor * pyqsa_ggml_qsa_score_sum(struct ggml_context * ctx,
-                                                       struct ggml_tensor * prod,
-                                                       float scale);
 
 // Top-k block selection with a deterministic order: the k largest scores of each row, exact
 // ties going to the lower index (HF's reference leaves tie order to torch.topk; pyqsa fixes it

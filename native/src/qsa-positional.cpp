@@ -185,11 +185,6 @@ bool pyqsa_qsa_positional_input::can_reuse(const llm_graph_params & params) {
 
 namespace {
 
-// Ubatches with at most this many queries per stream (decode, speculative drafts) score with
-// pyqsa_ggml_qsa_score: one f32 pass over the block keys. Prefill chunks use a matrix product,
-// which is tiled for many queries, marked GGML_PREC_F32 so CUDA keeps it f32 too.
-constexpr int64_t max_tps_fused_score = 16;
-
 // Writes this ubatch's completed block keys and selects, per query, the top budget/r visible
 // blocks plus the tail.
 //   table: F32 [Di, rows] the indexer rows of the ubatch's streams (inp->rows_per_stream() per
@@ -235,16 +230,9 @@ ggml_tensor * select_blocks(ggml_context * ctx, ggml_cgraph * gf, pyqsa_qsa_posi
 
     // sum over heads of ReLU(q_h . k_b), / sqrt(Di) as the reference does: [n_blocks, n_tps, ns]
     const float   scale = 1.0f / std::sqrt((float) Di);
-    ggml_tensor * summed;
-    if (n_tps <= max_tps_fused_score) {
-        // tokens are stream-major in the ubatch, so q splits into [.., n_tps, ns] in place
-        ggml_tensor * q4 = ggml_view_4d(ctx, q, Di, n_head, n_tps, ns, q->nb[1], q->nb[2], n_tps * q->nb[2], 0);
-        summed = pyqsa_ggml_qsa_score(ctx, q4, keys, scale);
-    } else {
-        ggml_tensor * prod = ggml_mul_mat(ctx, keys, ggml_reshape_3d(ctx, ggml_cont(ctx, q), Di, n_head * n_tps, ns));
-        ggml_prec_set_acc(prod, GGML_PREC_F32);  // on CUDA: f32, not TF32 (ggml_patches/0008)
-        summed = pyqsa_ggml_qsa_score_sum(ctx, ggml_reshape_4d(ctx, prod, n_blocks, n_head, n_tps, ns), scale);
-    }
+    // tokens are stream-major in the ubatch, so q splits into [.., n_tps, ns] in place
+    ggml_tensor * q4 = ggml_view_4d(ctx, q, Di, n_head, n_tps, ns, q->nb[1], q->nb[2], n_tps * q->nb[2], 0);
+    ggml_tensor * summed = pyqsa_ggml_qsa_score(ctx, q4, keys, scale);
     *score_out = summed;
 
     const int64_t kb = std::min<int64_t>(budget / r, n_blocks);

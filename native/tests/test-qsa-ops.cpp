@@ -227,7 +227,6 @@ void test_mask_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937
 void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
 void test_block_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
 void test_score(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
-void test_score_sum(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
 
 int cmd_test(const char * only_backend) {
     std::mt19937 rng(1234);
@@ -260,7 +259,6 @@ int cmd_test(const char * only_backend) {
     test_topk(cpu, only_backend, rng, n_ok, n_fail);
     test_block_cells(cpu, only_backend, rng, n_ok, n_fail);
     test_score(cpu, only_backend, rng, n_ok, n_fail);
-    test_score_sum(cpu, only_backend, rng, n_ok, n_fail);
     ggml_backend_free(cpu);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
     return n_fail == 0 ? 0 : 1;
@@ -556,6 +554,14 @@ void test_score(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rn
         { 256, 2, 2, 3, 1, true, 0 },       // one block
         { 512, 3, 1, 1, 100, false, 1 },
         { 32, 16, 16, 1, 1000, false, 4 },
+        // prefill chunks: more than 16 queries per stream (CUDA: the tensor-core kernel), with
+        // partial query and block tiles
+        { 128, 4, 37, 1, 1000, true, 3 },   // Flash-Next indexer
+        { 128, 4, 100, 2, 2051, false, 2 },
+        { 32, 2, 64, 1, 517, true, 1 },     // the tiny models' indexer
+        { 64, 1, 17, 3, 129, false, 1 },
+        { 128, 8, 33, 1, 700, false, 1 },
+        { 256, 8, 20, 1, 50, false, 1 },    // no tensor-core variant: CUDA's decode kernel
     };
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (const score_case & c : cases) {
@@ -599,77 +605,18 @@ void test_score(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rn
     }
 }
 
-struct score_sum_case {
-    int64_t n_blocks, n_head, n_tps, ns;
-
-    std::string name() const {
-        char buf[128];
-        std::snprintf(buf, sizeof(buf), "QSA_SCORE_SUM(n_blocks=%lld,n_head=%lld,n_tps=%lld,ns=%lld)",
-                      (long long) n_blocks, (long long) n_head, (long long) n_tps, (long long) ns);
-        return buf;
-    }
-};
-
-std::vector<float> run_score_sum(ggml_backend_t backend, const score_sum_case & c, const std::vector<float> & prod,
-                                 float scale, bool * supported) {
-    const auto make = [&](ggml_context * ctx) {
-        ggml_tensor * p = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.n_blocks, c.n_head, c.n_tps, c.ns);
-        return std::make_pair(p, pyqsa_ggml_qsa_score_sum(ctx, p, scale));
-    };
-    const auto upload = [&](ggml_tensor * p) { ggml_backend_tensor_set(p, prod.data(), 0, ggml_nbytes(p)); };
-    return run_op<float>(backend, make, upload, supported);
-}
-
-// The op replaces ggml_relu, ggml_add per head and ggml_scale in the prefill graph, so it must
-// give their f32 result bit for bit: the reference is that arithmetic, in that order.
-void test_score_sum(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail) {
-    const score_sum_case cases[] = {
-        { 65536, 4, 3, 1 },   // Flash-Next indexer at 256K, a few queries of a chunk
-        { 8192, 4, 40, 2 },   // two streams' chunks at 32K
-        { 301, 2, 5, 3 },     // rows not a multiple of 4 (CUDA: the scalar path)
-        { 7, 4, 17, 1 },      // the tiny models: few blocks
-        { 1, 1, 1, 1 },
-    };
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (const score_sum_case & c : cases) {
-        const float scale = 0.0883883f;
-        std::vector<float> prod(c.n_blocks * c.n_head * c.n_tps * c.ns);
-        for (auto & x : prod) x = nd(rng);
-        std::vector<float> ref(c.n_blocks * c.n_tps * c.ns);
-        for (int64_t row = 0; row < c.n_tps * c.ns; ++row)
-        for (int64_t b = 0; b < c.n_blocks; ++b) {
-            float acc = 0.0f;
-            for (int64_t h = 0; h < c.n_head; ++h) {
-                const float x = prod[(row * c.n_head + h) * c.n_blocks + b];
-                acc = h == 0 ? std::max(x, 0.0f) : acc + std::max(x, 0.0f);
-            }
-            ref[row * c.n_blocks + b] = acc * scale;
-        }
-        bool supported = false;
-        const std::vector<float> out_cpu = run_score_sum(cpu, c, prod, scale, &supported);
-        report(c.name(), "CPU", "vs reference (bit for bit): ", supported && out_cpu == ref, n_ok, n_fail);
-        on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
-            bool ok = false;
-            const std::vector<float> out = run_score_sum(be, c, prod, scale, &ok);
-            return std::make_pair(ok && out == out_cpu, std::string(ok ? "vs CPU (bit for bit): " : "not supported "));
-        });
-    }
-}
-
-// A prefill chunk's block selection in one indexed layer, as qsa-positional.cpp builds it: the f32
-// product of the queries' heads with every block key, the head sum, then top-k. Timed three ways
-// (the product alone, with the sum, with top-k) so the pieces' costs are the differences.
+// A prefill chunk's block selection in one indexed layer, as qsa-positional.cpp builds it: the
+// scores of every block key for each query (QSA_SCORE), then top-k. Timed both ways, so top-k's
+// cost is the difference.
 void perf_select(ggml_backend_t be, int64_t n_tps, int64_t n_blocks, int iters) {
     const int64_t Di = 128, n_head = 4, kb = 512;
-    for (int upto = 0; upto < 3; ++upto) {
+    for (int upto = 0; upto < 2; ++upto) {
         ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
         ggml_context * ctx  = ggml_init(ip);
-        ggml_tensor *  q    = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, Di, n_head * n_tps);
-        ggml_tensor *  k    = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, Di, n_blocks);
-        ggml_tensor *  out  = ggml_mul_mat(ctx, k, q);
-        ggml_prec_set_acc(out, GGML_PREC_F32);
-        if (upto >= 1) out = pyqsa_ggml_qsa_score_sum(ctx, ggml_reshape_4d(ctx, out, n_blocks, n_head, n_tps, 1), 0.088f);
-        if (upto >= 2) out = pyqsa_ggml_qsa_topk(ctx, out, nullptr, kb);
+        ggml_tensor *  q    = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, Di, n_head, n_tps, 1);
+        ggml_tensor *  k    = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, Di, n_blocks, 1);
+        ggml_tensor *  out  = pyqsa_ggml_qsa_score(ctx, q, k, 0.088f);
+        if (upto >= 1) out = pyqsa_ggml_qsa_topk(ctx, out, nullptr, kb);
         ggml_cgraph * gf = ggml_new_graph(ctx);
         ggml_build_forward_expand(gf, out);
         ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
@@ -679,7 +626,7 @@ void perf_select(ggml_backend_t be, int64_t n_tps, int64_t n_blocks, int iters) 
         for (auto & v : x) v = nd(rng);
         ggml_backend_tensor_set(q, x.data(), 0, ggml_nbytes(q));
         ggml_backend_tensor_set(k, x.data() + ggml_nelements(q), 0, ggml_nbytes(k));
-        const char * what[] = { "f32 product", "product + QSA_SCORE_SUM", "product + QSA_SCORE_SUM + QSA_TOPK" };
+        const char * what[] = { "QSA_SCORE", "QSA_SCORE + QSA_TOPK" };
         std::printf("  prefill selection (n_tps=%lld, n_blocks=%lld, Di=%lld, n_head=%lld, kb=%lld) %s %s: %.1f us/run\n",
                     (long long) n_tps, (long long) n_blocks, (long long) Di, (long long) n_head, (long long) kb,
                     what[upto], ggml_backend_name(be), time_graph(be, gf, iters));

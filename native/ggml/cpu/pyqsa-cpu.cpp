@@ -11,7 +11,6 @@
 #include "qsa-page-stage.h"
 #include "qsa-page-write.h"
 #include "qsa-score.h"
-#include "qsa-score-sum.h"
 #include "qsa-topk.h"
 #include "sample.h"
 
@@ -31,9 +30,6 @@ void pyqsa_cpu_forward(const struct ggml_compute_params * params, struct ggml_te
             break;
         case PYQSA_GGML_OP_QSA_SCORE:
             pyqsa_cpu_qsa_score(params, dst);
-            break;
-        case PYQSA_GGML_OP_QSA_SCORE_SUM:
-            pyqsa_cpu_qsa_score_sum(params, dst);
             break;
         case PYQSA_GGML_OP_QSA_PAGE_RESOLVE:
             pyqsa_cpu_qsa_page_resolve(params, dst);

@@ -1,5 +1,6 @@
 // CPU kernel of PYQSA_GGML_OP_QSA_SCORE: each thread takes a contiguous run of (stream, block)
-// keys, so a decode step with one stream still spreads over every thread. Heads are summed in
+// keys, so a decode step with one stream still spreads over every thread, and a prefill chunk's
+// many queries are walked in tiles over those keys. Heads are summed in
 // order 0..n_head-1 after the ReLU, then scaled, as the reference does.
 #include "qsa-score.h"
 
@@ -12,6 +13,7 @@
 namespace {
 
 constexpr int LANES = 16;
+constexpr int64_t TILE_TPS = 16;
 
 // q . key for short rows (the small test models' indexers): ggml_vec_dot_f32 runs scalar code
 // below its SIMD step (64 floats on AVX-512), while LANES independent partial sums vectorize at
@@ -60,18 +62,24 @@ void pyqsa_cpu_qsa_score(const struct ggml_compute_params * params, struct ggml_
     const int64_t per_thread = (n_items + params->nth - 1) / params->nth;
     const int64_t first      = per_thread * params->ith;
     const int64_t last       = std::min(n_items, first + per_thread);
-    for (int64_t item = first; item < last; ++item) {
-        const int64_t b = item % n_blocks;
-        const int64_t s = item / n_blocks;
-        const float * key = (const float *) ((const char *) keys->data + b * keys->nb[1] + s * keys->nb[2]);
-        for (int64_t t = 0; t < n_tps; ++t) {
-            float acc = 0.0f;
-            for (int64_t h = 0; h < n_head; ++h) {
-                const float * qrow = (const float *) ((const char *) q->data + h * q->nb[1] + t * q->nb[2] + s * q->nb[3]);
-                acc += std::max(dot(qrow, key, D), 0.0f);
+    // queries in tiles of TILE_TPS, so a prefill chunk's rows stay in cache across the thread's
+    // keys (each score's arithmetic is the same in any loop order)
+    for (int64_t t0 = 0; t0 < n_tps; t0 += TILE_TPS) {
+        const int64_t t1 = std::min(n_tps, t0 + TILE_TPS);
+        for (int64_t item = first; item < last; ++item) {
+            const int64_t b = item % n_blocks;
+            const int64_t s = item / n_blocks;
+            const float * key = (const float *) ((const char *) keys->data + b * keys->nb[1] + s * keys->nb[2]);
+            for (int64_t t = t0; t < t1; ++t) {
+                float acc = 0.0f;
+                for (int64_t h = 0; h < n_head; ++h) {
+                    const float * qrow =
+                        (const float *) ((const char *) q->data + h * q->nb[1] + t * q->nb[2] + s * q->nb[3]);
+                    acc += std::max(dot(qrow, key, D), 0.0f);
+                }
+                float * out = (float *) ((char *) dst->data + t * dst->nb[1] + s * dst->nb[2]);
+                out[b] = acc * scale;
             }
-            float * out = (float *) ((char *) dst->data + t * dst->nb[1] + s * dst->nb[2]);
-            out[b] = acc * scale;
         }
     }
 }

@@ -2,9 +2,9 @@
 // solve_tri.cu and mmf.cu). Upstream runs every f32 product in TF32: cuBLAS handles are put in
 // CUBLAS_TF32_TENSOR_OP_MATH and ggml's own f32 mma kernels use TF32 instructions, about 1e-3
 // relative error per product. PYQSA_CUDA_STRICT_F32=1 keeps them f32 (cuBLAS default math, no
-// f32 mma kernels): slower, for checks against an f32 reference (tests/gpu/parity.sh).
-// Whatever the setting, an f32 product marked GGML_PREC_F32 runs in f32 (cuBLAS default math):
-// the QSA block scores of prefill chunks, whose near ties TF32 would resolve differently.
+// f32 mma kernels): slower, for checks against an f32 reference (tests/gpu/parity.sh). The QSA
+// block scores, whose near ties TF32 would resolve differently, are pyqsa's own op (QSA_SCORE)
+// and f32-level whatever the setting.
 #pragma once
 
 #include <cublas_v2.h>

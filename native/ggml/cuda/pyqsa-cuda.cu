@@ -11,7 +11,6 @@
 #include "qsa-page-stage.cuh"
 #include "qsa-page-write.cuh"
 #include "qsa-score.cuh"
-#include "qsa-score-sum.cuh"
 #include "qsa-topk.cuh"
 #include "sample.cuh"
 
@@ -34,9 +33,6 @@ void pyqsa_cuda_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
             break;
         case PYQSA_GGML_OP_QSA_SCORE:
             pyqsa_cuda_qsa_score(ctx, dst);
-            break;
-        case PYQSA_GGML_OP_QSA_SCORE_SUM:
-            pyqsa_cuda_qsa_score_sum(ctx, dst);
             break;
         case PYQSA_GGML_OP_QSA_PAGE_RESOLVE:
             pyqsa_cuda_qsa_page_resolve(ctx, dst);
@@ -66,8 +62,6 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
             return op->src[0]->ne[1] * op->src[0]->ne[3] <= 65535;
         case PYQSA_GGML_OP_QSA_SCORE:
             return pyqsa_cuda_qsa_score_supported(op);
-        case PYQSA_GGML_OP_QSA_SCORE_SUM:
-            return pyqsa_cuda_qsa_score_sum_supported(op);
         case PYQSA_GGML_OP_QSA_PAGE_RESOLVE:
             return pyqsa_cuda_qsa_page_resolve_supported(op);
         case PYQSA_GGML_OP_QSA_PAGE_STAGE:

@@ -1,8 +1,11 @@
 // CUDA kernel of PYQSA_GGML_OP_QSA_SCORE: one warp per block key, read once (coalesced, lane
 // owns elements d = i*32 + lane), dotted with every (query, head) of its stream in f32 FMAs; the
 // queries are small and stay in L1. Heads are summed in order after the ReLU, then scaled, as
-// the CPU kernel does.
+// the CPU kernel does. Prefill chunks (many queries) go to the tensor-core kernel instead
+// (qsa-score-mma.cu).
 #include "qsa-score.cuh"
+
+#include "qsa-score-mma.cuh"
 
 namespace {
 
@@ -66,6 +69,9 @@ bool pyqsa_cuda_qsa_score_supported(const ggml_tensor * op) {
 }
 
 void pyqsa_cuda_qsa_score(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    if (pyqsa_cuda_qsa_score_mma(ctx, dst)) {
+        return;
+    }
     const ggml_tensor * q    = dst->src[0];
     const ggml_tensor * keys = dst->src[1];
     qsa_score_args a;
