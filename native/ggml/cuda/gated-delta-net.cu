@@ -59,7 +59,7 @@ template <int S_v> struct stage {
 template <int S_v>
 __global__ void __launch_bounds__(WARP * COLS) gdn_prefill(const gdn_args a) {
     constexpr int RPL = S_v / WARP;  // rows of S a lane holds
-    __shared__ stage<S_v> st[2];
+    __shared__ __align__(16) stage<S_v> st[2];  // cp.async writes 16-byte pieces
 
     const int h = blockIdx.x, seq = blockIdx.y, lane = threadIdx.x, warp = threadIdx.y;
     const int col0 = blockIdx.z * COLS, col = col0 + warp;
