@@ -227,7 +227,6 @@ void test_mask_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937
 void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
 void test_block_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
 void test_score(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
-void test_gdn(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
 
 int cmd_test(const char * only_backend) {
     std::mt19937 rng(1234);
@@ -260,7 +259,6 @@ int cmd_test(const char * only_backend) {
     test_topk(cpu, only_backend, rng, n_ok, n_fail);
     test_block_cells(cpu, only_backend, rng, n_ok, n_fail);
     test_score(cpu, only_backend, rng, n_ok, n_fail);
-    test_gdn(cpu, only_backend, rng, n_ok, n_fail);
     ggml_backend_free(cpu);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
     return n_fail == 0 ? 0 : 1;
@@ -283,7 +281,7 @@ struct mask_case {
 // (inputs beyond the first are captured by make and upload)
 template <typename T, typename Make, typename Upload>
 std::vector<T> run_op(ggml_backend_t backend, Make && make, Upload && upload, bool * supported) {
-    ggml_init_params ip = { ggml_tensor_overhead() * 16 + ggml_graph_overhead(), nullptr, true };
+    ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(ip);
     const std::pair<ggml_tensor *, ggml_tensor *> io = make(ctx);
     std::vector<T> res;
@@ -607,151 +605,6 @@ void test_score(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rn
     }
 }
 
-// Upstream's GGML_OP_GATED_DELTA_NET, whose prefill ubatches run on pyqsa's CUDA kernel
-// (native/ggml/cuda/gated-delta-net.cu): the CPU op against a double-precision recurrence, CUDA
-// against the CPU, and CUDA with PYQSA_GDN_PREFILL=0 (upstream's kernel) against the CPU too.
-struct gdn_case {
-    int64_t S_v, H, H_qk, n_tokens, n_seqs;
-    bool    qk_view;  // q and k rows in every other slot of a wider tensor (a fused projection)
-
-    std::string name() const {
-        char buf[160];
-        std::snprintf(buf, sizeof(buf), "GATED_DELTA_NET(S_v=%lld,H=%lld,H_qk=%lld,n_tokens=%lld,n_seqs=%lld%s)",
-                      (long long) S_v, (long long) H, (long long) H_qk, (long long) n_tokens, (long long) n_seqs,
-                      qk_view ? ",qk_view" : "");
-        return buf;
-    }
-};
-
-struct gdn_data {
-    std::vector<float> q, k, v, g, beta, state;  // dense [S_v, H_qk, T, B], .., [1, H, T, B], [S_v, S_v, H, B]
-};
-
-gdn_data make_gdn_data(const gdn_case & c, std::mt19937 & rng) {
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::uniform_real_distribution<float> ud(0.0f, 1.0f);
-    gdn_data d;
-    d.q.resize(c.S_v * c.H_qk * c.n_tokens * c.n_seqs);
-    d.k.resize(d.q.size());
-    d.v.resize(c.S_v * c.H * c.n_tokens * c.n_seqs);
-    d.g.resize(c.H * c.n_tokens * c.n_seqs);
-    d.beta.resize(d.g.size());
-    d.state.resize(c.S_v * c.S_v * c.H * c.n_seqs);
-    // the model's q and k are L2-normed; gates are log-decays (g <= 0) and beta in (0, 1)
-    for (std::vector<float> * x : { &d.q, &d.k }) {
-        for (size_t r = 0; r < x->size(); r += c.S_v) {
-            double n2 = 0.0;
-            for (int64_t i = 0; i < c.S_v; ++i) n2 += std::pow((*x)[r + i] = nd(rng), 2);
-            for (int64_t i = 0; i < c.S_v; ++i) (*x)[r + i] = (float) ((*x)[r + i] / std::sqrt(n2));
-        }
-    }
-    for (auto & x : d.v) x = nd(rng);
-    for (auto & x : d.g) x = -2.0f * ud(rng);
-    for (auto & x : d.beta) x = ud(rng);
-    for (auto & x : d.state) x = 0.1f * nd(rng);
-    return d;
-}
-
-// the op's output: attention [S_v, H, T, B], then the final state [S_v, S_v, H, B] (column j of
-// head h's state matrix at rows j * S_v .. + S_v)
-std::vector<float> gdn_reference(const gdn_case & c, const gdn_data & d) {
-    const int64_t S = c.S_v, H = c.H, T = c.n_tokens, B = c.n_seqs;
-    std::vector<float> out(S * H * T * B + S * S * H * B);
-    for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h) {
-        const int64_t hq = h % c.H_qk;
-        std::vector<double> st(d.state.begin() + (b * H + h) * S * S, d.state.begin() + (b * H + h + 1) * S * S);
-        for (int64_t t = 0; t < T; ++t) {
-            const float * q = &d.q[((b * T + t) * c.H_qk + hq) * S];
-            const float * k = &d.k[((b * T + t) * c.H_qk + hq) * S];
-            const float * v = &d.v[((b * T + t) * H + h) * S];
-            const double g = std::exp((double) d.g[(b * T + t) * H + h]), beta = d.beta[(b * T + t) * H + h];
-            for (int64_t j = 0; j < S; ++j) {
-                double * col = &st[j * S];
-                double kv = 0.0, o = 0.0;
-                for (int64_t i = 0; i < S; ++i) kv += col[i] * k[i];
-                const double delta = (v[j] - g * kv) * beta;
-                for (int64_t i = 0; i < S; ++i) {
-                    col[i] = g * col[i] + k[i] * delta;
-                    o += col[i] * q[i];
-                }
-                out[((b * T + t) * H + h) * S + j] = (float) (o / std::sqrt((double) S));
-            }
-        }
-        std::copy(st.begin(), st.end(), out.begin() + S * H * T * B + (b * H + h) * S * S);
-    }
-    return out;
-}
-
-std::vector<float> run_gdn(ggml_backend_t backend, const gdn_case & c, const gdn_data & d, bool * supported) {
-    const int64_t wide = c.qk_view ? 2 : 1;
-    ggml_tensor *q_all = nullptr, *k_all = nullptr, *v = nullptr, *g = nullptr, *beta = nullptr, *st = nullptr;
-    const auto make = [&](ggml_context * ctx) {
-        q_all = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.S_v, wide * c.H_qk, c.n_tokens, c.n_seqs);
-        k_all = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.S_v, wide * c.H_qk, c.n_tokens, c.n_seqs);
-        ggml_tensor * q = ggml_view_4d(ctx, q_all, c.S_v, c.H_qk, c.n_tokens, c.n_seqs, wide * q_all->nb[1],
-                                       q_all->nb[2], q_all->nb[3], 0);
-        ggml_tensor * k = ggml_view_4d(ctx, k_all, c.S_v, c.H_qk, c.n_tokens, c.n_seqs, wide * k_all->nb[1],
-                                       k_all->nb[2], k_all->nb[3], 0);
-        v    = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.S_v, c.H, c.n_tokens, c.n_seqs);
-        g    = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, c.H, c.n_tokens, c.n_seqs);
-        beta = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, c.H, c.n_tokens, c.n_seqs);
-        st   = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.S_v, c.S_v, c.H, c.n_seqs);
-        return std::make_pair(q_all, ggml_gated_delta_net(ctx, q, k, v, g, beta, st, 1));
-    };
-    const auto upload = [&](ggml_tensor *) {
-        // with qk_view, the odd head slots hold NaN: they must not be read
-        std::vector<float> qh(ggml_nelements(q_all), NAN), kh(ggml_nelements(k_all), NAN);
-        for (int64_t row = 0; row < c.H_qk * c.n_tokens * c.n_seqs; ++row) {
-            std::copy(d.q.begin() + row * c.S_v, d.q.begin() + (row + 1) * c.S_v, qh.begin() + wide * row * c.S_v);
-            std::copy(d.k.begin() + row * c.S_v, d.k.begin() + (row + 1) * c.S_v, kh.begin() + wide * row * c.S_v);
-        }
-        ggml_backend_tensor_set(q_all, qh.data(), 0, ggml_nbytes(q_all));
-        ggml_backend_tensor_set(k_all, kh.data(), 0, ggml_nbytes(k_all));
-        ggml_backend_tensor_set(v, d.v.data(), 0, ggml_nbytes(v));
-        ggml_backend_tensor_set(g, d.g.data(), 0, ggml_nbytes(g));
-        ggml_backend_tensor_set(beta, d.beta.data(), 0, ggml_nbytes(beta));
-        ggml_backend_tensor_set(st, d.state.data(), 0, ggml_nbytes(st));
-    };
-    return run_op<float>(backend, make, upload, supported);
-}
-
-const gdn_case * gdn_cases(size_t * n) {
-    static const gdn_case cases[] = {
-        { 128, 4, 2, 37, 2, false },  // partial stages, q/k heads shared by two v heads, two sequences
-        { 128, 2, 2, 100, 1, true },
-        { 128, 3, 1, 16, 1, false },  // PYQSA_GDN_PREFILL_MIN_TOKENS: the smallest prefill ubatch
-        { 128, 2, 2, 5, 1, false },   // decode-sized: upstream's kernel
-        { 64, 2, 2, 40, 1, false },   // S_v 64: upstream's kernel
-    };
-    *n = sizeof(cases) / sizeof(cases[0]);
-    return cases;
-}
-
-void test_gdn(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail) {
-    size_t n_cases = 0;
-    const gdn_case * cases = gdn_cases(&n_cases);
-    for (size_t ic = 0; ic < n_cases; ++ic) {
-        const gdn_case & c = cases[ic];
-        const gdn_data d = make_gdn_data(c, rng);
-        const std::vector<float> ref = gdn_reference(c, d);
-        bool supported = false;
-        const std::vector<float> out_cpu = run_gdn(cpu, c, d, &supported);
-        const double e_cpu = supported ? nmse(out_cpu, ref) : INFINITY;
-        report(c.name(), "CPU", "vs reference: nmse " + sci(e_cpu) + " ", supported && e_cpu < 1e-10, n_ok, n_fail);
-        const auto check = [&](ggml_backend_t be) {
-            bool ok = false;
-            const std::vector<float> out = run_gdn(be, c, d, &ok);
-            const double e = ok ? nmse(out, out_cpu) : INFINITY;
-            return std::make_pair(ok && e < 1e-10, std::string(ok ? "vs CPU: nmse " + sci(e) + " " : "not supported "));
-        };
-        on_other_backends(only_backend, c.name(), n_ok, n_fail, check);
-        setenv("PYQSA_GDN_PREFILL", "0", 1);
-        on_other_backends(only_backend, c.name() + " PYQSA_GDN_PREFILL=0", n_ok, n_fail, check);
-        unsetenv("PYQSA_GDN_PREFILL");
-    }
-}
-
 // A prefill chunk's block selection in one indexed layer, as qsa-positional.cpp builds it: the
 // scores of every block key for each query (QSA_SCORE), then top-k. Timed both ways, so top-k's
 // cost is the difference.
@@ -779,39 +632,6 @@ void perf_select(ggml_backend_t be, int64_t n_tps, int64_t n_blocks, int iters) 
                     what[upto], ggml_backend_name(be), time_graph(be, gf, iters));
         ggml_backend_buffer_free(buf);
         ggml_free(ctx);
-    }
-}
-
-// Flash-Next's recurrence (32 v heads, 16 q/k heads, S_v 128) over a prefill chunk: pyqsa's
-// kernel, then upstream's (PYQSA_GDN_PREFILL=0)
-void perf_gdn(ggml_backend_t be, int64_t n_tokens, int iters) {
-    const gdn_case c = { 128, 32, 16, n_tokens, 1, false };
-    std::mt19937 rng(11);
-    const gdn_data d = make_gdn_data(c, rng);
-    for (const char * env : { "", "0" }) {
-        if (*env) setenv("PYQSA_GDN_PREFILL", env, 1);
-        ggml_init_params ip = { ggml_tensor_overhead() * 16 + ggml_graph_overhead(), nullptr, true };
-        ggml_context * ctx  = ggml_init(ip);
-        ggml_tensor * q  = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.S_v, c.H_qk, c.n_tokens, 1);
-        ggml_tensor * k  = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.S_v, c.H_qk, c.n_tokens, 1);
-        ggml_tensor * v  = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.S_v, c.H, c.n_tokens, 1);
-        ggml_tensor * g  = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, c.H, c.n_tokens, 1);
-        ggml_tensor * b  = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, c.H, c.n_tokens, 1);
-        ggml_tensor * st = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, c.S_v, c.S_v, c.H, 1);
-        ggml_cgraph * gf = ggml_new_graph(ctx);
-        ggml_build_forward_expand(gf, ggml_gated_delta_net(ctx, q, k, v, g, b, st, 1));
-        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
-        ggml_backend_tensor_set(q, d.q.data(), 0, ggml_nbytes(q));
-        ggml_backend_tensor_set(k, d.k.data(), 0, ggml_nbytes(k));
-        ggml_backend_tensor_set(v, d.v.data(), 0, ggml_nbytes(v));
-        ggml_backend_tensor_set(g, d.g.data(), 0, ggml_nbytes(g));
-        ggml_backend_tensor_set(b, d.beta.data(), 0, ggml_nbytes(b));
-        ggml_backend_tensor_set(st, d.state.data(), 0, ggml_nbytes(st));
-        std::printf("  %s%s %s: %.1f us/run\n", c.name().c_str(), *env ? " PYQSA_GDN_PREFILL=0" : "",
-                    ggml_backend_name(be), time_graph(be, gf, iters));
-        ggml_backend_buffer_free(buf);
-        ggml_free(ctx);
-        unsetenv("PYQSA_GDN_PREFILL");
     }
 }
 
@@ -878,8 +698,6 @@ int cmd_perf(const char * only_backend) {
             perf_select(be, 512, 65536, 20);
             perf_select(be, 2048, 65536, 10);
             perf_select(be, 2048, 8192, 20);
-            perf_gdn(be, 512, 50);
-            perf_gdn(be, 2048, 20);
         }
         ggml_backend_free(be);
     }
