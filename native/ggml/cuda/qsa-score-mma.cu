@@ -25,16 +25,6 @@ constexpr int TQ      = 16;  // queries of a CTA: the M of each head's m-tile
 constexpr int WARPS   = 4;
 constexpr int THREADS = WARPS * 32;
 
-struct score_mma_args {
-    const char * q;
-    const char * keys;
-    float *      dst;  // contiguous [n_blocks, n_tps, ns]
-    size_t       q_nb1, q_nb2, q_nb3;
-    size_t       k_nb1, k_nb2;
-    int          n_tps, n_blocks;
-    float        scale;
-};
-
 template <int D, int NH> struct shape {
     static constexpr int    NT       = NH <= 4 ? 4 : 2;            // n-tiles of 8 blocks per warp
     static constexpr int    TB       = WARPS * NT * 8;             // blocks of a tile
@@ -62,7 +52,7 @@ __device__ __forceinline__ void split4(const float4 x, half * hi, half * lo) {
 
 // grid (ceil(n_blocks / TB), ceil(n_tps / TQ), ns), THREADS threads
 template <int D, int NH>
-__global__ void __launch_bounds__(THREADS) qsa_score_mma(const score_mma_args a) {
+__global__ void __launch_bounds__(THREADS) qsa_score_mma(const qsa_score_args a) {
 #if __CUDA_ARCH__ >= GGML_CUDA_CC_AMPERE
     using S = shape<D, NH>;
     constexpr int NT = S::NT;
@@ -162,7 +152,7 @@ __global__ void __launch_bounds__(THREADS) qsa_score_mma(const score_mma_args a)
 #endif
 }
 
-template <int D, int NH> void launch(ggml_backend_cuda_context & ctx, const score_mma_args & a, int ns) {
+template <int D, int NH> void launch(ggml_backend_cuda_context & ctx, const qsa_score_args & a, int ns) {
     using S = shape<D, NH>;
     static bool raised[GGML_CUDA_MAX_DEVICES] = {};
     if (!raised[ctx.device]) {
@@ -175,8 +165,8 @@ template <int D, int NH> void launch(ggml_backend_cuda_context & ctx, const scor
     CUDA_CHECK(cudaGetLastError());
 }
 
-template <int D> bool by_heads(ggml_backend_cuda_context & ctx, const score_mma_args & a, int n_head, int ns) {
-    switch (n_head) {
+template <int D> bool by_heads(ggml_backend_cuda_context & ctx, const qsa_score_args & a, int ns) {
+    switch (a.n_head) {
         case 1: launch<D, 1>(ctx, a, ns); return true;
         case 2: launch<D, 2>(ctx, a, ns); return true;
         case 4: launch<D, 4>(ctx, a, ns); return true;
@@ -192,7 +182,7 @@ template <int D> bool by_heads(ggml_backend_cuda_context & ctx, const score_mma_
 
 }  // namespace
 
-bool pyqsa_cuda_qsa_score_mma(ggml_backend_cuda_context & ctx, const ggml_tensor * dst) {
+bool pyqsa_cuda_qsa_score_mma(ggml_backend_cuda_context & ctx, const ggml_tensor * dst, const qsa_score_args & a) {
     const ggml_tensor * q    = dst->src[0];  // [D, n_head, n_tps, ns]
     const ggml_tensor * keys = dst->src[1];  // [D, n_blocks, ns]
     const size_t align = (size_t) (uintptr_t) q->data | (size_t) (uintptr_t) keys->data | q->nb[1] | q->nb[2] |
@@ -201,24 +191,12 @@ bool pyqsa_cuda_qsa_score_mma(ggml_backend_cuda_context & ctx, const ggml_tensor
         (q->ne[2] + TQ - 1) / TQ > 65535 || ggml_cuda_info().devices[ctx.device].cc < GGML_CUDA_CC_AMPERE) {
         return false;
     }
-    score_mma_args a;
-    a.q        = (const char *) q->data;
-    a.keys     = (const char *) keys->data;
-    a.dst      = (float *) dst->data;
-    a.q_nb1    = q->nb[1];
-    a.q_nb2    = q->nb[2];
-    a.q_nb3    = q->nb[3];
-    a.k_nb1    = keys->nb[1];
-    a.k_nb2    = keys->nb[2];
-    a.n_tps    = (int) q->ne[2];
-    a.n_blocks = (int) keys->ne[1];
-    a.scale    = ggml_get_op_params_f32(dst, 1);
-    const int n_head = (int) q->ne[1], ns = (int) q->ne[3];
+    const int ns = (int) q->ne[3];
     switch (q->ne[0]) {
-        case 32:  return by_heads<32>(ctx, a, n_head, ns);
-        case 64:  return by_heads<64>(ctx, a, n_head, ns);
-        case 128: return by_heads<128>(ctx, a, n_head, ns);
-        case 256: return by_heads<256>(ctx, a, n_head, ns);
+        case 32:  return by_heads<32>(ctx, a, ns);
+        case 64:  return by_heads<64>(ctx, a, ns);
+        case 128: return by_heads<128>(ctx, a, ns);
+        case 256: return by_heads<256>(ctx, a, ns);
         default:  return false;
     }
 }

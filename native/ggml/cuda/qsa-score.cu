@@ -12,16 +12,6 @@ namespace {
 constexpr int WARP  = 32;
 constexpr int WARPS = 8;
 
-struct qsa_score_args {
-    const char * q;
-    const char * keys;
-    float *      dst;  // contiguous [n_blocks, n_tps, ns]
-    size_t q_nb1, q_nb2, q_nb3;
-    size_t k_nb1, k_nb2;
-    int    n_head, n_tps, n_blocks;
-    float  scale;
-};
-
 // grid (ceil(n_blocks / WARPS), ns), WARPS warps
 template <int DPL>
 __global__ void qsa_score(const qsa_score_args a) {
@@ -69,24 +59,11 @@ bool pyqsa_cuda_qsa_score_supported(const ggml_tensor * op) {
 }
 
 void pyqsa_cuda_qsa_score(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
-    if (pyqsa_cuda_qsa_score_mma(ctx, dst)) {
+    const ggml_tensor *  q = dst->src[0];
+    const qsa_score_args a = qsa_score_args_of(dst);
+    if (pyqsa_cuda_qsa_score_mma(ctx, dst, a)) {
         return;
     }
-    const ggml_tensor * q    = dst->src[0];
-    const ggml_tensor * keys = dst->src[1];
-    qsa_score_args a;
-    a.q        = (const char *) q->data;
-    a.keys     = (const char *) keys->data;
-    a.dst      = (float *) dst->data;
-    a.q_nb1    = q->nb[1];
-    a.q_nb2    = q->nb[2];
-    a.q_nb3    = q->nb[3];
-    a.k_nb1    = keys->nb[1];
-    a.k_nb2    = keys->nb[2];
-    a.n_head   = (int) q->ne[1];
-    a.n_tps    = (int) q->ne[2];
-    a.n_blocks = (int) keys->ne[1];
-    a.scale    = ggml_get_op_params_f32(dst, 1);
     const int ns = (int) q->ne[3];
     switch (q->ne[0] / WARP) {
         case 1:  launch<1>(a, ns, ctx.stream());  break;
