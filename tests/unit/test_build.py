@@ -147,6 +147,19 @@ def test_sdist_hash_mismatch_is_refused(tmp_path):
     assert UP.sha256 in str(e.value) and "delete" in str(e.value)
 
 
+def test_download_notice_leaves_stdout_to_the_path(tmp_path, monkeypatch, capsys):
+    # tests/gpu/pack.sh reads fetch()'s stdout as the extract's path: a download's progress line
+    # must go to stderr (a fresh cache once gave pack.sh the notice as its path)
+    def fake_pip(cmd, **kwargs):
+        shutil.copy(upstream.CACHE_DIR / UP.sdist, tmp_path / UP.sdist)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(upstream.subprocess, "run", fake_pip)
+    assert upstream.download_sdist(UP, tmp_path) == tmp_path / UP.sdist
+    out, err = capsys.readouterr()
+    assert out == "" and "downloading" in err
+
+
 def test_cached_sdist_matches_pin():
     upstream.verify_sdist(upstream.CACHE_DIR / UP.sdist, UP)
 
