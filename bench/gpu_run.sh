@@ -20,6 +20,8 @@
 #                 --ctx 262144 with paging, 8 concurrent requests), then tests/gpu/parity.sh)
 #                 --op-checks (the first part of --checks only: the three op-check binaries, CUDA vs CPU
 #                 and their timings, a minute or two where --checks takes many)
+#                 --dev (the studies of native/dev, each built with nvcc and run while the builds
+#                 run, finished before any timing; each one's output in $OUT/dev-NAME.txt)
 # Steps: unpack the carried upstream extract; build pyqsa's CUDA variant (setup path) and an
 # unpatched upstream CUDA `llama` in .build/bench/upstream-cuda, while the model is written to
 # .build/bench/ (all three in parallel); then decode.py per context, cheapest first, pyqsa then
@@ -36,12 +38,13 @@ cd "$(dirname "$0")/.."
 t_start=$(date +%s)
 invocation="bench/gpu_run.sh $*"
 budget=540 contexts=8192,32768,131072,262144 seqs=1,8 steps=32 warmup=4 small= decode_args=
-variants=pyqsa,upstream checks= op_checks= hot_blocks=1024 serve=
+variants=pyqsa,upstream checks= op_checks= dev= hot_blocks=1024 serve=
 while [ $# -gt 0 ]; do
     case "$1" in
         --small) small=--small; shift; continue ;;
         --checks) checks=1; shift; continue ;;
         --op-checks) op_checks=1; shift; continue ;;
+        --dev) dev=1; shift; continue ;;
         --commit) export PYQSA_BENCH_COMMIT=$2 ;;
         --budget) budget=$2 ;;
         --contexts) contexts=$2 ;;
@@ -84,6 +87,17 @@ commit=$(sed -n 's/^llama_cpp_commit *= *//p' UPSTREAM)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 echo "repo ${PYQSA_BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}, upstream $commit"
 
+# the dev corner's studies (standalone CUDA files) on the GPU while the CPUs build
+dev_pids=()
+if [ -n "$dev" ]; then
+    for f in native/dev/*.cu; do
+        name=$(basename "$f" .cu)
+        (nvcc -std=c++17 -O3 -arch=sm_90a -Inative/ggml/cuda "$f" -o "/tmp/dev-$name" && "/tmp/dev-$name") \
+            > "$out/dev-$name.txt" 2>&1 &
+        dev_pids+=("$name:$!")
+    done
+fi
+
 # (b) both CUDA builds (upstream's only when a variant runs it) and (c) the model, in parallel. Upstream links with --exclude-libs,ALL as
 # pyqsa does (native/llama.cmake): on this image's toolchain its libraries otherwise export a
 # static libstdc++ copy and libllama crashes while loading any model.
@@ -124,6 +138,10 @@ for job in build-pyqsa:$pid_pyqsa ${pid_upstream:+build-upstream:$pid_upstream} 
     fi
 done
 tail -n 1 "$logs/synth.log"
+for job in ${dev_pids[@]+"${dev_pids[@]}"}; do  # a study's failure is a finding, not a failed run
+    if wait "${job#*:}"; then r=passed; else r=FAILED; fi
+    echo "study ${job%%:*}: $r ($(elapsed)), its last lines:"; tail -n 8 "$out/dev-${job%%:*}.txt"
+done
 [ $status -eq 0 ] || exit 1
 # an op-check binary's CUDA-vs-CPU test (a crash too: its log's tail is shown), then its timings
 op_check() {  # binary, label, timing-line pattern
