@@ -19,6 +19,8 @@
 // is f32; the sums are reassociated, so the check is against a double-precision recurrence.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90a native/dev/gdn-chunked.cu -o /tmp/gdn-chunked && /tmp/gdn-chunked
+#include "cuda-check.cuh"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,15 +29,6 @@
 #include <cstdlib>
 #include <random>
 #include <vector>
-
-#define CHECK_CUDA(x)                                                                              \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));       \
-            std::exit(1);                                                                          \
-        }                                                                                          \
-    } while (0)
 
 namespace {
 

@@ -25,6 +25,8 @@
 //        -o /tmp/qsa-topk-compact && /tmp/qsa-topk-compact
 #include "ordered-key.cuh"
 
+#include "cuda-check.cuh"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -35,15 +37,6 @@
 #include <numeric>
 #include <random>
 #include <vector>
-
-#define CHECK_CUDA(x)                                                                              \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));       \
-            std::exit(1);                                                                          \
-        }                                                                                          \
-    } while (0)
 
 namespace {
 
