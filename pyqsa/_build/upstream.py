@@ -75,7 +75,11 @@ def download_sdist(up: Upstream, dest_dir: Path) -> Path:
     dest_dir.mkdir(parents=True, exist_ok=True)
     path = dest_dir / up.sdist
     if not path.exists():
-        print(f"pyqsa: downloading {up.package}=={up.version} sdist (pinned upstream)", file=sys.stderr, flush=True)
+        print(
+            f"pyqsa: downloading {up.package}=={up.version} sdist (pinned upstream)",
+            file=sys.stderr,
+            flush=True,
+        )
         cmd = [
             sys.executable,
             "-m",
