@@ -109,8 +109,13 @@ def test_decode_repeats_and_their_median(small_gguf, tmp_path):
 
 @pytest.mark.parametrize(
     "flag,value",
-    [("--repeats", "0"), ("--repeats", "-2"), ("--repeats", "three"), ("--prefill-warmup", "-1")]
-    + [("--prefill-warmup", "one")],
+    [
+        ("--repeats", "0"),
+        ("--repeats", "-2"),
+        ("--repeats", "three"),
+        ("--prefill-warmup", "-1"),
+        ("--prefill-warmup", "one"),
+    ],
 )
 def test_bad_counts_are_usage_errors(tmp_path, flag, value):
     """--repeats below 1, --prefill-warmup below 0, or either not a number stops decode.py with

@@ -1,7 +1,7 @@
 // CPU kernel of PYQSA_GGML_OP_QSA_SCORE: each thread takes a contiguous run of (stream, block)
 // keys, so a decode step with one stream still spreads over every thread, and a prefill chunk's
-// many queries are walked in tiles over those keys. Heads are summed in
-// order 0..n_head-1 after the ReLU, then scaled, as the reference does.
+// many queries are walked in tiles over those keys. Heads are summed in order 0..n_head-1 after
+// the ReLU, then scaled, as the reference does.
 #include "qsa-score.h"
 
 #include "ggml-cpu/ggml-cpu-impl.h"
