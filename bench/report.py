@@ -22,8 +22,17 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 # pyqsa-paged: decode.py --hot-blocks; pyqsa-paged-q8: the same with --kv-type q8_0;
 # pyqsa-sampled: decode.py --sampling device; pyqsa-cores: PYQSA_QSA_ATTN_MMA=0 (qsa_attn's
-# prefill on CUDA cores, not tensor cores)
-VARIANTS = ("pyqsa", "upstream", "pyqsa-paged", "pyqsa-paged-q8", "pyqsa-sampled", "pyqsa-cores")
+# prefill on CUDA cores, not tensor cores); pyqsa-moesync: PYQSA_CUDA_MOE_SYNC=1 (MoE products on
+# upstream's host-sorted path)
+VARIANTS = (
+    "pyqsa",
+    "upstream",
+    "pyqsa-paged",
+    "pyqsa-paged-q8",
+    "pyqsa-sampled",
+    "pyqsa-cores",
+    "pyqsa-moesync",
+)
 SHORT = {
     "pyqsa": "pyqsa",
     "upstream": "upstr",
@@ -31,6 +40,7 @@ SHORT = {
     "pyqsa-paged-q8": "pgdq8",
     "pyqsa-sampled": "smpld",
     "pyqsa-cores": "cores",
+    "pyqsa-moesync": "mosyn",
 }
 # the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)
 PAGED = (

@@ -321,12 +321,21 @@ def test_decode_profile_without_a_cuda_profiler_is_a_one_line_error(tmp_path):
     assert not (tmp_path / "k.txt").exists()
 
 
-def test_decode_with_prefill_attention_on_cuda_cores_is_a_variant_of_its_own(
-    small_gguf, tmp_path, monkeypatch
+@pytest.mark.parametrize(
+    "env,value,variant,column",
+    [
+        ("PYQSA_QSA_ATTN_MMA", "0", "pyqsa-cores", "cores"),
+        ("PYQSA_CUDA_MOE_SYNC", "1", "pyqsa-moesync", "mosyn"),
+    ],
+)
+def test_decode_under_a_library_switch_is_a_variant_of_its_own(
+    small_gguf, tmp_path, monkeypatch, env, value, variant, column
 ):
-    """PYQSA_QSA_ATTN_MMA=0 (gpu_run.sh's `cores`): the library keeps qsa_attn off the tensor
-    cores, so decode.py records the run as pyqsa-cores and report.py gives it a column."""
-    monkeypatch.setenv("PYQSA_QSA_ATTN_MMA", "0")
+    """gpu_run.sh's `cores` (PYQSA_QSA_ATTN_MMA=0: qsa_attn's prefill off the tensor cores) and
+    `moesync` (PYQSA_CUDA_MOE_SYNC=1: upstream's host-sorted MoE products) run pyqsa's library
+    with one switch flipped, so decode.py records each as a variant and report.py gives it a
+    column."""
+    monkeypatch.setenv(env, value)
     out = tmp_path / "decode.jsonl"
     _run(
         str(BENCH / "decode.py"),
@@ -337,5 +346,5 @@ def test_decode_with_prefill_attention_on_cuda_cores_is_a_variant_of_its_own(
         *("--threads", "1", "--no-extra-bufts", "--lib", str(LIB), "--out", str(out)),
     )
     recs = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["variant"] for r in recs] == ["pyqsa-cores"] * 2
-    assert "cores tok/s" in _run(str(BENCH / "report.py"), str(out), "--no-save").stdout
+    assert [r["variant"] for r in recs] == [variant] * 2
+    assert f"{column} tok/s" in _run(str(BENCH / "report.py"), str(out), "--no-save").stdout

@@ -1,5 +1,6 @@
 // CUDA dispatch of GGML_OP_PYQSA on the sub-op in op_params[0].
 #include "pyqsa-cuda.cuh"
+#include "pyqsa-cuda-moe.h"
 #include "pyqsa-cuda-precision.h"
 
 #include "pyqsa-ggml.h"
@@ -87,6 +88,11 @@ bool pyqsa_cuda_strict_f32() {
         return v != nullptr && *v != '\0' && strcmp(v, "0") != 0;
     }();
     return strict;
+}
+
+bool pyqsa_cuda_moe_on_device() {
+    const char * v = getenv("PYQSA_CUDA_MOE_SYNC");
+    return v == nullptr || *v == '\0' || strcmp(v, "0") == 0;
 }
 
 bool pyqsa_cuda_host_mapped(const void * p) {

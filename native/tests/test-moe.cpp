@@ -1,0 +1,245 @@
+// MUL_MAT_ID (the MoE expert products) as pyqsa's CUDA dispatch runs it (ggml_patches/0010,
+// native/ggml/cuda/pyqsa-cuda-moe.h): upstream's CPU op against a double-precision reference, then
+// every other backend against the CPU, both ways on CUDA (every batch on MMF's device-side expert
+// grouping, and PYQSA_CUDA_MOE_SYNC=1: upstream's host-sorted path past 128-512 tokens). `perf`
+// times both ways at prefill batches.
+//
+//   test-moe [test|perf] [-b BACKEND]      exit code 0 when every case passed
+#include "op-check.h"
+
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+// dst [n_out, n_used, n_tok] = expert ids[i, t] of w [n_in, n_out, n_expert] times x [n_in, n_x, n_tok],
+// x's row i % n_x (n_x = 1: gate and up read one row per token; n_used: down reads one per expert)
+struct moe_case {
+    ggml_type type;
+    int64_t   n_in, n_out, n_expert, n_used, n_tok, n_x;
+    bool      skewed;  // most tokens on two experts, some experts on none
+
+    std::string name() const {
+        char buf[160];
+        std::snprintf(buf, sizeof(buf), "MUL_MAT_ID(type=%s,n_in=%lld,n_out=%lld,n_expert=%lld,n_used=%lld,n_tok=%lld,n_x=%lld%s)",
+                      ggml_type_name(type), (long long) n_in, (long long) n_out, (long long) n_expert,
+                      (long long) n_used, (long long) n_tok, (long long) n_x, skewed ? ",skewed" : "");
+        return buf;
+    }
+};
+
+struct moe_data {
+    std::vector<uint8_t> w_raw;   // encoded as the case's type
+    std::vector<float>   w, x;    // w decoded; x as uploaded
+    std::vector<int32_t> ids;     // [n_used, n_tok], distinct experts per token
+};
+
+// each token's n_used experts, distinct; skewed: 7 tokens in 8 on experts 0..n_used, the rest on
+// the lower half, so the upper half gets none
+std::vector<int32_t> draw_ids(const moe_case & c, std::mt19937 & rng) {
+    std::vector<int32_t> ids(c.n_used * c.n_tok);
+    for (int64_t t = 0; t < c.n_tok; ++t) {
+        const int64_t pool = !c.skewed ? c.n_expert : rng() % 8 ? c.n_used + 1 : c.n_expert / 2;
+        for (int64_t i = 0; i < c.n_used; ++i) {
+            int32_t e     = 0;
+            bool    fresh = false;
+            while (!fresh) {
+                e     = (int32_t) (rng() % pool);
+                fresh = true;
+                for (int64_t j = 0; j < i; ++j) fresh = fresh && ids[t * c.n_used + j] != e;
+            }
+            ids[t * c.n_used + i] = e;
+        }
+    }
+    return ids;
+}
+
+moe_data make_data(const moe_case & c, std::mt19937 & rng) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    moe_data d;
+    d.w.resize(c.n_in * c.n_out * c.n_expert);
+    d.x.resize(c.n_in * c.n_x * c.n_tok);
+    for (auto & v : d.w) v = nd(rng);
+    for (auto & v : d.x) v = nd(rng);
+    d.w_raw.resize(ggml_row_size(c.type, c.n_in) * c.n_out * c.n_expert);
+    const auto * traits = ggml_get_type_traits(c.type);
+    ggml_get_type_traits_cpu(c.type)->from_float(d.w.data(), d.w_raw.data(), (int64_t) d.w.size());
+    traits->to_float(d.w_raw.data(), d.w.data(), (int64_t) d.w.size());
+    d.ids = draw_ids(c, rng);
+    return d;
+}
+
+// the products in double, x rounded to the weights' type first as every backend does
+std::vector<float> reference(const moe_case & c, const moe_data & d) {
+    std::vector<float> xr(d.x.size());
+    std::vector<uint8_t> tmp(ggml_row_size(c.type, (int64_t) d.x.size()));
+    ggml_get_type_traits_cpu(c.type)->from_float(d.x.data(), tmp.data(), (int64_t) d.x.size());
+    ggml_get_type_traits(c.type)->to_float(tmp.data(), xr.data(), (int64_t) d.x.size());
+    std::vector<float> out(c.n_out * c.n_used * c.n_tok);
+    for (int64_t t = 0; t < c.n_tok; ++t)
+    for (int64_t i = 0; i < c.n_used; ++i) {
+        const float * w = d.w.data() + d.ids[t * c.n_used + i] * c.n_in * c.n_out;
+        const float * x = xr.data() + (t * c.n_x + i % c.n_x) * c.n_in;
+        for (int64_t o = 0; o < c.n_out; ++o) {
+            double acc = 0.0;
+            for (int64_t k = 0; k < c.n_in; ++k) acc += (double) w[o * c.n_in + k] * x[k];
+            out[(t * c.n_used + i) * c.n_out + o] = (float) acc;
+        }
+    }
+    return out;
+}
+
+struct graph_run {
+    ggml_context *        ctx = nullptr;
+    ggml_backend_buffer_t buf = nullptr;
+    ggml_cgraph *         gf  = nullptr;
+    ggml_tensor *         w = nullptr, *x = nullptr, *ids = nullptr, *out = nullptr;
+
+    ~graph_run() {
+        if (buf) ggml_backend_buffer_free(buf);
+        if (ctx) ggml_free(ctx);
+    }
+};
+
+// false when the backend does not take the op
+bool build(graph_run & g, ggml_backend_t be, const moe_case & c) {
+    ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
+    g.ctx = ggml_init(ip);
+    g.w   = ggml_new_tensor_3d(g.ctx, c.type, c.n_in, c.n_out, c.n_expert);
+    g.x   = ggml_new_tensor_3d(g.ctx, GGML_TYPE_F32, c.n_in, c.n_x, c.n_tok);
+    g.ids = ggml_new_tensor_2d(g.ctx, GGML_TYPE_I32, c.n_used, c.n_tok);
+    g.out = ggml_mul_mat_id(g.ctx, g.w, g.x, g.ids);
+    if (!ggml_backend_supports_op(be, g.out)) return false;
+    g.gf = ggml_new_graph(g.ctx);
+    ggml_build_forward_expand(g.gf, g.out);
+    g.buf = ggml_backend_alloc_ctx_tensors(g.ctx, be);
+    return true;
+}
+
+std::vector<float> run(ggml_backend_t be, const moe_case & c, const moe_data & d, bool * supported) {
+    graph_run g;
+    *supported = build(g, be, c);
+    if (!*supported) return {};
+    ggml_backend_tensor_set(g.w, d.w_raw.data(), 0, ggml_nbytes(g.w));
+    ggml_backend_tensor_set(g.x, d.x.data(), 0, ggml_nbytes(g.x));
+    ggml_backend_tensor_set(g.ids, d.ids.data(), 0, ggml_nbytes(g.ids));
+    ggml_backend_graph_compute(be, g.gf);
+    std::vector<float> out(ggml_nelements(g.out));
+    ggml_backend_tensor_get(g.out, out.data(), 0, ggml_nbytes(g.out));
+    return out;
+}
+
+double nmse(const std::vector<float> & a, const std::vector<float> & ref) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        num += ((double) a[i] - ref[i]) * ((double) a[i] - ref[i]);
+        den += (double) ref[i] * ref[i];
+    }
+    return a.size() == ref.size() && den > 0.0 ? num / den : INFINITY;
+}
+
+std::string sci(double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.3e", x);
+    return buf;
+}
+
+int cmd_test(const char * only_backend) {
+    std::mt19937 rng(4321);
+    int n_ok = 0, n_fail = 0;
+    ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    ggml_backend_cpu_set_n_threads(cpu, 4);
+    // batches past upstream's MMF limits (512 tokens for gate/up, 128 for down) and under them
+    const moe_case cases[] = {
+        { GGML_TYPE_F16, 2560, 512, 8, 2, 1030, 1, false },  // Flash-Next's gate/up and down
+        { GGML_TYPE_F16, 512, 2560, 8, 2, 300, 2, false },
+        { GGML_TYPE_F16, 2560, 512, 8, 2, 600, 1, true },
+        { GGML_TYPE_F16, 512, 2560, 8, 2, 200, 2, true },
+        { GGML_TYPE_F16, 256, 64, 16, 4, 700, 4, false },   // 4 used, each with its own input row
+        { GGML_TYPE_BF16, 512, 128, 8, 2, 1030, 1, false },
+        { GGML_TYPE_F16, 128, 64, 4, 2, 37, 1, false },     // under every limit: the same kernel both ways
+    };
+    for (const moe_case & c : cases) {
+        const moe_data d = make_data(c, rng);
+        const std::vector<float> ref = reference(c, d);
+        bool supported = false;
+        const std::vector<float> out_cpu = run(cpu, c, d, &supported);
+        const double e_cpu = supported ? nmse(out_cpu, ref) : INFINITY;
+        report(c.name(), "CPU", "vs reference: nmse " + sci(e_cpu) + " ", supported && e_cpu < 1e-9, n_ok, n_fail);
+        for (const char * sync : { "", "1" }) {
+            // upstream's host-sorted path runs cuBLAS in f16 with f16 accumulation (its
+            // CUBLAS_COMPUTE_16F): only a wrong row or expert is caught there; MMF sums in f32
+            const double tol = *sync ? 1e-3 : 1e-9;
+            if (*sync) setenv("PYQSA_CUDA_MOE_SYNC", sync, 1);
+            on_other_backends(only_backend, c.name() + (*sync ? " PYQSA_CUDA_MOE_SYNC=1" : ""), n_ok, n_fail,
+                              [&](ggml_backend_t be) {
+                                  bool ok = false;
+                                  const std::vector<float> out = run(be, c, d, &ok);
+                                  const double e = ok ? nmse(out, out_cpu) : INFINITY;
+                                  return std::make_pair(ok && e < tol, std::string(ok ? "vs CPU: nmse " + sci(e) + " " : "not supported "));
+                              });
+            unsetenv("PYQSA_CUDA_MOE_SYNC");
+        }
+    }
+    ggml_backend_free(cpu);
+    std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
+    return n_fail == 0 ? 0 : 1;
+}
+
+// one MoE product of a prefill batch, both ways; weights zero (a product's time does not depend on
+// its values), experts drawn at random per token
+int cmd_perf(const char * only_backend) {
+    std::mt19937 rng(5);
+    const moe_case shapes[] = {
+        // Flash-Next's experts (hidden 2560, 8 experts of 512, 2 used): gate/up, down
+        { GGML_TYPE_F16, 2560, 512, 8, 2, 2048, 1, false },
+        { GGML_TYPE_F16, 512, 2560, 8, 2, 2048, 2, false },
+        { GGML_TYPE_F16, 2560, 512, 8, 2, 512, 1, false },
+        { GGML_TYPE_F16, 512, 2560, 8, 2, 512, 2, false },
+        // many small experts (512 of 512, 10 used, hidden 2048), as the larger Qwen MoE models have
+        { GGML_TYPE_F16, 2048, 512, 512, 10, 2048, 1, false },
+        { GGML_TYPE_F16, 512, 2048, 512, 10, 2048, 10, false },
+    };
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;  // minutes there
+        if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
+        ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
+        for (const moe_case & c : shapes) {
+            const std::vector<int32_t> ids = draw_ids(c, rng);
+            for (const char * sync : { "", "1" }) {
+                if (*sync) setenv("PYQSA_CUDA_MOE_SYNC", sync, 1);
+                graph_run g;
+                if (build(g, be, c)) {
+                    ggml_backend_buffer_clear(g.buf, 0);
+                    ggml_backend_tensor_set(g.ids, ids.data(), 0, ggml_nbytes(g.ids));
+                    const double us = time_graph(be, g.gf, 50);
+                    const double tflops = 2.0 * c.n_in * c.n_out * c.n_used * c.n_tok / us / 1e6;
+                    std::printf("  %s%s %s: %.1f us/run, %.1f TFLOP/s\n", c.name().c_str(),
+                                *sync ? " PYQSA_CUDA_MOE_SYNC=1" : "", ggml_backend_dev_name(dev), us, tflops);
+                }
+                unsetenv("PYQSA_CUDA_MOE_SYNC");
+            }
+        }
+        ggml_backend_free(be);
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    return op_check_main(argc, argv, { "test", "perf" }, [](const char * mode, const char * backend) {
+        return std::strcmp(mode, "perf") == 0 ? cmd_perf(backend) : cmd_test(backend);
+    });
+}
