@@ -388,6 +388,12 @@ void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng
         { 1, 1, 1, 0, 1.0, false },
         { 80, 40, 4, 3, 0.0, true },         // a prefill chunk: each query sees its own prefix
         { 65536, 3, 512, 0, 0.0, true },
+        // CUDA: rows the compact kernel leaves to the general one (too many keys in the k-th
+        // key's bin, or k over 1024), and a tie cut among a bin's candidates
+        { 65536, 2, 512, 1, 0.0, false },    // all equal
+        { 40000, 2, 512, 0, 0.99, false },   // the k-th key is -inf
+        { 5000, 3, 1500, 0, 0.0, false },
+        { 20000, 4, 512, 3, 0.0, false },
     };
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::uniform_real_distribution<double> ud(0.0, 1.0);
