@@ -18,7 +18,9 @@
 // state columns (the columns of S are independent). All f32 FMAs on CUDA cores, as the reference
 // is f32; the sums are reassociated, so the check is against a double-precision recurrence.
 //
-//   nvcc -std=c++17 -O3 -arch=sm_90a native/dev/gdn-chunked.cu -o /tmp/gdn-chunked && /tmp/gdn-chunked
+//   nvcc -std=c++17 -O3 -arch=sm_90a -Inative/ggml/cuda native/dev/gdn-chunked.cu -o /tmp/gdn-chunked && /tmp/gdn-chunked
+#include "mma-ptx.cuh"
+
 #include "cuda-check.cuh"
 
 #include <cuda_runtime.h>
@@ -29,6 +31,8 @@
 #include <cstdlib>
 #include <random>
 #include <vector>
+
+using namespace pyqsa_mma;
 
 namespace {
 
@@ -82,6 +86,104 @@ __global__ void __launch_bounds__(128) gdn_recurrent(const problem p) {
     }
 #pragma unroll
     for (int r = 0; r < RPL; ++r) p.s1[((size_t) h * SD + col) * SD + r * 32 + lane] = s[r];
+}
+
+// ---- variant 3: token by token, LANES lanes a column (SD / LANES rows each: log2(LANES) shuffle
+// steps a sum, where variant 1 takes 5), 256 threads = 256 / LANES columns a CTA, and every 32
+// tokens' q and k rows, the CTA's v columns, decays and betas staged in shared memory ahead of use
+// (cp.async, two stages), so that a token's chain has no global load in it; the outputs leave
+// through shared memory, a tile at a time, coalesced. grid (H, SD / (256 / LANES)), 256 threads.
+constexpr int V3_THREADS = 256, V3_TT = 32;
+
+template <int LANES> struct v3_smem {
+    static constexpr int COLS = V3_THREADS / LANES;
+    float q[2][V3_TT][SD];
+    float k[2][V3_TT][SD];
+    float v[2][V3_TT][COLS];
+    float o[V3_TT][COLS];
+    float e[2][V3_TT];
+    float beta[2][V3_TT];
+};
+
+template <int LANES>
+__global__ void __launch_bounds__(V3_THREADS) gdn_recurrent_staged(const problem p) {
+    using SM           = v3_smem<LANES>;
+    constexpr int COLS = SM::COLS, RPL = SD / LANES;
+    extern __shared__ __align__(16) char raw[];
+    SM &      sm  = *(SM *) raw;
+    const int h = blockIdx.x, hq = h % p.H_qk, col0 = blockIdx.y * COLS;
+    const int tid = threadIdx.x, cl = tid / LANES, sub = tid % LANES, col = col0 + cl;
+    float     s[RPL];
+#pragma unroll
+    for (int r = 0; r < RPL; ++r) s[r] = p.s0[((size_t) h * SD + col) * SD + sub * RPL + r];
+    const auto stage = [&](int buf, int tile) {
+        const int t0 = tile * V3_TT;
+        for (int i = tid; i < V3_TT * SD / 4; i += V3_THREADS) {
+            const int t = i / (SD / 4), c4 = i % (SD / 4);
+            if (t0 + t < p.T) {
+                const size_t at = ((size_t) (t0 + t) * p.H_qk + hq) * SD + c4 * 4;
+                cp_async_16(&sm.q[buf][t][c4 * 4], p.q + at);
+                cp_async_16(&sm.k[buf][t][c4 * 4], p.k + at);
+            }
+        }
+        for (int i = tid; i < V3_TT * COLS / 4; i += V3_THREADS) {
+            const int t = i / (COLS / 4), c4 = i % (COLS / 4);
+            if (t0 + t < p.T) cp_async_16(&sm.v[buf][t][c4 * 4], p.v + ((size_t) (t0 + t) * p.H + h) * SD + col0 + c4 * 4);
+        }
+        if (tid < V3_TT) {
+            const int  t  = t0 + tid;
+            const bool in = t < p.T;
+            sm.e[buf][tid]    = in ? expf(p.g[(size_t) t * p.H + h]) : 0.0f;
+            sm.beta[buf][tid] = in ? p.beta[(size_t) t * p.H + h] : 0.0f;
+        }
+    };
+    const int n_tiles = (p.T + V3_TT - 1) / V3_TT;
+    stage(0, 0);
+    cp_async_commit();
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        const int buf = tile & 1, n = min(V3_TT, p.T - tile * V3_TT);
+        if (tile + 1 < n_tiles) stage(buf ^ 1, tile + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        for (int t = 0; t < n; ++t) {
+            float k[RPL], q[RPL];
+#pragma unroll
+            for (int j = 0; j < RPL / 4; ++j) {
+                const float4 a = *(const float4 *) &sm.k[buf][t][sub * RPL + 4 * j];
+                const float4 b = *(const float4 *) &sm.q[buf][t][sub * RPL + 4 * j];
+                k[4 * j] = a.x; k[4 * j + 1] = a.y; k[4 * j + 2] = a.z; k[4 * j + 3] = a.w;
+                q[4 * j] = b.x; q[4 * j + 1] = b.y; q[4 * j + 2] = b.z; q[4 * j + 3] = b.w;
+            }
+            // four partial sums: dependent chains of RPL / 4 FMAs
+            float kv4[4] = {};
+#pragma unroll
+            for (int r = 0; r < RPL; ++r) kv4[r % 4] += s[r] * k[r];
+            float kv = (kv4[0] + kv4[1]) + (kv4[2] + kv4[3]);
+#pragma unroll
+            for (int m = 1; m < LANES; m <<= 1) kv += __shfl_xor_sync(0xffffffffu, kv, m);
+            const float e = sm.e[buf][t];
+            const float d = (sm.v[buf][t][cl] - e * kv) * sm.beta[buf][t];
+            float       o4[4] = {};
+#pragma unroll
+            for (int r = 0; r < RPL; ++r) {
+                s[r] = e * s[r] + k[r] * d;
+                o4[r % 4] += s[r] * q[r];
+            }
+            float o = (o4[0] + o4[1]) + (o4[2] + o4[3]);
+#pragma unroll
+            for (int m = 1; m < LANES; m <<= 1) o += __shfl_xor_sync(0xffffffffu, o, m);
+            if (sub == 0) sm.o[t][cl] = o * p.scale;
+        }
+        __syncthreads();
+        for (int i = tid; i < n * COLS; i += V3_THREADS) {
+            const int t = i / COLS, c = i % COLS;
+            p.o[((size_t) (tile * V3_TT + t) * p.H + h) * SD + col0 + c] = sm.o[t][c];
+        }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int r = 0; r < RPL; ++r) p.s1[((size_t) h * SD + col) * SD + sub * RPL + r] = s[r];
 }
 
 // ---- variant 2, phase 1: one CTA a (chunk, head), 256 threads
@@ -361,6 +463,10 @@ struct device {
     ~device() {
         for (void * b : bufs) cudaFree(b);
     }
+    template <int LANES> void run_v3() {
+        gdn_recurrent_staged<LANES><<<dim3(p.H, SD / v3_smem<LANES>::COLS), V3_THREADS, sizeof(v3_smem<LANES>)>>>(p);
+        CHECK_CUDA(cudaGetLastError());
+    }
     void run_v1() {
         gdn_recurrent<<<dim3(p.H, SD / 4), dim3(32, 4)>>>(p);
         CHECK_CUDA(cudaGetLastError());
@@ -421,6 +527,12 @@ template <typename F> double time_us(F && f, int iters) {
 
 int main() {
     CHECK_CUDA(cudaFuncSetAttribute(gdn_chunk_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) PREP_SMEM));
+    CHECK_CUDA(cudaFuncSetAttribute(gdn_recurrent_staged<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int) sizeof(v3_smem<4>)));
+    CHECK_CUDA(cudaFuncSetAttribute(gdn_recurrent_staged<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int) sizeof(v3_smem<8>)));
+    CHECK_CUDA(cudaFuncSetAttribute(gdn_recurrent_staged<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int) sizeof(v3_smem<16>)));
     std::mt19937 rng(5);
     bool ok = true;
     std::printf("checks against a double-precision recurrence (outputs and final state):\n");
@@ -434,6 +546,12 @@ int main() {
         ok &= check("v2 chunked, 32-column slices", d, ref, g.result());
         g.run_v2<16>();
         ok &= check("v2 chunked, 16-column slices", d, ref, g.result());
+        g.run_v3<4>();
+        ok &= check("v3 staged, 4 lanes a column", d, ref, g.result());
+        g.run_v3<8>();
+        ok &= check("v3 staged, 8 lanes a column", d, ref, g.result());
+        g.run_v3<16>();
+        ok &= check("v3 staged, 16 lanes a column", d, ref, g.result());
     }
     if (!ok) {
         std::printf("a check failed: no timings\n");
@@ -450,6 +568,12 @@ int main() {
         std::printf("%.1f us\n", time_us([&] { g.run_v2<32>(); }, iters));
         std::printf("  T=%d v2, 16-column slices: ", T);
         std::printf("%.1f us\n", time_us([&] { g.run_v2<16>(); }, iters));
+        std::printf("  T=%d v3, 4 lanes a column: ", T);
+        std::printf("%.1f us\n", time_us([&] { g.run_v3<4>(); }, iters));
+        std::printf("  T=%d v3, 8 lanes a column: ", T);
+        std::printf("%.1f us\n", time_us([&] { g.run_v3<8>(); }, iters));
+        std::printf("  T=%d v3, 16 lanes a column: ", T);
+        std::printf("%.1f us\n", time_us([&] { g.run_v3<16>(); }, iters));
     }
     std::printf("all checks passed\n");
     return 0;
