@@ -1,17 +1,19 @@
-// What the op-check binaries (test-qsa-ops, test-qsa-page, test-sample) share: their main (the
-// command line), the one-line result of each check, running a check on every backend but the
-// CPU, and timing a graph.
+// What the op-check binaries (test-qsa-ops, test-qsa-page, test-sample, test-moe) share: their
+// main (the command line), the one-line result of each check, running a check on every backend
+// but the CPU, timing a graph, and the error measure of float results.
 #pragma once
 
 #include "ggml-backend.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <string>
 #include <utility>
+#include <vector>
 
 // main() of an op-check binary: argv [MODE] [-b BACKEND], MODE one of `modes` (the first is the
 // default). Loads every backend and returns run(mode, backend), or 2 after printing the usage
@@ -79,4 +81,23 @@ inline double time_graph(ggml_backend_t be, ggml_cgraph * gf, int iters) {
     for (int it = 0; it < iters; ++it) compute();
     ggml_backend_synchronize(be);
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+}
+
+// sum of squared differences over the reference's sum of squares (the plain sum when the reference
+// is all zeros); infinite when the sizes differ
+inline double nmse(const std::vector<float> & a, const std::vector<float> & ref) {
+    if (a.size() != ref.size()) return INFINITY;
+    double err = 0.0, norm = 0.0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        const double diff = (double) a[i] - ref[i];
+        err += diff * diff;
+        norm += (double) ref[i] * ref[i];
+    }
+    return norm > 0.0 ? err / norm : err;
+}
+
+inline std::string sci(double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.3e", x);
+    return buf;
 }

@@ -139,21 +139,6 @@ std::vector<float> run(ggml_backend_t be, const moe_case & c, const moe_data & d
     return out;
 }
 
-double nmse(const std::vector<float> & a, const std::vector<float> & ref) {
-    double num = 0.0, den = 0.0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-        num += ((double) a[i] - ref[i]) * ((double) a[i] - ref[i]);
-        den += (double) ref[i] * ref[i];
-    }
-    return a.size() == ref.size() && den > 0.0 ? num / den : INFINITY;
-}
-
-std::string sci(double x) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%.3e", x);
-    return buf;
-}
-
 int cmd_test(const char * only_backend) {
     std::mt19937 rng(4321);
     int n_ok = 0, n_fail = 0;

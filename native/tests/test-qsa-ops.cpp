@@ -137,16 +137,6 @@ std::vector<float> reference(const attn_case & c, const attn_data & d, float sca
     return out;
 }
 
-double nmse(const std::vector<float> & a, const std::vector<float> & ref) {
-    double err = 0.0, norm = 0.0;
-    for (size_t i = 0; i < a.size(); ++i) {
-        const double diff = (double) a[i] - ref[i];
-        err += diff * diff;
-        norm += (double) ref[i] * ref[i];
-    }
-    return norm > 0.0 ? err / norm : err;
-}
-
 struct graph_run {
     ggml_context *        ctx = nullptr;
     ggml_backend_buffer_t buf = nullptr;
@@ -215,12 +205,6 @@ std::vector<attn_case> test_cases() {
     cases.push_back({ GGML_TYPE_F16, 128, 4, 1, 1, 1, 262144, 2051, 0.0, false });
     cases.push_back({ GGML_TYPE_Q8_0, 256, 12, 1, 2, 1, 65536, 515, 0.05, false });
     return cases;
-}
-
-std::string sci(double x) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%.3e", x);
-    return buf;
 }
 
 void test_mask_cells(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail);
