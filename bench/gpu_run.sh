@@ -158,7 +158,7 @@ if [ -n "$checks$op_checks" ]; then
     op_check test-qsa-ops "pyqsa ops" "us/run"
     op_check test-qsa-page "pyqsa paging ops" "us/(step|run)"
     op_check test-sample "sample op" "us/step"
-    op_check test-moe "MoE products" "us/run"
+    op_check test-products "matrix products" "us/run"
     cat "$out/ops-perf.txt"
     echo "op checks done ($(elapsed))"
 fi

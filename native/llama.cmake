@@ -34,10 +34,10 @@ target_compile_features(test-qsa-ops PRIVATE cxx_std_17)
 add_executable(test-qsa-page ${CMAKE_CURRENT_LIST_DIR}/tests/test-qsa-page.cpp)
 target_link_libraries(test-qsa-page PRIVATE ggml)
 target_compile_features(test-qsa-page PRIVATE cxx_std_17)
-# MUL_MAT_ID as pyqsa dispatches it on CUDA: test-moe [test|perf] [-b BACKEND]
-add_executable(test-moe ${CMAKE_CURRENT_LIST_DIR}/tests/test-moe.cpp)
-target_link_libraries(test-moe PRIVATE ggml)
-target_compile_features(test-moe PRIVATE cxx_std_17)
+# MUL_MAT and MUL_MAT_ID as pyqsa runs them on CUDA: test-products [test|perf] [-b BACKEND]
+add_executable(test-products ${CMAKE_CURRENT_LIST_DIR}/tests/test-products.cpp)
+target_link_libraries(test-products PRIVATE ggml)
+target_compile_features(test-products PRIVATE cxx_std_17)
 # the sample op: test-sample [test|perf] [-b BACKEND]
 add_executable(test-sample ${CMAKE_CURRENT_LIST_DIR}/tests/test-sample.cpp)
 target_link_libraries(test-sample PRIVATE ggml)

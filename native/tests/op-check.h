@@ -1,4 +1,4 @@
-// What the op-check binaries (test-qsa-ops, test-qsa-page, test-sample, test-moe) share: their
+// What the op-check binaries (test-qsa-ops, test-qsa-page, test-sample, test-products) share: their
 // main (the command line), the one-line result of each check, running a check on every backend
 // but the CPU, timing a graph, and the error measure of float results.
 #pragma once

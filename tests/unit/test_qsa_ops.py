@@ -2,8 +2,8 @@
 double-precision reference, native/tests/test-qsa-ops.cpp) and test-qsa-page (the paging op
 against a sequential LRU model over multi-step scenarios, native/tests/test-qsa-page.cpp) and
 test-sample (the sample op against a brute-force reference of its rules,
-native/tests/test-sample.cpp) and test-moe (upstream's MUL_MAT_ID, whose CUDA dispatch pyqsa
-changes, against a double-precision reference, native/tests/test-moe.cpp).
+native/tests/test-sample.cpp) and test-products (upstream's MUL_MAT and MUL_MAT_ID, whose CUDA dispatch and
+precision pyqsa changes, against a double-precision reference, native/tests/test-products.cpp).
 
 On a CPU-only machine this checks the CPU kernels; on the GPU machine the same binaries also
 check CUDA against CPU (tests/gpu/backend_ops.sh)."""
@@ -18,7 +18,7 @@ from pyqsa._build.native import BuildConfig
 
 @pytest.mark.parametrize(
     "binary,min_checks",
-    [("test-qsa-ops", 20), ("test-qsa-page", 7), ("test-sample", 6), ("test-moe", 7)],
+    [("test-qsa-ops", 20), ("test-qsa-page", 7), ("test-sample", 6), ("test-products", 10)],
 )
 def test_ops_match_their_references(binary, min_checks):
     path = BuildConfig.from_env().build_dir / "bin" / binary

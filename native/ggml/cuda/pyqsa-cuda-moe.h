@@ -8,5 +8,5 @@
 // Quantized experts are unaffected: MMQ groups them on the device at every batch.
 #pragma once
 
-// read at every call, so that one process can time both ways (test-qsa-ops perf)
+// read at every call, so that one process can check and time both ways (test-products)
 bool pyqsa_cuda_moe_on_device();

@@ -90,6 +90,11 @@ bool pyqsa_cuda_strict_f32() {
     return strict;
 }
 
+bool pyqsa_cuda_f16_products_f32() {
+    const char * v = getenv("PYQSA_CUDA_F16_ACCUMULATE");
+    return v == nullptr || *v == '\0' || strcmp(v, "0") == 0;
+}
+
 bool pyqsa_cuda_moe_on_device() {
     const char * v = getenv("PYQSA_CUDA_MOE_SYNC");
     return v == nullptr || *v == '\0' || strcmp(v, "0") == 0;

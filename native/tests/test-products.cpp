@@ -1,10 +1,12 @@
-// MUL_MAT_ID (the MoE expert products) as pyqsa's CUDA dispatch runs it (ggml_patches/0010,
-// native/ggml/cuda/pyqsa-cuda-moe.h): upstream's CPU op against a double-precision reference, then
-// every other backend against the CPU, both ways on CUDA (every batch on MMF's device-side expert
-// grouping, and PYQSA_CUDA_MOE_SYNC=1: upstream's host-sorted path past 128-512 tokens). `perf`
-// times both ways at prefill batches.
+// The matrix products whose CUDA dispatch or precision pyqsa changes: MUL_MAT with f16 weights on
+// cuBLAS (ggml_patches/0011, native/ggml/cuda/pyqsa-cuda-precision.h: f32 sums; upstream's f16
+// sums with PYQSA_CUDA_F16_ACCUMULATE=1) and MUL_MAT_ID, the MoE expert products (ggml_patches/0010,
+// native/ggml/cuda/pyqsa-cuda-moe.h: every batch on MMF's device-side expert grouping; upstream's
+// host-sorted path past 128-512 tokens with PYQSA_CUDA_MOE_SYNC=1). Upstream's CPU ops against a
+// double-precision reference, then every other backend against the CPU, both ways. `perf` times
+// both ways at prefill batches.
 //
-//   test-moe [test|perf] [-b BACKEND]      exit code 0 when every case passed
+//   test-products [test|perf] [-b BACKEND]      exit code 0 when every case passed
 #include "op-check.h"
 
 #include "ggml-alloc.h"
@@ -12,6 +14,7 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -22,15 +25,22 @@
 
 namespace {
 
-// dst [n_out, n_used, n_tok] = expert ids[i, t] of w [n_in, n_out, n_expert] times x [n_in, n_x, n_tok],
-// x's row i % n_x (n_x = 1: gate and up read one row per token; n_used: down reads one per expert)
-struct moe_case {
+// MUL_MAT_ID: dst [n_out, n_used, n_tok] = expert ids[i, t] of w [n_in, n_out, n_expert] times
+// x [n_in, n_x, n_tok], x's row i % n_x (n_x = 1: gate and up read one row per token; n_used: down
+// reads one per expert). n_expert = 0: MUL_MAT, dst [n_out, n_tok] = w [n_in, n_out] times
+// x [n_in, n_tok] (n_used = n_x = 1).
+struct product_case {
     ggml_type type;
     int64_t   n_in, n_out, n_expert, n_used, n_tok, n_x;
     bool      skewed;  // most tokens on two experts, some experts on none
 
     std::string name() const {
         char buf[160];
+        if (n_expert == 0) {
+            std::snprintf(buf, sizeof(buf), "MUL_MAT(type=%s,n_in=%lld,n_out=%lld,n_tok=%lld)", ggml_type_name(type),
+                          (long long) n_in, (long long) n_out, (long long) n_tok);
+            return buf;
+        }
         std::snprintf(buf, sizeof(buf), "MUL_MAT_ID(type=%s,n_in=%lld,n_out=%lld,n_expert=%lld,n_used=%lld,n_tok=%lld,n_x=%lld%s)",
                       ggml_type_name(type), (long long) n_in, (long long) n_out, (long long) n_expert,
                       (long long) n_used, (long long) n_tok, (long long) n_x, skewed ? ",skewed" : "");
@@ -38,16 +48,17 @@ struct moe_case {
     }
 };
 
-struct moe_data {
+struct product_data {
     std::vector<uint8_t> w_raw;   // encoded as the case's type
     std::vector<float>   w, x;    // w decoded; x as uploaded
     std::vector<int32_t> ids;     // [n_used, n_tok], distinct experts per token
 };
 
 // each token's n_used experts, distinct; skewed: 7 tokens in 8 on experts 0..n_used, the rest on
-// the lower half, so the upper half gets none
-std::vector<int32_t> draw_ids(const moe_case & c, std::mt19937 & rng) {
-    std::vector<int32_t> ids(c.n_used * c.n_tok);
+// the lower half, so the upper half gets none (MUL_MAT: all 0, its one matrix)
+std::vector<int32_t> draw_ids(const product_case & c, std::mt19937 & rng) {
+    std::vector<int32_t> ids(c.n_used * c.n_tok, 0);
+    if (c.n_expert == 0) return ids;
     for (int64_t t = 0; t < c.n_tok; ++t) {
         const int64_t pool = !c.skewed ? c.n_expert : rng() % 8 ? c.n_used + 1 : c.n_expert / 2;
         for (int64_t i = 0; i < c.n_used; ++i) {
@@ -64,14 +75,14 @@ std::vector<int32_t> draw_ids(const moe_case & c, std::mt19937 & rng) {
     return ids;
 }
 
-moe_data make_data(const moe_case & c, std::mt19937 & rng) {
+product_data make_data(const product_case & c, std::mt19937 & rng) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    moe_data d;
-    d.w.resize(c.n_in * c.n_out * c.n_expert);
+    product_data d;
+    d.w.resize(c.n_in * c.n_out * std::max<int64_t>(c.n_expert, 1));
     d.x.resize(c.n_in * c.n_x * c.n_tok);
     for (auto & v : d.w) v = nd(rng);
     for (auto & v : d.x) v = nd(rng);
-    d.w_raw.resize(ggml_row_size(c.type, c.n_in) * c.n_out * c.n_expert);
+    d.w_raw.resize(ggml_row_size(c.type, c.n_in) * c.n_out * std::max<int64_t>(c.n_expert, 1));
     const auto * traits = ggml_get_type_traits(c.type);
     ggml_get_type_traits_cpu(c.type)->from_float(d.w.data(), d.w_raw.data(), (int64_t) d.w.size());
     traits->to_float(d.w_raw.data(), d.w.data(), (int64_t) d.w.size());
@@ -80,7 +91,7 @@ moe_data make_data(const moe_case & c, std::mt19937 & rng) {
 }
 
 // the products in double, x rounded to the weights' type first as every backend does
-std::vector<float> reference(const moe_case & c, const moe_data & d) {
+std::vector<float> reference(const product_case & c, const product_data & d) {
     std::vector<float> xr(d.x.size());
     std::vector<uint8_t> tmp(ggml_row_size(c.type, (int64_t) d.x.size()));
     ggml_get_type_traits_cpu(c.type)->from_float(d.x.data(), tmp.data(), (int64_t) d.x.size());
@@ -112,13 +123,19 @@ struct graph_run {
 };
 
 // false when the backend does not take the op
-bool build(graph_run & g, ggml_backend_t be, const moe_case & c) {
+bool build(graph_run & g, ggml_backend_t be, const product_case & c) {
     ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
     g.ctx = ggml_init(ip);
-    g.w   = ggml_new_tensor_3d(g.ctx, c.type, c.n_in, c.n_out, c.n_expert);
-    g.x   = ggml_new_tensor_3d(g.ctx, GGML_TYPE_F32, c.n_in, c.n_x, c.n_tok);
-    g.ids = ggml_new_tensor_2d(g.ctx, GGML_TYPE_I32, c.n_used, c.n_tok);
-    g.out = ggml_mul_mat_id(g.ctx, g.w, g.x, g.ids);
+    if (c.n_expert == 0) {
+        g.w   = ggml_new_tensor_2d(g.ctx, c.type, c.n_in, c.n_out);
+        g.x   = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, c.n_in, c.n_tok);
+        g.out = ggml_mul_mat(g.ctx, g.w, g.x);
+    } else {
+        g.w   = ggml_new_tensor_3d(g.ctx, c.type, c.n_in, c.n_out, c.n_expert);
+        g.x   = ggml_new_tensor_3d(g.ctx, GGML_TYPE_F32, c.n_in, c.n_x, c.n_tok);
+        g.ids = ggml_new_tensor_2d(g.ctx, GGML_TYPE_I32, c.n_used, c.n_tok);
+        g.out = ggml_mul_mat_id(g.ctx, g.w, g.x, g.ids);
+    }
     if (!ggml_backend_supports_op(be, g.out)) return false;
     g.gf = ggml_new_graph(g.ctx);
     ggml_build_forward_expand(g.gf, g.out);
@@ -126,17 +143,27 @@ bool build(graph_run & g, ggml_backend_t be, const moe_case & c) {
     return true;
 }
 
-std::vector<float> run(ggml_backend_t be, const moe_case & c, const moe_data & d, bool * supported) {
+std::vector<float> run(ggml_backend_t be, const product_case & c, const product_data & d, bool * supported) {
     graph_run g;
     *supported = build(g, be, c);
     if (!*supported) return {};
     ggml_backend_tensor_set(g.w, d.w_raw.data(), 0, ggml_nbytes(g.w));
     ggml_backend_tensor_set(g.x, d.x.data(), 0, ggml_nbytes(g.x));
-    ggml_backend_tensor_set(g.ids, d.ids.data(), 0, ggml_nbytes(g.ids));
+    if (g.ids) ggml_backend_tensor_set(g.ids, d.ids.data(), 0, ggml_nbytes(g.ids));
     ggml_backend_graph_compute(be, g.gf);
     std::vector<float> out(ggml_nelements(g.out));
     ggml_backend_tensor_get(g.out, out.data(), 0, ggml_nbytes(g.out));
     return out;
+}
+
+// the switch that restores upstream's way for a case, and the CUDA-vs-CPU bound that way: f16
+// sums (MUL_MAT of f16 weights) meet only a loose one, enough to catch a wrong row or expert
+const char * upstream_switch(const product_case & c) {
+    return c.n_expert == 0 ? "PYQSA_CUDA_F16_ACCUMULATE" : "PYQSA_CUDA_MOE_SYNC";
+}
+
+double upstream_bound(const product_case & c) {
+    return c.n_expert == 0 && c.type == GGML_TYPE_F16 ? 1e-3 : 1e-9;
 }
 
 int cmd_test(const char * only_backend) {
@@ -144,8 +171,12 @@ int cmd_test(const char * only_backend) {
     int n_ok = 0, n_fail = 0;
     ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
     ggml_backend_cpu_set_n_threads(cpu, 4);
-    // batches past upstream's MMF limits (512 tokens for gate/up, 128 for down) and under them
-    const moe_case cases[] = {
+    const product_case cases[] = {
+        // MUL_MAT past MMF's 16 columns (cuBLAS on CUDA)
+        { GGML_TYPE_F16, 2560, 512, 0, 1, 520, 1, false },
+        { GGML_TYPE_F16, 1024, 1024, 0, 1, 37, 1, false },
+        { GGML_TYPE_BF16, 512, 256, 0, 1, 300, 1, false },
+        // MUL_MAT_ID past upstream's MMF limits (512 tokens for gate/up, 128 for down) and under them
         { GGML_TYPE_F16, 2560, 512, 8, 2, 1030, 1, false },  // Flash-Next's gate/up and down
         { GGML_TYPE_F16, 512, 2560, 8, 2, 300, 2, false },
         { GGML_TYPE_F16, 2560, 512, 8, 2, 600, 1, true },
@@ -154,26 +185,24 @@ int cmd_test(const char * only_backend) {
         { GGML_TYPE_BF16, 512, 128, 8, 2, 1030, 1, false },
         { GGML_TYPE_F16, 128, 64, 4, 2, 37, 1, false },     // under every limit: the same kernel both ways
     };
-    for (const moe_case & c : cases) {
-        const moe_data d = make_data(c, rng);
+    for (const product_case & c : cases) {
+        const product_data d = make_data(c, rng);
         const std::vector<float> ref = reference(c, d);
         bool supported = false;
         const std::vector<float> out_cpu = run(cpu, c, d, &supported);
         const double e_cpu = supported ? nmse(out_cpu, ref) : INFINITY;
         report(c.name(), "CPU", "vs reference: nmse " + sci(e_cpu) + " ", supported && e_cpu < 1e-9, n_ok, n_fail);
-        for (const char * sync : { "", "1" }) {
-            // upstream's host-sorted path runs cuBLAS in f16 with f16 accumulation (its
-            // CUBLAS_COMPUTE_16F): only a wrong row or expert is caught there; MMF sums in f32
-            const double tol = *sync ? 1e-3 : 1e-9;
-            if (*sync) setenv("PYQSA_CUDA_MOE_SYNC", sync, 1);
-            on_other_backends(only_backend, c.name() + (*sync ? " PYQSA_CUDA_MOE_SYNC=1" : ""), n_ok, n_fail,
-                              [&](ggml_backend_t be) {
+        for (const bool upstream : { false, true }) {
+            if (upstream) setenv(upstream_switch(c), "1", 1);
+            const double bound = upstream ? upstream_bound(c) : 1e-9;
+            on_other_backends(only_backend, c.name() + (upstream ? std::string(" ") + upstream_switch(c) + "=1" : ""),
+                              n_ok, n_fail, [&](ggml_backend_t be) {
                                   bool ok = false;
                                   const std::vector<float> out = run(be, c, d, &ok);
                                   const double e = ok ? nmse(out, out_cpu) : INFINITY;
-                                  return std::make_pair(ok && e < tol, std::string(ok ? "vs CPU: nmse " + sci(e) + " " : "not supported "));
+                                  return std::make_pair(ok && e < bound, std::string(ok ? "vs CPU: nmse " + sci(e) + " " : "not supported "));
                               });
-            unsetenv("PYQSA_CUDA_MOE_SYNC");
+            unsetenv(upstream_switch(c));
         }
     }
     ggml_backend_free(cpu);
@@ -181,12 +210,16 @@ int cmd_test(const char * only_backend) {
     return n_fail == 0 ? 0 : 1;
 }
 
-// one MoE product of a prefill batch, both ways; weights zero (a product's time does not depend on
-// its values), experts drawn at random per token
+// products of a prefill batch, both ways; weights zero (a product's time does not depend on its
+// values), experts drawn at random per token
 int cmd_perf(const char * only_backend) {
     std::mt19937 rng(5);
-    const moe_case shapes[] = {
-        // Flash-Next's experts (hidden 2560, 8 experts of 512, 2 used): gate/up, down
+    const product_case shapes[] = {
+        // Flash-Next's dense projections (hidden 2560; 12288 = the attention's q and gate, or the
+        // linear attention's q, k, v and z), a 2048-token batch
+        { GGML_TYPE_F16, 2560, 12288, 0, 1, 2048, 1, false },
+        { GGML_TYPE_F16, 8192, 2560, 0, 1, 2048, 1, false },
+        // Flash-Next's experts (8 experts of 512, 2 used): gate/up, down
         { GGML_TYPE_F16, 2560, 512, 8, 2, 2048, 1, false },
         { GGML_TYPE_F16, 512, 2560, 8, 2, 2048, 2, false },
         { GGML_TYPE_F16, 2560, 512, 8, 2, 512, 1, false },
@@ -200,20 +233,21 @@ int cmd_perf(const char * only_backend) {
         if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;  // minutes there
         if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
         ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
-        for (const moe_case & c : shapes) {
+        for (const product_case & c : shapes) {
             const std::vector<int32_t> ids = draw_ids(c, rng);
-            for (const char * sync : { "", "1" }) {
-                if (*sync) setenv("PYQSA_CUDA_MOE_SYNC", sync, 1);
+            for (const bool upstream : { false, true }) {
+                if (upstream) setenv(upstream_switch(c), "1", 1);
                 graph_run g;
                 if (build(g, be, c)) {
                     ggml_backend_buffer_clear(g.buf, 0);
-                    ggml_backend_tensor_set(g.ids, ids.data(), 0, ggml_nbytes(g.ids));
+                    if (g.ids) ggml_backend_tensor_set(g.ids, ids.data(), 0, ggml_nbytes(g.ids));
                     const double us = time_graph(be, g.gf, 50);
                     const double tflops = 2.0 * c.n_in * c.n_out * c.n_used * c.n_tok / us / 1e6;
                     std::printf("  %s%s %s: %.1f us/run, %.1f TFLOP/s\n", c.name().c_str(),
-                                *sync ? " PYQSA_CUDA_MOE_SYNC=1" : "", ggml_backend_dev_name(dev), us, tflops);
+                                upstream ? (std::string(" ") + upstream_switch(c) + "=1").c_str() : "",
+                                ggml_backend_dev_name(dev), us, tflops);
                 }
-                unsetenv("PYQSA_CUDA_MOE_SYNC");
+                unsetenv(upstream_switch(c));
             }
         }
         ggml_backend_free(be);
