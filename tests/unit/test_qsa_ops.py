@@ -2,8 +2,9 @@
 double-precision reference, native/tests/test-qsa-ops.cpp) and test-qsa-page (the paging op
 against a sequential LRU model over multi-step scenarios, native/tests/test-qsa-page.cpp) and
 test-sample (the sample op against a brute-force reference of its rules,
-native/tests/test-sample.cpp) and test-products (upstream's MUL_MAT and MUL_MAT_ID, whose CUDA dispatch and
-precision pyqsa changes, against a double-precision reference, native/tests/test-products.cpp).
+native/tests/test-sample.cpp) and test-products (upstream's MUL_MAT and MUL_MAT_ID, whose
+CUDA dispatch and precision pyqsa changes, against a double-precision reference,
+native/tests/test-products.cpp).
 
 On a CPU-only machine this checks the CPU kernels; on the GPU machine the same binaries also
 check CUDA against CPU (tests/gpu/backend_ops.sh)."""
