@@ -473,6 +473,9 @@ def run(args: argparse.Namespace) -> int:
     if args.variant == "pyqsa" and os.environ.get("PYQSA_CUDA_MOE_SYNC", "0") != "0":
         # the library's MoE products on upstream's host-sorted path past 128-512 tokens
         meta["variant"] += "-moesync"
+    if args.variant == "pyqsa" and os.environ.get("PYQSA_CUDA_F16_ACCUMULATE", "0") != "0":
+        # the library's f16 products on cuBLAS summed in f16, as upstream's
+        meta["variant"] += "-f16acc"
     if args.profile:  # its records, printed only, say so: the profiler slows the steps
         meta["profiled"] = True
     emit = Emitter([] if args.profile else args.out, meta, known_prefills(meta, args.ubatch))

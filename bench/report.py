@@ -23,7 +23,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # pyqsa-paged: decode.py --hot-blocks; pyqsa-paged-q8: the same with --kv-type q8_0;
 # pyqsa-sampled: decode.py --sampling device; pyqsa-cores: PYQSA_QSA_ATTN_MMA=0 (qsa_attn's
 # prefill on CUDA cores, not tensor cores); pyqsa-moesync: PYQSA_CUDA_MOE_SYNC=1 (MoE products on
-# upstream's host-sorted path)
+# upstream's host-sorted path); pyqsa-f16acc: PYQSA_CUDA_F16_ACCUMULATE=1 (f16 products on cuBLAS
+# summed in f16, as upstream's)
 VARIANTS = (
     "pyqsa",
     "upstream",
@@ -32,6 +33,7 @@ VARIANTS = (
     "pyqsa-sampled",
     "pyqsa-cores",
     "pyqsa-moesync",
+    "pyqsa-f16acc",
 )
 SHORT = {
     "pyqsa": "pyqsa",
@@ -41,6 +43,7 @@ SHORT = {
     "pyqsa-sampled": "smpld",
     "pyqsa-cores": "cores",
     "pyqsa-moesync": "mosyn",
+    "pyqsa-f16acc": "f16ac",
 }
 # the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)
 PAGED = (
