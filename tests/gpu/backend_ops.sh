@@ -28,18 +28,16 @@ for op in $([ "$skip_upstream" = 1 ] || echo TOP_K FLASH_ATTN_EXT GATED_DELTA_NE
     echo "$op: $r ($(grep -c 'OK' "$out/test-$op.log") cases OK, $(grep -c 'FAIL' "$out/test-$op.log") FAIL lines, $(( $(date +%s) - t0 )) s)"
     tail -n 3 "$out/test-$op.log"
 done
-# pyqsa's own ops: CUDA against CPU, then the decode-shape timings
-if .build/cmake-cuda/bin/test-qsa-ops test -b CUDA0 > "$out/test-qsa-ops.log" 2>&1; then r=PASS; else r=FAIL; status=1; fi
-echo "pyqsa ops: $r ($(tail -n 1 "$out/test-qsa-ops.log"))"
-grep -E "FAIL" "$out/test-qsa-ops.log" | head -n 20 || true
-# timings on the GPU only (the decode shapes take minutes on the CPU backend)
-.build/cmake-cuda/bin/test-qsa-ops perf -b CUDA0 2>&1 | tee "$out/perf-qsa-ops.log"
-if .build/cmake-cuda/bin/test-qsa-page test -b CUDA0 > "$out/test-qsa-page.log" 2>&1; then r=PASS; else r=FAIL; status=1; fi
-echo "pyqsa paging op: $r ($(tail -n 1 "$out/test-qsa-page.log"))"
-grep -E "FAIL" "$out/test-qsa-page.log" | head -n 20 || true
-.build/cmake-cuda/bin/test-qsa-page perf -b CUDA0 2>&1 | tee "$out/perf-qsa-page.log"
-if .build/cmake-cuda/bin/test-sample test -b CUDA0 > "$out/test-sample.log" 2>&1; then r=PASS; else r=FAIL; status=1; fi
-echo "pyqsa sample op: $r ($(tail -n 1 "$out/test-sample.log"))"
-grep -E "FAIL" "$out/test-sample.log" | head -n 20 || true
-.build/cmake-cuda/bin/test-sample perf 2>&1 | tee "$out/perf-sample.log"
+# pyqsa's op checks: CUDA against CPU, then their timings (on the GPU only: the shapes take
+# minutes on the CPU backend)
+op_check() {  # binary, label
+    if ".build/cmake-cuda/bin/$1" test -b CUDA0 > "$out/$1.log" 2>&1; then r=PASS; else r=FAIL; status=1; fi
+    echo "$2: $r ($(tail -n 1 "$out/$1.log"))"
+    grep -E "FAIL" "$out/$1.log" | head -n 20 || true
+    ".build/cmake-cuda/bin/$1" perf -b CUDA0 2>&1 | tee "$out/perf-$1.log"
+}
+op_check test-qsa-ops "pyqsa ops"
+op_check test-qsa-page "pyqsa paging op"
+op_check test-sample "pyqsa sample op"
+op_check test-products "matrix products (pyqsa's CUDA dispatch and precision)"
 exit $status
