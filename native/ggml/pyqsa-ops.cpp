@@ -30,7 +30,7 @@ void set_stores(struct ggml_tensor * op, const struct ggml_tensor * dev, const v
 
 // the inputs of qsa_attn and qsa_attn_part
 void check_attn_inputs(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v, const ggml_tensor * cells) {
-    GGML_ASSERT(q->type == GGML_TYPE_F32);
+    GGML_ASSERT(q->type == GGML_TYPE_F32 && q->nb[0] == sizeof(float));  // any row strides: q may be a view
     GGML_ASSERT(cells->type == GGML_TYPE_I32);
     GGML_ASSERT(k->type == v->type);
     GGML_ASSERT(k->type == GGML_TYPE_F32 || k->type == GGML_TYPE_F16 || k->type == GGML_TYPE_Q8_0);

@@ -43,6 +43,12 @@ pyqsa_qsa_selection pyqsa_qsa_select_blocks(ggml_context * ctx, ggml_tensor * sc
     return { blocks, mask };
 }
 
+ggml_tensor * pyqsa_q_by_stream(ggml_context * ctx, ggml_tensor * q, int64_t n_stream) {
+    GGML_ASSERT(q->ne[3] == 1 && q->ne[2] % n_stream == 0);
+    const int64_t n_tps = q->ne[2] / n_stream;
+    return ggml_view_4d(ctx, q, q->ne[0], q->ne[1], n_tps, n_stream, q->nb[1], q->nb[2], n_tps * q->nb[2], 0);
+}
+
 ggml_tensor * pyqsa_qsa_attn_cells(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
                                    ggml_tensor * cells, float kq_scale) {
     const int64_t D        = q->ne[0];
@@ -50,8 +56,7 @@ ggml_tensor * pyqsa_qsa_attn_cells(ggml_context * ctx, ggml_tensor * q, ggml_ten
     const int64_t n_stream = k->ne[3];
     const int64_t n_tps    = q->ne[2] / n_stream;
 
-    ggml_tensor * q4  = ggml_reshape_4d(ctx, ggml_cont(ctx, q), D, n_head, n_tps, n_stream);
-    ggml_tensor * out = pyqsa_ggml_qsa_attn(ctx, q4, k, v, cells, kq_scale);  // [D, n_head, n_tps, ns]
+    ggml_tensor * out = pyqsa_ggml_qsa_attn(ctx, pyqsa_q_by_stream(ctx, q, n_stream), k, v, cells, kq_scale);
     return ggml_reshape_2d(ctx, out, D * n_head, n_tps * n_stream);
 }
 

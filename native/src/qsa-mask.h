@@ -28,6 +28,10 @@ pyqsa_qsa_selection pyqsa_qsa_select_blocks(ggml_context * ctx, ggml_tensor * sc
                                             ggml_tensor * cell_blk, ggml_tensor * kq_mask,
                                             int64_t kb);
 
+// q F32 [D, n_head, n_tokens] (n_tokens = n_tps * n_stream, stream-major) as [D, n_head, n_tps,
+// n_stream]: a view, no copy (the QSA ops read q through its row strides)
+ggml_tensor * pyqsa_q_by_stream(ggml_context * ctx, ggml_tensor * q, int64_t n_stream);
+
 // Attention over per-query cell lists, in the layout upstream's build_attn_mha returns.
 //   q:     F32 [D, n_head, n_tokens] (n_tokens = n_tps * n_stream, stream-major)
 //   k, v:  [D, n_head_kv, n_kv, n_stream] views of the KV cache, one row per (head, cell)

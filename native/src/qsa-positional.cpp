@@ -197,9 +197,7 @@ ggml_tensor * select_blocks(ggml_context * ctx, ggml_cgraph * gf, pyqsa_qsa_posi
                             int64_t n_kv, int64_t ns, ggml_tensor * q, const pyqsa_qsa_rope & rope, int64_t budget,
                             ggml_tensor ** score_out) {
     const int64_t Di       = q->ne[0];
-    const int64_t n_head   = q->ne[1];
     const int64_t n_tokens = q->ne[2];
-    const int64_t n_tps    = n_tokens / ns;
     const int64_t r        = inp->r;
     const int64_t stride   = inp->rows_per_stream();
     const size_t  row      = table->nb[1];
@@ -231,7 +229,7 @@ ggml_tensor * select_blocks(ggml_context * ctx, ggml_cgraph * gf, pyqsa_qsa_posi
     // sum over heads of ReLU(q_h . k_b), / sqrt(Di) as the reference does: [n_blocks, n_tps, ns]
     const float   scale = 1.0f / std::sqrt((float) Di);
     // tokens are stream-major in the ubatch, so q splits into [.., n_tps, ns] in place
-    ggml_tensor * q4 = ggml_view_4d(ctx, q, Di, n_head, n_tps, ns, q->nb[1], q->nb[2], n_tps * q->nb[2], 0);
+    ggml_tensor * q4 = pyqsa_q_by_stream(ctx, q, ns);
     ggml_tensor * summed = pyqsa_ggml_qsa_score(ctx, q4, keys, scale);
     *score_out = summed;
 
@@ -304,8 +302,8 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
     // so the result has its bits. The hot cache is forgotten (set_input starts a new generation).
     ggml_tensor * cells = pyqsa_ggml_qsa_block_cells(ctx, blocks, inp->n_vis, inp->q_pos, (int32_t) r);
     ggml_format_name(cells, "qsa_cells-%d", il);
-    const int64_t D = q->ne[0], n_head = q->ne[1], n_tps = n_tok / ns;
-    ggml_tensor * q4 = ggml_reshape_4d(ctx, ggml_cont(ctx, q), D, n_head, n_tps, ns);
+    const int64_t D = q->ne[0], n_head = q->ne[1];
+    ggml_tensor * q4 = pyqsa_q_by_stream(ctx, q, ns);
     // the ubatch's streams hold at most n_kv cells, so their stored blocks lie below n_kv / r
     const int64_t n_kv      = g.mctx->get_attn()->get_n_kv();
     const int64_t n_windows = ((n_kv + r - 1) / r + S - 1) / S;

@@ -28,13 +28,15 @@ struct attn_case {
     int64_t   D, H, Hkv, n_q, ns, n_kv, n_sel;
     double    unused_frac;  // share of -1 slots in the cell lists
     bool      empty_row;    // one query with no cell at all
+    bool      q_view = false;  // q a strided view (the even head slots of a tensor twice as wide), as the graph passes it
 
     std::string name() const {
         char buf[256];
         std::snprintf(buf, sizeof(buf),
-                      "QSA_ATTN(type=%s,D=%lld,H=%lld,Hkv=%lld,n_q=%lld,ns=%lld,n_kv=%lld,n_sel=%lld,unused=%.2f%s)",
+                      "QSA_ATTN(type=%s,D=%lld,H=%lld,Hkv=%lld,n_q=%lld,ns=%lld,n_kv=%lld,n_sel=%lld,unused=%.2f%s%s)",
                       ggml_type_name(type), (long long) D, (long long) H, (long long) Hkv, (long long) n_q,
-                      (long long) ns, (long long) n_kv, (long long) n_sel, unused_frac, empty_row ? ",empty" : "");
+                      (long long) ns, (long long) n_kv, (long long) n_sel, unused_frac, empty_row ? ",empty" : "",
+                      q_view ? ",q_view" : "");
         return buf;
     }
 };
@@ -152,7 +154,10 @@ struct graph_run {
 bool build(graph_run & g, ggml_backend_t backend, const attn_case & c, const attn_data & d, float scale) {
     ggml_init_params ip = { ggml_tensor_overhead() * 16 + ggml_graph_overhead(), nullptr, true };
     g.ctx = ggml_init(ip);
-    ggml_tensor * q     = ggml_new_tensor_4d(g.ctx, GGML_TYPE_F32, c.D, c.H, c.n_q, c.ns);
+    const int64_t wide  = c.q_view ? 2 : 1;
+    ggml_tensor * q_all = ggml_new_tensor_4d(g.ctx, GGML_TYPE_F32, c.D, wide * c.H, c.n_q, c.ns);
+    ggml_tensor * q     = ggml_view_4d(g.ctx, q_all, c.D, c.H, c.n_q, c.ns, wide * q_all->nb[1], q_all->nb[2],
+                                       q_all->nb[3], 0);
     ggml_tensor * k     = ggml_new_tensor_4d(g.ctx, c.type, c.D, c.Hkv, c.n_kv, c.ns);
     ggml_tensor * v     = ggml_new_tensor_4d(g.ctx, c.type, c.D, c.Hkv, c.n_kv, c.ns);
     ggml_tensor * cells = ggml_new_tensor_3d(g.ctx, GGML_TYPE_I32, c.n_sel, c.n_q, c.ns);
@@ -163,7 +168,11 @@ bool build(graph_run & g, ggml_backend_t backend, const attn_case & c, const att
     g.gf = ggml_new_graph(g.ctx);
     ggml_build_forward_expand(g.gf, g.out);
     g.buf = ggml_backend_alloc_ctx_tensors(g.ctx, backend);
-    ggml_backend_tensor_set(q, d.q.data(), 0, ggml_nbytes(q));
+    std::vector<float> q_host(ggml_nelements(q_all), NAN);  // the odd slots must not be read
+    for (int64_t row = 0; row < c.H * c.n_q * c.ns; ++row) {
+        std::copy(d.q.begin() + row * c.D, d.q.begin() + (row + 1) * c.D, q_host.begin() + wide * row * c.D);
+    }
+    ggml_backend_tensor_set(q_all, q_host.data(), 0, ggml_nbytes(q_all));
     ggml_backend_tensor_set(k, d.k_raw.data(), 0, ggml_nbytes(k));
     ggml_backend_tensor_set(v, d.v_raw.data(), 0, ggml_nbytes(v));
     ggml_backend_tensor_set(cells, d.cells.data(), 0, ggml_nbytes(cells));
@@ -204,6 +213,10 @@ std::vector<attn_case> test_cases() {
     // long contexts: the list, not the cache, sets the cost
     cases.push_back({ GGML_TYPE_F16, 128, 4, 1, 1, 1, 262144, 2051, 0.0, false });
     cases.push_back({ GGML_TYPE_Q8_0, 256, 12, 1, 2, 1, 65536, 515, 0.05, false });
+    // q read through its strides, as the graph passes it (no copy): a prefill chunk (tensor
+    // cores on CUDA) and decode-sized rows over two streams
+    cases.push_back({ GGML_TYPE_F16, 256, 24, 2, 40, 1, 3000, 2051, 0.1, true, true });
+    cases.push_back({ GGML_TYPE_F32, 128, 4, 1, 3, 2, 300, 19, 0.2, false, true });
     return cases;
 }
 
