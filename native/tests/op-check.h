@@ -15,35 +15,41 @@
 #include <utility>
 #include <vector>
 
+// a mode of an op-check binary: its name on the command line and what runs it (given the backend
+// named by -b, or null for all)
+struct op_check_mode {
+    const char * name;
+    int (*run)(const char * backend);
+};
+
 // main() of an op-check binary: argv [MODE] [-b BACKEND], MODE one of `modes` (the first is the
-// default). Loads every backend and returns run(mode, backend), or 2 after printing the usage
+// default). Loads every backend and returns the mode's exit code, or 2 after printing the usage
 // line for anything else.
-template <typename F>
-int op_check_main(int argc, char ** argv, std::initializer_list<const char *> modes, F && run) {
+inline int op_check_main(int argc, char ** argv, std::initializer_list<op_check_mode> modes) {
     // a line at a time into a pipe too, so a run stopped by a timeout keeps what it printed
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
-    const char * mode    = *modes.begin();
-    const char * backend = nullptr;
+    const op_check_mode * mode    = modes.begin();
+    const char *          backend = nullptr;
     for (int i = 1; i < argc; ++i) {
-        bool known = false;
-        for (const char * m : modes) {
-            known = known || std::strcmp(argv[i], m) == 0;
+        const op_check_mode * named = nullptr;
+        for (const op_check_mode & m : modes) {
+            if (std::strcmp(argv[i], m.name) == 0) named = &m;
         }
         if (std::strcmp(argv[i], "-b") == 0 && i + 1 < argc) {
             backend = argv[++i];
-        } else if (known) {
-            mode = argv[i];
+        } else if (named) {
+            mode = named;
         } else {
             std::string usage;
-            for (const char * m : modes) {
-                usage += (usage.empty() ? "" : "|") + std::string(m);
+            for (const op_check_mode & m : modes) {
+                usage += (usage.empty() ? "" : "|") + std::string(m.name);
             }
             std::fprintf(stderr, "usage: %s [%s] [-b BACKEND]\n", argv[0], usage.c_str());
             return 2;
         }
     }
     ggml_backend_load_all();
-    return run(mode, backend);
+    return mode->run(backend);
 }
 
 // counts one check: prints "<case> <backend>: <detail> OK|FAIL"

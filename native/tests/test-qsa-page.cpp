@@ -808,8 +808,6 @@ int cmd_perf(const char * only_backend) {
 }  // namespace
 
 int main(int argc, char ** argv) {
-    return op_check_main(argc, argv, { "test", "perf", "trace" }, [](const char * mode, const char * backend) {
-        if (std::strcmp(mode, "trace") == 0) return cmd_trace();
-        return std::strcmp(mode, "perf") == 0 ? cmd_perf(backend) : cmd_test(backend);
-    });
+    return op_check_main(argc, argv,
+                         { { "test", cmd_test }, { "perf", cmd_perf }, { "trace", [](const char *) { return cmd_trace(); } } });
 }

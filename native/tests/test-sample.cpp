@@ -321,7 +321,5 @@ int cmd_perf(const char * only_backend) {
 }  // namespace
 
 int main(int argc, char ** argv) {
-    return op_check_main(argc, argv, { "test", "perf" }, [](const char * mode, const char * backend) {
-        return std::strcmp(mode, "perf") == 0 ? cmd_perf(backend) : cmd_test(backend);
-    });
+    return op_check_main(argc, argv, { { "test", cmd_test }, { "perf", cmd_perf } });
 }
