@@ -11,16 +11,18 @@ import pytest
 from conftest import THREADS, start_server, stop_server
 
 N_LONG = 3
-# tokens: with an 8-token step budget the long prompts take ~180 steps together, far more than
-# the short request's trip through HTTP (at 32 tokens, ~45 quick CPU steps sometimes were not)
-LONG = 480
+# tokens: with an 8-token step budget the long prompts take ~360 steps together, far more than
+# the short request's trip through HTTP (at 32 tokens, ~45 quick CPU steps sometimes were not),
+# and under fcfs the oldest alone takes 120, more than the other two need to be admitted (at 480
+# tokens, 60 steps, the oldest once had its first token before the third was in)
+LONG = 960
 SHORT = 5
 
 
 @pytest.fixture(scope="module", params=["fair", "fcfs"])
 def policy_server(request, demo_gguf, cache_dir):
     s = start_server(
-        [str(demo_gguf), "--slots", "4", "--ctx", "512", "--batch-tokens", "8"]
+        [str(demo_gguf), "--slots", "4", "--ctx", "1024", "--batch-tokens", "8"]
         + ["--prefill-policy", request.param, *THREADS],
         cache_dir,
     )
