@@ -218,10 +218,10 @@ def _sample_params(
     counter: int = 0,
     n_top: int = -1,
 ):
-    """A pyqsa_sample_params (pyqsa.h): any integer seed (its low 64 bits); n_top -1 asks for
-    no log-probabilities."""
+    """A pyqsa_sample_params (pyqsa.h): any integer seed (its low 64 bits), any top_k >= 0 (past
+    int32 it is past every vocabulary: no cut, as 0); n_top -1 asks for no log-probabilities."""
     p = ffi.new("pyqsa_sample_params *")
-    p.temperature, p.top_k, p.top_p, p.min_p = temperature, top_k, top_p, min_p
+    p.temperature, p.top_k, p.top_p, p.min_p = temperature, min(top_k, 2**31 - 1), top_p, min_p
     seed %= 2**64
     p.seed_lo, p.seed_hi, p.counter, p.n_top = seed & 0xFFFFFFFF, seed >> 32, counter % 2**32, n_top
     return p

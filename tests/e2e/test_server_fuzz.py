@@ -72,7 +72,7 @@ SAMPLING = {
     "max_tokens": small_ints,
     "temperature": near(1e-3, 2, 0, 0, 1e-3, 2, 1e-310, 1e-4, 2.01, -1),
     "top_p": near(1e-3, 1, 1, 1e-310, 0, 1.01),
-    "top_k": st.integers(-1, 200_000),
+    "top_k": st.integers(-1, 200_000) | st.sampled_from([2**31 - 1, 2**31, 2**63]),
     "min_p": near(0, 1, 0, 1e-310, 1, 1.01),
     "repetition_penalty": near(0.01, 100, 0.01, 100, 1e-310, 0, 101),
     "presence_penalty": near(-2, 2, -2, 2, 2.5),

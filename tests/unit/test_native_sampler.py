@@ -20,6 +20,7 @@ SETTINGS = [
     {"temperature": 1.2, "top_k": 200, "top_p": 0.95},
     {"temperature": 1.0, "top_k": 50, "top_p": 0.9, "min_p": 0.02},
     {"temperature": 0.3, "top_k": 1},
+    {"temperature": 1.0, "top_k": 2**63},  # past int32 and any vocabulary: no cut
 ]
 
 
