@@ -110,6 +110,29 @@ class _Sampling(_Model):
             )
         return value
 
+    # OpenAI's schema types these "number or null" (boolean or null, ...), and clients built on
+    # it send explicit nulls: null takes the field's default
+    @field_validator(
+        "temperature",
+        "top_p",
+        "n",
+        "stream",
+        "presence_penalty",
+        "frequency_penalty",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "ignore_eos",
+        "logprobs",
+        "echo",
+        "parse_special",
+        mode="before",
+        check_fields=False,
+    )
+    @classmethod
+    def _null_is_default(cls, value: Any, info: Any) -> Any:
+        return cls.model_fields[info.field_name].default if value is None else value
+
     model: str
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] = 1.0

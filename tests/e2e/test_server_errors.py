@@ -209,6 +209,27 @@ def test_api_key_from_a_file_is_not_in_the_command_line(server):
     assert httpx.get(server.url + "/health").status_code == 200  # probes need no key
 
 
+# fields OpenAI's schema lets be null, on both endpoints and on one (pyqsa's extensions too)
+NULLABLE = ["top_p", "n", "stream", "presence_penalty", "frequency_penalty", "logprobs", "top_k"]
+NULLABLE += ["min_p", "repetition_penalty", "ignore_eos"]
+NULLABLE_COMPLETIONS = ["echo", "parse_special"]
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+def test_explicit_nulls_take_the_defaults(server, path):
+    """Clients built on OpenAI's schema send explicit nulls: each takes the field's default,
+    the same tokens as a request without them."""
+    chat = path == "/chat/completions"
+    base = CHAT if chat else {"model": "pyqsa-demo", "prompt": "hi", "max_tokens": 2}
+    base = {**base, "seed": 7, "temperature": 0.8}
+    nulls = dict.fromkeys(NULLABLE + ([] if chat else NULLABLE_COMPLETIONS))
+    plain, nulled = post(server, base, path=path), post(server, {**base, **nulls}, path=path)
+    assert plain.status_code == nulled.status_code == 200, nulled.text
+    key = "message" if chat else "text"
+    assert nulled.json()["choices"][0][key] == plain.json()["choices"][0][key]
+    assert post(server, {**base, "temperature": None}, path=path).status_code == 200
+
+
 def test_chat_without_max_tokens_gets_the_default_cap(server):
     body = {"model": "pyqsa-demo", "messages": CHAT["messages"], "ignore_eos": True}
     r = post(server, body)
