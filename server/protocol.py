@@ -200,6 +200,29 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
 
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_names_a_tool(cls, value: Any, info: Any) -> Any:
+        """As OpenAI's: a named function must be one of `tools`, and "required" needs tools."""
+        names = {t.function.name for t in info.data.get("tools") or []}
+        if isinstance(value, dict):
+            fn = value.get("function")
+            name = fn.get("name") if isinstance(fn, dict) else None
+            if value.get("type") != "function" or not isinstance(name, str):
+                raise PydanticCustomError(
+                    "tool_choice",
+                    'a named tool_choice is {"type": "function", "function": {"name": ...}}',
+                )
+            if name not in names:
+                raise PydanticCustomError(
+                    "tool_choice",
+                    "tool_choice names {name}, which is not among the tools",
+                    {"name": name},
+                )
+        elif value == "required" and not names:
+            raise PydanticCustomError("tool_choice", 'tool_choice "required" needs tools')
+        return value
+
     def params(self, n_vocab: int, default_max_tokens: int) -> SamplingParams:
         limit = self.max_completion_tokens or self.max_tokens or default_max_tokens
         return self.sampling(n_vocab, limit, (self.top_logprobs or 0) if self.logprobs else None)

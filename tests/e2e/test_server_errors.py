@@ -75,6 +75,19 @@ def test_malformed_bodies(server, content):
         ({"stop_token_ids": [10**9]}, "stop_token_ids"),
         ({"temperature": 1e-310, "stream": True}, "temperature"),  # refused before streaming
         ({"model": 5}, "model"),
+        ({"tool_choice": "required"}, "tool_choice"),  # and no tools
+        ({"tool_choice": {"type": "function"}}, "tool_choice"),
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "f"}}, "tools": []},
+            "tool_choice",
+        ),
+        (
+            {
+                "tool_choice": {"type": "function", "function": {"name": "other"}},
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+            },
+            "tool_choice",
+        ),
     ],
 )
 def test_wrong_types_and_values(server, patch, param):
@@ -228,6 +241,13 @@ def test_explicit_nulls_take_the_defaults(server, path):
     key = "message" if chat else "text"
     assert nulled.json()["choices"][0][key] == plain.json()["choices"][0][key]
     assert post(server, {**base, "temperature": None}, path=path).status_code == 200
+
+
+def test_tool_choice_may_name_a_given_tool(server):
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    for choice in ["required", {"type": "function", "function": {"name": "f"}}]:
+        r = post(server, {**CHAT, "tools": tools, "tool_choice": choice})
+        assert r.status_code == 200, r.text
 
 
 def test_chat_without_max_tokens_gets_the_default_cap(server):
