@@ -10,15 +10,16 @@
 //     indices: exact ties go to the lower index);
 //  4. a bitonic sort puts the k winners in increasing index order.
 // A row whose candidates do not fit in shared memory (many keys in one bin: long runs of equal
-// scores) or whose k is over KMAX is flagged, and qsa_topk_radix, the general kernel, does it:
+// scores) is flagged, and qsa_topk_radix, the general kernel, does it (and every row of a call
+// whose k is over KMAX, or whose rows are over 2^22 long):
 //  1. radix select (4 passes of 8 bits over the row in global memory) finds T and how many keys
 //     are above it. A warp adds its lanes of one bin with a single atomic (the first pass's bin
 //     is the sign and high exponent bits, nearly all scores share one or two, so per-lane
 //     atomics would queue on the same address);
 //  2. one ordered pass keeps every key > T and the first (k - above) keys == T by index, written
 //     in increasing index order with warp ballots (as qsa-mask-cells.cu), matching the CPU kernel.
-// At 2048 rows x 65536 blocks (a 2048-token chunk at 256K) on the H200, the general kernel alone
-// took 2210 us and the compact one 1292 us (native/dev's study, session 13).
+// At 2048 rows x 65536 blocks (a 2048-token chunk at 256K) on the H200 the op took 2210 us with the
+// general kernel alone and 1412 us with both (test-qsa-ops perf, 18a4c7c and 3ac4941).
 #include "qsa-topk.cuh"
 
 #include "ordered-key.cuh"
