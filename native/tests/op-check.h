@@ -1,9 +1,11 @@
 // What the op-check binaries (test-qsa-ops, test-qsa-page, test-sample, test-products) share: their
 // main (the command line), the one-line result of each check, running a check on every backend
-// but the CPU, timing a graph, and the error measure of float results.
+// but the CPU, running one op, keeping a graph to time it, and the error measure of float results.
 #pragma once
 
+#include "ggml-alloc.h"
 #include "ggml-backend.h"
+#include "ggml.h"
 
 #include <chrono>
 #include <cmath>
@@ -87,6 +89,41 @@ inline double time_graph(ggml_backend_t be, ggml_cgraph * gf, int iters) {
     for (int it = 0; it < iters; ++it) compute();
     ggml_backend_synchronize(be);
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+}
+
+// one op's context, graph and buffer, freed together (a graph kept to run or time it)
+struct graph_run {
+    ggml_context *        ctx = nullptr;
+    ggml_backend_buffer_t buf = nullptr;
+    ggml_cgraph *         gf  = nullptr;
+    ggml_tensor *         out = nullptr;
+    ~graph_run() {
+        if (buf) ggml_backend_buffer_free(buf);
+        if (ctx) ggml_free(ctx);
+    }
+};
+
+// an op with a result of element type T on backend: make(ctx) -> {input, output}; upload(input)
+// (inputs beyond the first are captured by make and upload)
+template <typename T, typename Make, typename Upload>
+std::vector<T> run_op(ggml_backend_t backend, Make && make, Upload && upload, bool * supported) {
+    ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(ip);
+    const std::pair<ggml_tensor *, ggml_tensor *> io = make(ctx);
+    std::vector<T> res;
+    *supported = ggml_backend_supports_op(backend, io.second);
+    if (*supported) {
+        ggml_cgraph * gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, io.second);
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+        upload(io.first);
+        ggml_backend_graph_compute(backend, gf);
+        res.resize(ggml_nelements(io.second));
+        ggml_backend_tensor_get(io.second, res.data(), 0, ggml_nbytes(io.second));
+        ggml_backend_buffer_free(buf);
+    }
+    ggml_free(ctx);
+    return res;
 }
 
 // sum of squared differences over the reference's sum of squares (the plain sum when the reference

@@ -110,50 +110,38 @@ std::vector<float> reference(const product_case & c, const product_data & d) {
     return out;
 }
 
-struct graph_run {
-    ggml_context *        ctx = nullptr;
-    ggml_backend_buffer_t buf = nullptr;
-    ggml_cgraph *         gf  = nullptr;
-    ggml_tensor *         w = nullptr, *x = nullptr, *ids = nullptr, *out = nullptr;
-
-    ~graph_run() {
-        if (buf) ggml_backend_buffer_free(buf);
-        if (ctx) ggml_free(ctx);
-    }
+// the case's inputs and its product; ids only for MUL_MAT_ID
+struct product_tensors {
+    ggml_tensor *w = nullptr, *x = nullptr, *ids = nullptr, *out = nullptr;
 };
 
-// false when the backend does not take the op
-bool build(graph_run & g, ggml_backend_t be, const product_case & c) {
-    ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
-    g.ctx = ggml_init(ip);
+product_tensors make_product(ggml_context * ctx, const product_case & c) {
+    product_tensors t;
     if (c.n_expert == 0) {
-        g.w   = ggml_new_tensor_2d(g.ctx, c.type, c.n_in, c.n_out);
-        g.x   = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, c.n_in, c.n_tok);
-        g.out = ggml_mul_mat(g.ctx, g.w, g.x);
+        t.w   = ggml_new_tensor_2d(ctx, c.type, c.n_in, c.n_out);
+        t.x   = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n_in, c.n_tok);
+        t.out = ggml_mul_mat(ctx, t.w, t.x);
     } else {
-        g.w   = ggml_new_tensor_3d(g.ctx, c.type, c.n_in, c.n_out, c.n_expert);
-        g.x   = ggml_new_tensor_3d(g.ctx, GGML_TYPE_F32, c.n_in, c.n_x, c.n_tok);
-        g.ids = ggml_new_tensor_2d(g.ctx, GGML_TYPE_I32, c.n_used, c.n_tok);
-        g.out = ggml_mul_mat_id(g.ctx, g.w, g.x, g.ids);
+        t.w   = ggml_new_tensor_3d(ctx, c.type, c.n_in, c.n_out, c.n_expert);
+        t.x   = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.n_in, c.n_x, c.n_tok);
+        t.ids = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, c.n_used, c.n_tok);
+        t.out = ggml_mul_mat_id(ctx, t.w, t.x, t.ids);
     }
-    if (!ggml_backend_supports_op(be, g.out)) return false;
-    g.gf = ggml_new_graph(g.ctx);
-    ggml_build_forward_expand(g.gf, g.out);
-    g.buf = ggml_backend_alloc_ctx_tensors(g.ctx, be);
-    return true;
+    return t;
 }
 
 std::vector<float> run(ggml_backend_t be, const product_case & c, const product_data & d, bool * supported) {
-    graph_run g;
-    *supported = build(g, be, c);
-    if (!*supported) return {};
-    ggml_backend_tensor_set(g.w, d.w_raw.data(), 0, ggml_nbytes(g.w));
-    ggml_backend_tensor_set(g.x, d.x.data(), 0, ggml_nbytes(g.x));
-    if (g.ids) ggml_backend_tensor_set(g.ids, d.ids.data(), 0, ggml_nbytes(g.ids));
-    ggml_backend_graph_compute(be, g.gf);
-    std::vector<float> out(ggml_nelements(g.out));
-    ggml_backend_tensor_get(g.out, out.data(), 0, ggml_nbytes(g.out));
-    return out;
+    product_tensors t;
+    const auto make = [&](ggml_context * ctx) {
+        t = make_product(ctx, c);
+        return std::make_pair(t.w, t.out);
+    };
+    const auto upload = [&](ggml_tensor *) {
+        ggml_backend_tensor_set(t.w, d.w_raw.data(), 0, ggml_nbytes(t.w));
+        ggml_backend_tensor_set(t.x, d.x.data(), 0, ggml_nbytes(t.x));
+        if (t.ids) ggml_backend_tensor_set(t.ids, d.ids.data(), 0, ggml_nbytes(t.ids));
+    };
+    return run_op<float>(be, make, upload, supported);
 }
 
 // the switch that restores upstream's way for a case, and the CUDA-vs-CPU bound that way: f16
@@ -238,9 +226,15 @@ int cmd_perf(const char * only_backend) {
             for (const bool upstream : { false, true }) {
                 if (upstream) setenv(upstream_switch(c), "1", 1);
                 graph_run g;
-                if (build(g, be, c)) {
+                ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
+                g.ctx                   = ggml_init(ip);
+                const product_tensors t = make_product(g.ctx, c);
+                if (ggml_backend_supports_op(be, t.out)) {
+                    g.gf = ggml_new_graph(g.ctx);
+                    ggml_build_forward_expand(g.gf, t.out);
+                    g.buf = ggml_backend_alloc_ctx_tensors(g.ctx, be);
                     ggml_backend_buffer_clear(g.buf, 0);
-                    if (g.ids) ggml_backend_tensor_set(g.ids, ids.data(), 0, ggml_nbytes(g.ids));
+                    if (t.ids) ggml_backend_tensor_set(t.ids, ids.data(), 0, ggml_nbytes(t.ids));
                     const double us = time_graph(be, g.gf, 50);
                     const double tflops = 2.0 * c.n_in * c.n_out * c.n_used * c.n_tok / us / 1e6;
                     std::printf("  %s%s %s: %.1f us/run, %.1f TFLOP/s\n", c.name().c_str(),

@@ -139,17 +139,6 @@ std::vector<float> reference(const attn_case & c, const attn_data & d, float sca
     return out;
 }
 
-struct graph_run {
-    ggml_context *        ctx = nullptr;
-    ggml_backend_buffer_t buf = nullptr;
-    ggml_cgraph *         gf  = nullptr;
-    ggml_tensor *         out = nullptr;
-    ~graph_run() {
-        if (buf) ggml_backend_buffer_free(buf);
-        if (ctx) ggml_free(ctx);
-    }
-};
-
 // builds the case on backend; returns false when the backend does not support it
 bool build(graph_run & g, ggml_backend_t backend, const attn_case & c, const attn_data & d, float scale) {
     ggml_init_params ip = { ggml_tensor_overhead() * 16 + ggml_graph_overhead(), nullptr, true };
@@ -274,28 +263,6 @@ struct mask_case {
     }
 };
 
-// an op with a result of element type T on backend: make(ctx) -> {input, output}; upload(input)
-// (inputs beyond the first are captured by make and upload)
-template <typename T, typename Make, typename Upload>
-std::vector<T> run_op(ggml_backend_t backend, Make && make, Upload && upload, bool * supported) {
-    ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
-    ggml_context * ctx = ggml_init(ip);
-    const std::pair<ggml_tensor *, ggml_tensor *> io = make(ctx);
-    std::vector<T> res;
-    *supported = ggml_backend_supports_op(backend, io.second);
-    if (*supported) {
-        ggml_cgraph * gf = ggml_new_graph(ctx);
-        ggml_build_forward_expand(gf, io.second);
-        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
-        upload(io.first);
-        ggml_backend_graph_compute(backend, gf);
-        res.resize(ggml_nelements(io.second));
-        ggml_backend_tensor_get(io.second, res.data(), 0, ggml_nbytes(io.second));
-        ggml_backend_buffer_free(buf);
-    }
-    ggml_free(ctx);
-    return res;
-}
 
 std::vector<int32_t> run_mask(ggml_backend_t backend, const mask_case & c, const std::vector<float> & mask, bool * supported) {
     const auto make = [&](ggml_context * ctx) {
