@@ -81,23 +81,24 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
     }
 }
 
+// a switch variable is on when set to anything but "" or "0"
+static bool env_switch_on(const char * name) {
+    const char * v = getenv(name);
+    return v != nullptr && *v != '\0' && strcmp(v, "0") != 0;
+}
+
 bool pyqsa_cuda_strict_f32() {
     // read once: cuBLAS handles keep the math mode they were created with
-    static const bool strict = [] {
-        const char * v = getenv("PYQSA_CUDA_STRICT_F32");
-        return v != nullptr && *v != '\0' && strcmp(v, "0") != 0;
-    }();
+    static const bool strict = env_switch_on("PYQSA_CUDA_STRICT_F32");
     return strict;
 }
 
 bool pyqsa_cuda_f16_products_f32() {
-    const char * v = getenv("PYQSA_CUDA_F16_ACCUMULATE");
-    return v == nullptr || *v == '\0' || strcmp(v, "0") == 0;
+    return !env_switch_on("PYQSA_CUDA_F16_ACCUMULATE");
 }
 
 bool pyqsa_cuda_moe_on_device() {
-    const char * v = getenv("PYQSA_CUDA_MOE_SYNC");
-    return v == nullptr || *v == '\0' || strcmp(v, "0") == 0;
+    return !env_switch_on("PYQSA_CUDA_MOE_SYNC");
 }
 
 bool pyqsa_cuda_host_mapped(const void * p) {
