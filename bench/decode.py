@@ -453,6 +453,12 @@ class Bench:
         }
 
 
+def library_switch_on(name: str) -> bool:
+    """As the library reads a switch variable (native/ggml/cuda/pyqsa-cuda.cu): on when set to
+    anything but "" or "0"."""
+    return os.environ.get(name, "") not in ("", "0")
+
+
 def run(args: argparse.Namespace) -> int:
     import llama_cpp as L
 
@@ -470,10 +476,10 @@ def run(args: argparse.Namespace) -> int:
     if args.variant == "pyqsa" and os.environ.get("PYQSA_QSA_ATTN_MMA") == "0":
         # the library keeps qsa_attn's prefill on CUDA cores (no tensor-core kernel)
         meta["variant"] += "-cores"
-    if args.variant == "pyqsa" and os.environ.get("PYQSA_CUDA_MOE_SYNC", "0") != "0":
+    if args.variant == "pyqsa" and library_switch_on("PYQSA_CUDA_MOE_SYNC"):
         # the library's MoE products on upstream's host-sorted path past 128-512 tokens
         meta["variant"] += "-moesync"
-    if args.variant == "pyqsa" and os.environ.get("PYQSA_CUDA_F16_ACCUMULATE", "0") != "0":
+    if args.variant == "pyqsa" and library_switch_on("PYQSA_CUDA_F16_ACCUMULATE"):
         # the library's f16 products on cuBLAS summed in f16, as upstream's
         meta["variant"] += "-f16acc"
     if args.profile:  # its records, printed only, say so: the profiler slows the steps
