@@ -482,6 +482,9 @@ def run(args: argparse.Namespace) -> int:
     if args.variant == "pyqsa" and library_switch_on("PYQSA_CUDA_F16_ACCUMULATE"):
         # the library's f16 products on cuBLAS summed in f16, as upstream's
         meta["variant"] += "-f16acc"
+    if args.variant == "pyqsa" and library_switch_on("PYQSA_CUDA_GDN_UPSTREAM"):
+        # the library's gated delta rule on upstream's kernel at every batch
+        meta["variant"] += "-gdnup"
     if args.profile:  # its records, printed only, say so: the profiler slows the steps
         meta["profiled"] = True
     emit = Emitter([] if args.profile else args.out, meta, known_prefills(meta, args.ubatch))

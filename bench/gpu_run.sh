@@ -13,7 +13,8 @@
 #                 sampled: pyqsa's with each step's rows drawn by the sample op, --sampling device;
 #                 cores: pyqsa's with PYQSA_QSA_ATTN_MMA=0, prefill attention on CUDA cores;
 #                 moesync: pyqsa's with PYQSA_CUDA_MOE_SYNC=1, upstream's host-sorted MoE products;
-#                 f16acc: pyqsa's with PYQSA_CUDA_F16_ACCUMULATE=1, upstream's f16 sums on cuBLAS)
+#                 f16acc: pyqsa's with PYQSA_CUDA_F16_ACCUMULATE=1, upstream's f16 sums on cuBLAS;
+#                 gdnup: pyqsa's with PYQSA_CUDA_GDN_UPSTREAM=1, upstream's gated-delta-rule kernel)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024 --repeats 3")
 #                 --serve "SERVE FLAGS" (after the decode runs: bench/serve_run.sh, issue 11's server
 #                 benchmark, with these extra serve flags, e.g. "--sampling device"; "" for none)
@@ -93,6 +94,7 @@ echo "repo ${PYQSA_BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknow
 dev_pids=()
 if [ -n "$dev" ]; then
     for f in native/dev/*.cu; do
+        [ -e "$f" ] || continue  # no study open
         name=$(basename "$f" .cu)
         (nvcc -std=c++17 -O3 -arch=sm_90a -Inative/ggml/cuda "$f" -o "/tmp/dev-$name" && "/tmp/dev-$name") \
             > "$out/dev-$name.txt" 2>&1 &
@@ -160,6 +162,7 @@ if [ -n "$checks$op_checks" ]; then
     op_check test-qsa-page "pyqsa paging ops" "us/(step|run)"
     op_check test-sample "sample op" "us/step"
     op_check test-products "matrix products" "us/run"
+    op_check test-gdn "gated delta rule" "us/run"
     cat "$out/ops-perf.txt"
     echo "op checks done ($(elapsed))"
 fi
@@ -179,15 +182,15 @@ echo "# $invocation; env: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES PYTHONPATH=
 declare -A libs=([pyqsa]=.build/py/llama_cpp/lib [paged]=.build/py/llama_cpp/lib
                  [pagedq8]=.build/py/llama_cpp/lib [sampled]=.build/py/llama_cpp/lib
                  [cores]=.build/py/llama_cpp/lib [moesync]=.build/py/llama_cpp/lib
-                 [f16acc]=.build/py/llama_cpp/lib
+                 [f16acc]=.build/py/llama_cpp/lib [gdnup]=.build/py/llama_cpp/lib
                  [upstream]=$work/upstream-cuda/bin)
 declare -A variant_args=([pyqsa]="--variant pyqsa" [paged]="--variant pyqsa --hot-blocks $hot_blocks"
                          [pagedq8]="--variant pyqsa --hot-blocks $hot_blocks --kv-type q8_0"
                          [sampled]="--variant pyqsa --sampling device" [cores]="--variant pyqsa"
-                         [moesync]="--variant pyqsa" [f16acc]="--variant pyqsa"
+                         [moesync]="--variant pyqsa" [f16acc]="--variant pyqsa" [gdnup]="--variant pyqsa"
                          [upstream]="--variant upstream")
 declare -A variant_env=([cores]=PYQSA_QSA_ATTN_MMA=0 [moesync]=PYQSA_CUDA_MOE_SYNC=1
-                        [f16acc]=PYQSA_CUDA_F16_ACCUMULATE=1)
+                        [f16acc]=PYQSA_CUDA_F16_ACCUMULATE=1 [gdnup]=PYQSA_CUDA_GDN_UPSTREAM=1)
 for c in ${contexts//,/ }; do
     for v in ${variants//,/ }; do
         if [ "$(date +%s)" -ge "$deadline" ]; then

@@ -38,6 +38,10 @@ target_compile_features(test-qsa-page PRIVATE cxx_std_17)
 add_executable(test-products ${CMAKE_CURRENT_LIST_DIR}/tests/test-products.cpp)
 target_link_libraries(test-products PRIVATE ggml)
 target_compile_features(test-products PRIVATE cxx_std_17)
+# GATED_DELTA_NET as pyqsa runs it on CUDA: test-gdn [test|perf] [-b BACKEND]
+add_executable(test-gdn ${CMAKE_CURRENT_LIST_DIR}/tests/test-gdn.cpp)
+target_link_libraries(test-gdn PRIVATE ggml)
+target_compile_features(test-gdn PRIVATE cxx_std_17)
 # the sample op: test-sample [test|perf] [-b BACKEND]
 add_executable(test-sample ${CMAKE_CURRENT_LIST_DIR}/tests/test-sample.cpp)
 target_link_libraries(test-sample PRIVATE ggml)

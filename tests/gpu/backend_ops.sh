@@ -40,4 +40,5 @@ op_check test-qsa-ops "pyqsa ops"
 op_check test-qsa-page "pyqsa paging op"
 op_check test-sample "pyqsa sample op"
 op_check test-products "matrix products (pyqsa's CUDA dispatch and precision)"
+op_check test-gdn "gated delta rule (pyqsa's prefill kernel)"
 exit $status

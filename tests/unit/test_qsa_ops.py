@@ -4,7 +4,9 @@ against a sequential LRU model over multi-step scenarios, native/tests/test-qsa-
 test-sample (the sample op against a brute-force reference of its rules,
 native/tests/test-sample.cpp) and test-products (upstream's MUL_MAT and MUL_MAT_ID, whose
 CUDA dispatch and precision pyqsa changes, against a double-precision reference,
-native/tests/test-products.cpp).
+native/tests/test-products.cpp) and test-gdn (upstream's GATED_DELTA_NET, whose prefill
+pyqsa runs on its own CUDA kernel, against a double-precision recurrence,
+native/tests/test-gdn.cpp).
 
 On a CPU-only machine this checks the CPU kernels; on the GPU machine the same binaries also
 check CUDA against CPU (tests/gpu/backend_ops.sh)."""
@@ -19,7 +21,7 @@ from pyqsa._build.native import BuildConfig
 
 @pytest.mark.parametrize(
     "binary,min_checks",
-    [("test-qsa-ops", 20), ("test-qsa-page", 7), ("test-sample", 6), ("test-products", 10)],
+    [("test-qsa-ops", 20), ("test-qsa-page", 7), ("test-sample", 6), ("test-products", 10), ("test-gdn", 8)],
 )
 def test_ops_match_their_references(binary, min_checks):
     path = BuildConfig.from_env().build_dir / "bin" / binary

@@ -1,5 +1,6 @@
 // CUDA dispatch of GGML_OP_PYQSA on the sub-op in op_params[0].
 #include "pyqsa-cuda.cuh"
+#include "gdn-prefill.cuh"
 #include "pyqsa-cuda-moe.h"
 #include "pyqsa-cuda-precision.h"
 
@@ -99,6 +100,15 @@ bool pyqsa_cuda_f16_products_f32() {
 
 bool pyqsa_cuda_moe_on_device() {
     return !env_switch_on("PYQSA_CUDA_MOE_SYNC");
+}
+
+bool pyqsa_cuda_gdn_staged() {
+    return !env_switch_on("PYQSA_CUDA_GDN_UPSTREAM");
+}
+
+int pyqsa_cuda_gdn_lanes() {
+    const char * v = getenv("PYQSA_CUDA_GDN_LANES");
+    return v != nullptr && strcmp(v, "32") == 0 ? 32 : 16;
 }
 
 bool pyqsa_cuda_host_mapped(const void * p) {
