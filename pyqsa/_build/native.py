@@ -20,7 +20,15 @@ from . import patches, upstream
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / ".build"
 PY_OUT = BUILD / "py"
-DEFAULT_TARGETS = ["llama", "ggml", "test-qsa-ops", "test-qsa-page", "test-sample", "test-products", "test-gdn"]
+DEFAULT_TARGETS = [
+    "llama",
+    "ggml",
+    "test-qsa-ops",
+    "test-qsa-page",
+    "test-sample",
+    "test-products",
+    "test-gdn",
+]
 PYTHON_LOADED = ["libllama.so", "libggml.so"]
 
 

@@ -21,7 +21,13 @@ from pyqsa._build.native import BuildConfig
 
 @pytest.mark.parametrize(
     "binary,min_checks",
-    [("test-qsa-ops", 20), ("test-qsa-page", 7), ("test-sample", 6), ("test-products", 10), ("test-gdn", 8)],
+    [
+        ("test-qsa-ops", 20),
+        ("test-qsa-page", 7),
+        ("test-sample", 6),
+        ("test-products", 10),
+        ("test-gdn", 8),
+    ],
 )
 def test_ops_match_their_references(binary, min_checks):
     path = BuildConfig.from_env().build_dir / "bin" / binary
