@@ -6,7 +6,7 @@
 // with 16 lanes a column against 1290 us for upstream's kernel (native/dev study, session 14).
 #include "gdn-prefill.cuh"
 
-#include "common.cuh"
+#include "ggml-cuda/common.cuh"
 #include "mma-ptx.cuh"
 
 #include <initializer_list>
