@@ -227,10 +227,11 @@ int cmd_perf(const char * only_backend) {
         ggml_backend_dev_t dev = ggml_backend_dev_get(i);
         if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;
         if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
-        ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
         for (const gdn_case & c : shapes) {
             for (const gdn_way & w : WAYS) {
                 if (w.var) setenv(w.var, w.value, 1);
+                // a backend a way: CUDA would replay the graph it captured the way before
+                ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
                 graph_run g;
                 ggml_init_params ip = { ctx_size(), nullptr, true };
                 g.ctx               = ggml_init(ip);
@@ -244,9 +245,9 @@ int cmd_perf(const char * only_backend) {
                                 ggml_backend_dev_name(dev), time_graph(be, g.gf, 20));
                 }
                 if (w.var) unsetenv(w.var);
+                ggml_backend_free(be);
             }
         }
-        ggml_backend_free(be);
     }
     return 0;
 }
