@@ -24,7 +24,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # pyqsa-sampled: decode.py --sampling device; pyqsa-cores: PYQSA_QSA_ATTN_MMA=0 (qsa_attn's
 # prefill on CUDA cores, not tensor cores); pyqsa-moesync: PYQSA_CUDA_MOE_SYNC=1 (MoE products on
 # upstream's host-sorted path); pyqsa-f16acc: PYQSA_CUDA_F16_ACCUMULATE=1 (f16 products on cuBLAS
-# summed in f16, as upstream's)
+# summed in f16, as upstream's); pyqsa-gdnup: PYQSA_CUDA_GDN_UPSTREAM=1 (the gated delta rule on
+# upstream's kernel)
 VARIANTS = (
     "pyqsa",
     "upstream",
@@ -34,6 +35,7 @@ VARIANTS = (
     "pyqsa-cores",
     "pyqsa-moesync",
     "pyqsa-f16acc",
+    "pyqsa-gdnup",
 )
 SHORT = {
     "pyqsa": "pyqsa",
@@ -44,6 +46,7 @@ SHORT = {
     "pyqsa-cores": "cores",
     "pyqsa-moesync": "mosyn",
     "pyqsa-f16acc": "f16ac",
+    "pyqsa-gdnup": "gdnup",
 }
 # the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)
 PAGED = (

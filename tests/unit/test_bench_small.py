@@ -327,14 +327,16 @@ def test_decode_profile_without_a_cuda_profiler_is_a_one_line_error(tmp_path):
         ("PYQSA_QSA_ATTN_MMA", "0", "pyqsa-cores", "cores"),
         ("PYQSA_CUDA_MOE_SYNC", "1", "pyqsa-moesync", "mosyn"),
         ("PYQSA_CUDA_F16_ACCUMULATE", "1", "pyqsa-f16acc", "f16ac"),
+        ("PYQSA_CUDA_GDN_UPSTREAM", "1", "pyqsa-gdnup", "gdnup"),
     ],
 )
 def test_decode_under_a_library_switch_is_a_variant_of_its_own(
     small_gguf, tmp_path, monkeypatch, env, value, variant, column
 ):
     """gpu_run.sh's `cores` (PYQSA_QSA_ATTN_MMA=0: qsa_attn's prefill off the tensor cores),
-    `moesync` (PYQSA_CUDA_MOE_SYNC=1: upstream's host-sorted MoE products) and `f16acc`
-    (PYQSA_CUDA_F16_ACCUMULATE=1: upstream's f16 sums) run pyqsa's library with one switch
+    `moesync` (PYQSA_CUDA_MOE_SYNC=1: upstream's host-sorted MoE products), `f16acc`
+    (PYQSA_CUDA_F16_ACCUMULATE=1: upstream's f16 sums) and `gdnup` (PYQSA_CUDA_GDN_UPSTREAM=1:
+    upstream's gated-delta-rule kernel) run pyqsa's library with one switch
     flipped, so decode.py records each as a variant and report.py gives it a column."""
     monkeypatch.setenv(env, value)
     out = tmp_path / "decode.jsonl"
