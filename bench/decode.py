@@ -453,6 +453,15 @@ class Bench:
         }
 
 
+# the library's switch variables that restore upstream's way for one kind of op, and the suffix
+# a run under one gets on its variant
+UPSTREAM_SWITCHES = {
+    "PYQSA_CUDA_MOE_SYNC": "-moesync",  # MoE products host-sorted past 128-512 tokens
+    "PYQSA_CUDA_F16_ACCUMULATE": "-f16acc",  # f16 products on cuBLAS summed in f16
+    "PYQSA_CUDA_GDN_UPSTREAM": "-gdnup",  # the gated delta rule on upstream's kernel
+}
+
+
 def library_switch_on(name: str) -> bool:
     """As the library reads a switch variable (native/ggml/cuda/pyqsa-cuda.cu): on when set to
     anything but "" or "0"."""
@@ -476,15 +485,9 @@ def run(args: argparse.Namespace) -> int:
     if args.variant == "pyqsa" and os.environ.get("PYQSA_QSA_ATTN_MMA") == "0":
         # the library keeps qsa_attn's prefill on CUDA cores (no tensor-core kernel)
         meta["variant"] += "-cores"
-    if args.variant == "pyqsa" and library_switch_on("PYQSA_CUDA_MOE_SYNC"):
-        # the library's MoE products on upstream's host-sorted path past 128-512 tokens
-        meta["variant"] += "-moesync"
-    if args.variant == "pyqsa" and library_switch_on("PYQSA_CUDA_F16_ACCUMULATE"):
-        # the library's f16 products on cuBLAS summed in f16, as upstream's
-        meta["variant"] += "-f16acc"
-    if args.variant == "pyqsa" and library_switch_on("PYQSA_CUDA_GDN_UPSTREAM"):
-        # the library's gated delta rule on upstream's kernel at every batch
-        meta["variant"] += "-gdnup"
+    for name, suffix in UPSTREAM_SWITCHES.items():
+        if args.variant == "pyqsa" and library_switch_on(name):
+            meta["variant"] += suffix
     if args.profile:  # its records, printed only, say so: the profiler slows the steps
         meta["profiled"] = True
     emit = Emitter([] if args.profile else args.out, meta, known_prefills(meta, args.ubatch))
