@@ -103,6 +103,17 @@ struct graph_run {
     }
 };
 
+// builds g.gf, the graph of out (made in g.ctx), and allocates g.ctx's tensors on be; false, with
+// nothing allocated, when be does not support out
+inline bool graph_place(graph_run & g, ggml_backend_t be, ggml_tensor * out) {
+    if (!ggml_backend_supports_op(be, out)) return false;
+    g.out = out;
+    g.gf  = ggml_new_graph(g.ctx);
+    ggml_build_forward_expand(g.gf, out);
+    g.buf = ggml_backend_alloc_ctx_tensors(g.ctx, be);
+    return true;
+}
+
 // an op with a result of element type T on backend: make(ctx) -> {input, output}; upload(input)
 // (inputs beyond the first are captured by make and upload)
 template <typename T, typename Make, typename Upload>

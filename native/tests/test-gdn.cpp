@@ -127,8 +127,8 @@ gdn_tensors make_gdn(ggml_context * ctx, const gdn_case & c) {
     return t;
 }
 
-constexpr size_t CTX_BYTES = 16 * 1024;  // tensor headers of one case and its graph
-size_t ctx_size() { return ggml_tensor_overhead() * 16 + ggml_graph_overhead() + CTX_BYTES; }
+// the tensor headers of one case (9) and its graph
+size_t ctx_size() { return ggml_tensor_overhead() * 16 + ggml_graph_overhead(); }
 
 // the op's packed result on be: outputs, then final states; empty when be does not support it
 std::vector<float> run(ggml_backend_t be, const gdn_case & c, const gdn_data & d) {
@@ -136,10 +136,7 @@ std::vector<float> run(ggml_backend_t be, const gdn_case & c, const gdn_data & d
     ggml_init_params ip = { ctx_size(), nullptr, true };
     g.ctx               = ggml_init(ip);
     const gdn_tensors t = make_gdn(g.ctx, c);
-    if (!ggml_backend_supports_op(be, t.out)) return {};
-    g.gf = ggml_new_graph(g.ctx);
-    ggml_build_forward_expand(g.gf, t.out);
-    g.buf = ggml_backend_alloc_ctx_tensors(g.ctx, be);
+    if (!graph_place(g, be, t.out)) return {};
     ggml_backend_tensor_set(t.q_buf, d.q.data(), 0, ggml_nbytes(t.q_buf));
     ggml_backend_tensor_set(t.k_buf, d.k.data(), 0, ggml_nbytes(t.k_buf));
     ggml_backend_tensor_set(t.v, d.v.data(), 0, ggml_nbytes(t.v));
@@ -161,7 +158,7 @@ std::pair<double, double> errors(const std::vector<float> & packed, const std::v
     return { nmse(o, out), nmse(s, state) };
 }
 
-// the ways a CUDA call can run: {variable, value, label}; the first is pyqsa's default
+// the ways a CUDA call can run: {variable, value} set for it; the first is pyqsa's default
 struct gdn_way {
     const char * var;
     const char * value;
@@ -236,10 +233,7 @@ int cmd_perf(const char * only_backend) {
                 ggml_init_params ip = { ctx_size(), nullptr, true };
                 g.ctx               = ggml_init(ip);
                 const gdn_tensors t = make_gdn(g.ctx, c);
-                if (ggml_backend_supports_op(be, t.out)) {
-                    g.gf = ggml_new_graph(g.ctx);
-                    ggml_build_forward_expand(g.gf, t.out);
-                    g.buf = ggml_backend_alloc_ctx_tensors(g.ctx, be);
+                if (graph_place(g, be, t.out)) {
                     ggml_backend_buffer_clear(g.buf, 0);
                     std::printf("  %s%s %s: %.1f us/run\n", c.name().c_str(), way_name(w).c_str(),
                                 ggml_backend_dev_name(dev), time_graph(be, g.gf, 20));

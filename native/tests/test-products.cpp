@@ -220,19 +220,17 @@ int cmd_perf(const char * only_backend) {
         ggml_backend_dev_t dev = ggml_backend_dev_get(i);
         if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;  // minutes there
         if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
-        ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
         for (const product_case & c : shapes) {
             const std::vector<int32_t> ids = draw_ids(c, rng);
             for (const bool upstream : { false, true }) {
                 if (upstream) setenv(upstream_switch(c), "1", 1);
+                // a backend a way: CUDA would replay the graph it captured the way before
+                ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
                 graph_run g;
                 ggml_init_params ip = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
                 g.ctx                   = ggml_init(ip);
                 const product_tensors t = make_product(g.ctx, c);
-                if (ggml_backend_supports_op(be, t.out)) {
-                    g.gf = ggml_new_graph(g.ctx);
-                    ggml_build_forward_expand(g.gf, t.out);
-                    g.buf = ggml_backend_alloc_ctx_tensors(g.ctx, be);
+                if (graph_place(g, be, t.out)) {
                     ggml_backend_buffer_clear(g.buf, 0);
                     if (t.ids) ggml_backend_tensor_set(t.ids, ids.data(), 0, ggml_nbytes(t.ids));
                     const double us = time_graph(be, g.gf, 50);
@@ -242,9 +240,9 @@ int cmd_perf(const char * only_backend) {
                                 ggml_backend_dev_name(dev), us, tflops);
                 }
                 unsetenv(upstream_switch(c));
+                ggml_backend_free(be);
             }
         }
-        ggml_backend_free(be);
     }
     return 0;
 }
