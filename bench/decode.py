@@ -453,12 +453,13 @@ class Bench:
         }
 
 
-# the library's switch variables that restore upstream's way for one kind of op, and the suffix
-# a run under one gets on its variant
+# the library's switch variables that restore upstream's (or an earlier pyqsa) way for one kind of
+# op, and the suffix a run under one gets on its variant
 UPSTREAM_SWITCHES = {
     "PYQSA_CUDA_MOE_SYNC": "-moesync",  # MoE products host-sorted past 128-512 tokens
     "PYQSA_CUDA_F16_ACCUMULATE": "-f16acc",  # f16 products on cuBLAS summed in f16
     "PYQSA_CUDA_GDN_UPSTREAM": "-gdnup",  # the gated delta rule on upstream's kernel
+    "PYQSA_CUDA_MOE_MMF": "-moemmf",  # MoE products of every batch on MMF, no grouped GEMM
 }
 
 

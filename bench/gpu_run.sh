@@ -14,7 +14,8 @@
 #                 cores: pyqsa's with PYQSA_QSA_ATTN_MMA=0, prefill attention on CUDA cores;
 #                 moesync: pyqsa's with PYQSA_CUDA_MOE_SYNC=1, upstream's host-sorted MoE products;
 #                 f16acc: pyqsa's with PYQSA_CUDA_F16_ACCUMULATE=1, upstream's f16 sums on cuBLAS;
-#                 gdnup: pyqsa's with PYQSA_CUDA_GDN_UPSTREAM=1, upstream's gated-delta-rule kernel)
+#                 gdnup: pyqsa's with PYQSA_CUDA_GDN_UPSTREAM=1, upstream's gated-delta-rule kernel;
+#                 moemmf: pyqsa's with PYQSA_CUDA_MOE_MMF=1, MoE products of every batch on MMF)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024 --repeats 3")
 #                 --serve "SERVE FLAGS" (after the decode runs: bench/serve_run.sh, issue 11's server
 #                 benchmark, with these extra serve flags, e.g. "--sampling device"; "" for none)
@@ -183,14 +184,17 @@ declare -A libs=([pyqsa]=.build/py/llama_cpp/lib [paged]=.build/py/llama_cpp/lib
                  [pagedq8]=.build/py/llama_cpp/lib [sampled]=.build/py/llama_cpp/lib
                  [cores]=.build/py/llama_cpp/lib [moesync]=.build/py/llama_cpp/lib
                  [f16acc]=.build/py/llama_cpp/lib [gdnup]=.build/py/llama_cpp/lib
+                 [moemmf]=.build/py/llama_cpp/lib
                  [upstream]=$work/upstream-cuda/bin)
 declare -A variant_args=([pyqsa]="--variant pyqsa" [paged]="--variant pyqsa --hot-blocks $hot_blocks"
                          [pagedq8]="--variant pyqsa --hot-blocks $hot_blocks --kv-type q8_0"
                          [sampled]="--variant pyqsa --sampling device" [cores]="--variant pyqsa"
                          [moesync]="--variant pyqsa" [f16acc]="--variant pyqsa" [gdnup]="--variant pyqsa"
+                         [moemmf]="--variant pyqsa"
                          [upstream]="--variant upstream")
 declare -A variant_env=([cores]=PYQSA_QSA_ATTN_MMA=0 [moesync]=PYQSA_CUDA_MOE_SYNC=1
-                        [f16acc]=PYQSA_CUDA_F16_ACCUMULATE=1 [gdnup]=PYQSA_CUDA_GDN_UPSTREAM=1)
+                        [f16acc]=PYQSA_CUDA_F16_ACCUMULATE=1 [gdnup]=PYQSA_CUDA_GDN_UPSTREAM=1
+                        [moemmf]=PYQSA_CUDA_MOE_MMF=1)
 for c in ${contexts//,/ }; do
     for v in ${variants//,/ }; do
         if [ "$(date +%s)" -ge "$deadline" ]; then

@@ -25,7 +25,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # prefill on CUDA cores, not tensor cores); pyqsa-moesync: PYQSA_CUDA_MOE_SYNC=1 (MoE products on
 # upstream's host-sorted path); pyqsa-f16acc: PYQSA_CUDA_F16_ACCUMULATE=1 (f16 products on cuBLAS
 # summed in f16, as upstream's); pyqsa-gdnup: PYQSA_CUDA_GDN_UPSTREAM=1 (the gated delta rule on
-# upstream's kernel)
+# upstream's kernel); pyqsa-moemmf: PYQSA_CUDA_MOE_MMF=1 (MoE products of every batch on MMF, not
+# pyqsa's grouped GEMM)
 VARIANTS = (
     "pyqsa",
     "upstream",
@@ -36,6 +37,7 @@ VARIANTS = (
     "pyqsa-moesync",
     "pyqsa-f16acc",
     "pyqsa-gdnup",
+    "pyqsa-moemmf",
 )
 SHORT = {
     "pyqsa": "pyqsa",
@@ -47,6 +49,7 @@ SHORT = {
     "pyqsa-moesync": "mosyn",
     "pyqsa-f16acc": "f16ac",
     "pyqsa-gdnup": "gdnup",
+    "pyqsa-moemmf": "moemf",
 }
 # the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)
 PAGED = (

@@ -1,10 +1,11 @@
 // The matrix products whose CUDA dispatch or precision pyqsa changes: MUL_MAT with f16 weights on
 // cuBLAS (ggml_patches/0011, native/ggml/cuda/pyqsa-cuda-precision.h: f32 sums; upstream's f16
-// sums with PYQSA_CUDA_F16_ACCUMULATE=1) and MUL_MAT_ID, the MoE expert products (ggml_patches/0010,
-// native/ggml/cuda/pyqsa-cuda-moe.h: every batch on MMF's device-side expert grouping; upstream's
-// host-sorted path past 128-512 tokens with PYQSA_CUDA_MOE_SYNC=1). Upstream's CPU ops against a
-// double-precision reference, then every other backend against the CPU, both ways. `perf` times
-// both ways at prefill batches.
+// sums with PYQSA_CUDA_F16_ACCUMULATE=1) and MUL_MAT_ID, the MoE expert products: prefill batches
+// of f16 experts on pyqsa's grouped GEMM (0013, native/ggml/cuda/moe-gemm.cuh), the rest on MMF's
+// device-side expert grouping at every batch (0010, pyqsa-cuda-moe.h; PYQSA_CUDA_MOE_MMF=1 puts
+// every call there) and upstream's host-sorted path past 128-512 tokens with PYQSA_CUDA_MOE_SYNC=1.
+// Upstream's CPU ops against a double-precision reference, then every other backend against the
+// CPU, each way. `perf` times each way at prefill batches.
 //
 //   test-products [test|perf] [-b BACKEND]      exit code 0 when every case passed
 #include "op-check.h"
@@ -144,14 +145,34 @@ std::vector<float> run(ggml_backend_t be, const product_case & c, const product_
     return run_op<float>(be, make, upload, supported);
 }
 
-// the switch that restores upstream's way for a case, and the CUDA-vs-CPU bound that way: f16
-// sums (MUL_MAT of f16 weights) meet only a loose one, enough to catch a wrong row or expert
-const char * upstream_switch(const product_case & c) {
-    return c.n_expert == 0 ? "PYQSA_CUDA_F16_ACCUMULATE" : "PYQSA_CUDA_MOE_SYNC";
+// the ways CUDA can run a case: {variable, value set for it, its CUDA-vs-CPU bound}, pyqsa's own
+// first (no variable). f16 sums (MUL_MAT of f16 weights, upstream's way) meet only a loose bound, enough
+// to catch a wrong row or expert.
+struct product_way {
+    const char * var;
+    const char * value;
+    double       bound;
+};
+
+std::vector<product_way> ways(const product_case & c) {
+    if (c.n_expert == 0) {
+        return { { nullptr, nullptr, 1e-9 }, { "PYQSA_CUDA_F16_ACCUMULATE", "1", c.type == GGML_TYPE_F16 ? 1e-3 : 1e-9 } };
+    }
+    return { { nullptr, nullptr, 1e-9 }, { "PYQSA_CUDA_MOE_MMF", "1", 1e-9 }, { "PYQSA_CUDA_MOE_SYNC", "1", 1e-9 } };
 }
 
-double upstream_bound(const product_case & c) {
-    return c.n_expert == 0 && c.type == GGML_TYPE_F16 ? 1e-3 : 1e-9;
+// perf also times the grouped GEMM's two tile heights
+std::vector<product_way> perf_ways(const product_case & c) {
+    std::vector<product_way> w = ways(c);
+    if (c.n_expert > 0) {
+        w.push_back({ "PYQSA_CUDA_MOE_BM", "64", 0.0 });
+        w.push_back({ "PYQSA_CUDA_MOE_BM", "128", 0.0 });
+    }
+    return w;
+}
+
+std::string way_name(const product_way & w) {
+    return w.var ? std::string(" ") + w.var + "=" + w.value : "";
 }
 
 int cmd_test(const char * only_backend) {
@@ -170,6 +191,8 @@ int cmd_test(const char * only_backend) {
         { GGML_TYPE_F16, 2560, 512, 8, 2, 600, 1, true },
         { GGML_TYPE_F16, 512, 2560, 8, 2, 200, 2, true },
         { GGML_TYPE_F16, 256, 64, 16, 4, 700, 4, false },   // 4 used, each with its own input row
+        { GGML_TYPE_F16, 256, 128, 16, 4, 700, 4, false },  // the same on the grouped GEMM (64-row tiles)
+        { GGML_TYPE_F16, 128, 256, 64, 6, 900, 1, true },   // 64 experts, half of them idle
         { GGML_TYPE_BF16, 512, 128, 8, 2, 1030, 1, false },
         { GGML_TYPE_F16, 128, 64, 4, 2, 37, 1, false },     // under every limit: the same kernel both ways
     };
@@ -180,17 +203,15 @@ int cmd_test(const char * only_backend) {
         const std::vector<float> out_cpu = run(cpu, c, d, &supported);
         const double e_cpu = supported ? nmse(out_cpu, ref) : INFINITY;
         report(c.name(), "CPU", "vs reference: nmse " + sci(e_cpu) + " ", supported && e_cpu < 1e-9, n_ok, n_fail);
-        for (const bool upstream : { false, true }) {
-            if (upstream) setenv(upstream_switch(c), "1", 1);
-            const double bound = upstream ? upstream_bound(c) : 1e-9;
-            on_other_backends(only_backend, c.name() + (upstream ? std::string(" ") + upstream_switch(c) + "=1" : ""),
-                              n_ok, n_fail, [&](ggml_backend_t be) {
-                                  bool ok = false;
-                                  const std::vector<float> out = run(be, c, d, &ok);
-                                  const double e = ok ? nmse(out, out_cpu) : INFINITY;
-                                  return std::make_pair(ok && e < bound, std::string(ok ? "vs CPU: nmse " + sci(e) + " " : "not supported "));
-                              });
-            unsetenv(upstream_switch(c));
+        for (const product_way & w : ways(c)) {
+            if (w.var) setenv(w.var, w.value, 1);
+            on_other_backends(only_backend, c.name() + way_name(w), n_ok, n_fail, [&](ggml_backend_t be) {
+                bool ok = false;
+                const std::vector<float> out = run(be, c, d, &ok);
+                const double e = ok ? nmse(out, out_cpu) : INFINITY;
+                return std::make_pair(ok && e < w.bound, std::string(ok ? "vs CPU: nmse " + sci(e) + " " : "not supported "));
+            });
+            if (w.var) unsetenv(w.var);
         }
     }
     ggml_backend_free(cpu);
@@ -198,7 +219,7 @@ int cmd_test(const char * only_backend) {
     return n_fail == 0 ? 0 : 1;
 }
 
-// products of a prefill batch, both ways; weights zero (a product's time does not depend on its
+// products of a prefill batch, each way; weights zero (a product's time does not depend on its
 // values), experts drawn at random per token
 int cmd_perf(const char * only_backend) {
     std::mt19937 rng(5);
@@ -212,6 +233,7 @@ int cmd_perf(const char * only_backend) {
         { GGML_TYPE_F16, 512, 2560, 8, 2, 2048, 2, false },
         { GGML_TYPE_F16, 2560, 512, 8, 2, 512, 1, false },
         { GGML_TYPE_F16, 512, 2560, 8, 2, 512, 2, false },
+        { GGML_TYPE_F16, 2560, 512, 8, 2, 128, 1, false },
         // many small experts (512 of 512, 10 used, hidden 2048), as the larger Qwen MoE models have
         { GGML_TYPE_F16, 2048, 512, 512, 10, 2048, 1, false },
         { GGML_TYPE_F16, 512, 2048, 512, 10, 2048, 10, false },
@@ -222,8 +244,8 @@ int cmd_perf(const char * only_backend) {
         if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
         for (const product_case & c : shapes) {
             const std::vector<int32_t> ids = draw_ids(c, rng);
-            for (const bool upstream : { false, true }) {
-                if (upstream) setenv(upstream_switch(c), "1", 1);
+            for (const product_way & w : perf_ways(c)) {
+                if (w.var) setenv(w.var, w.value, 1);
                 // a backend a way: CUDA would replay the graph it captured the way before
                 ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
                 graph_run g;
@@ -235,11 +257,10 @@ int cmd_perf(const char * only_backend) {
                     if (t.ids) ggml_backend_tensor_set(t.ids, ids.data(), 0, ggml_nbytes(t.ids));
                     const double us = time_graph(be, g.gf, 50);
                     const double tflops = 2.0 * c.n_in * c.n_out * c.n_used * c.n_tok / us / 1e6;
-                    std::printf("  %s%s %s: %.1f us/run, %.1f TFLOP/s\n", c.name().c_str(),
-                                upstream ? (std::string(" ") + upstream_switch(c) + "=1").c_str() : "",
+                    std::printf("  %s%s %s: %.1f us/run, %.1f TFLOP/s\n", c.name().c_str(), way_name(w).c_str(),
                                 ggml_backend_dev_name(dev), us, tflops);
                 }
-                unsetenv(upstream_switch(c));
+                if (w.var) unsetenv(w.var);
                 ggml_backend_free(be);
             }
         }

@@ -25,7 +25,7 @@ from pyqsa._build.native import BuildConfig
         ("test-qsa-ops", 20),
         ("test-qsa-page", 7),
         ("test-sample", 6),
-        ("test-products", 10),
+        ("test-products", 12),
         ("test-gdn", 8),
     ],
 )

@@ -8,5 +8,9 @@
 // Quantized experts are unaffected: MMQ groups them on the device at every batch.
 #pragma once
 
-// read at every call, so that one process can check and time both ways (test-products)
+// read at every call, so that one process can check and time each way (test-products)
 bool pyqsa_cuda_moe_on_device();
+
+// PYQSA_CUDA_MOE_MMF unset or "0": prefill batches of f16 experts on pyqsa's grouped GEMM
+// (native/ggml/cuda/moe-gemm.cuh), not on MMF
+bool pyqsa_cuda_moe_grouped();

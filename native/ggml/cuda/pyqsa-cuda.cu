@@ -102,6 +102,10 @@ bool pyqsa_cuda_moe_on_device() {
     return !env_switch_on("PYQSA_CUDA_MOE_SYNC");
 }
 
+bool pyqsa_cuda_moe_grouped() {
+    return !env_switch_on("PYQSA_CUDA_MOE_MMF");
+}
+
 bool pyqsa_cuda_gdn_staged() {
     return !env_switch_on("PYQSA_CUDA_GDN_UPSTREAM");
 }
