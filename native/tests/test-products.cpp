@@ -5,7 +5,8 @@
 // device-side expert grouping at every batch (0010, pyqsa-cuda-moe.h; PYQSA_CUDA_MOE_MMF=1 puts
 // every call there) and upstream's host-sorted path past 128-512 tokens with PYQSA_CUDA_MOE_SYNC=1.
 // Upstream's CPU ops against a double-precision reference, then every other backend against the
-// CPU, each way. `perf` times each way at prefill batches.
+// CPU, each way (the grouped GEMM's 64- and 128-row tiles each forced by PYQSA_CUDA_MOE_BM).
+// `perf` times each way at prefill batches.
 //
 //   test-products [test|perf] [-b BACKEND]      exit code 0 when every case passed
 #include "op-check.h"
@@ -158,17 +159,10 @@ std::vector<product_way> ways(const product_case & c) {
     if (c.n_expert == 0) {
         return { { nullptr, nullptr, 1e-9 }, { "PYQSA_CUDA_F16_ACCUMULATE", "1", c.type == GGML_TYPE_F16 ? 1e-3 : 1e-9 } };
     }
-    return { { nullptr, nullptr, 1e-9 }, { "PYQSA_CUDA_MOE_MMF", "1", 1e-9 }, { "PYQSA_CUDA_MOE_SYNC", "1", 1e-9 } };
-}
-
-// perf also times the grouped GEMM's two tile heights
-std::vector<product_way> perf_ways(const product_case & c) {
-    std::vector<product_way> w = ways(c);
-    if (c.n_expert > 0) {
-        w.push_back({ "PYQSA_CUDA_MOE_BM", "64", 0.0 });
-        w.push_back({ "PYQSA_CUDA_MOE_BM", "128", 0.0 });
-    }
-    return w;
+    // the grouped GEMM's two tile heights, each forced, where it takes the case
+    return { { nullptr, nullptr, 1e-9 },           { "PYQSA_CUDA_MOE_BM", "64", 1e-9 },
+             { "PYQSA_CUDA_MOE_BM", "128", 1e-9 }, { "PYQSA_CUDA_MOE_MMF", "1", 1e-9 },
+             { "PYQSA_CUDA_MOE_SYNC", "1", 1e-9 } };
 }
 
 std::string way_name(const product_way & w) {
@@ -191,7 +185,7 @@ int cmd_test(const char * only_backend) {
         { GGML_TYPE_F16, 2560, 512, 8, 2, 600, 1, true },
         { GGML_TYPE_F16, 512, 2560, 8, 2, 200, 2, true },
         { GGML_TYPE_F16, 256, 64, 16, 4, 700, 4, false },   // 4 used, each with its own input row
-        { GGML_TYPE_F16, 256, 128, 16, 4, 700, 4, false },  // the same on the grouped GEMM (64-row tiles)
+        { GGML_TYPE_F16, 256, 128, 16, 4, 700, 4, false },  // the same on the grouped GEMM
         { GGML_TYPE_F16, 128, 256, 64, 6, 900, 1, true },   // 64 experts, half of them idle
         { GGML_TYPE_BF16, 512, 128, 8, 2, 1030, 1, false },
         { GGML_TYPE_F16, 128, 64, 4, 2, 37, 1, false },     // under every limit: the same kernel both ways
@@ -244,7 +238,7 @@ int cmd_perf(const char * only_backend) {
         if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
         for (const product_case & c : shapes) {
             const std::vector<int32_t> ids = draw_ids(c, rng);
-            for (const product_way & w : perf_ways(c)) {
+            for (const product_way & w : ways(c)) {
                 if (w.var) setenv(w.var, w.value, 1);
                 // a backend a way: CUDA would replay the graph it captured the way before
                 ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);

@@ -238,13 +238,16 @@ bool aligned16(const void * p, size_t a, size_t b) {
     return ((uintptr_t) p | a | b) % 16 == 0;
 }
 
-// the tile height: PYQSA_CUDA_MOE_BM when 64 or 128, else 128 once the experts average 128 rows
-int tile_rows(int64_t n_pairs, int64_t n_expert) {
+// the tile height: PYQSA_CUDA_MOE_BM when 64 or 128; else 128 once the experts average 128 rows
+// and 128-row tiles still give every SM two CTAs (measured on the H200: 64 won where the products
+// had few column blocks or few rows an expert)
+int tile_rows(int64_t n_pairs, int64_t n_expert, int64_t N, int n_sm) {
     const char * v = getenv("PYQSA_CUDA_MOE_BM");
     if (v != nullptr && (strcmp(v, "64") == 0 || strcmp(v, "128") == 0)) {
         return atoi(v);
     }
-    return n_pairs >= 128 * n_expert ? 128 : 64;
+    const int64_t ctas = N / BN * ((n_pairs + 127) / 128);
+    return n_pairs >= 128 * n_expert && ctas >= 2 * n_sm ? 128 : 64;
 }
 
 // sum over experts of ceil(rows / bm) <= n_pairs / bm + the experts that have rows
@@ -294,7 +297,8 @@ bool pyqsa_cuda_moe_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const int64_t K = w->ne[0], N = w->ne[1], n_expert = w->ne[2];
     const int64_t n_used = ids->ne[0], n_tok = ids->ne[1];
     if (K % BK != 0 || N % BN != 0 || n_expert > MAX_EXPERTS || w->ne[3] != 1 || x->ne[3] != 1 || dst->ne[3] != 1 ||
-        x->ne[2] != n_tok || dst->ne[1] != n_used || dst->ne[2] != n_tok || n_used * n_tok < PYQSA_MOE_GEMM_MIN_ROWS * n_expert ||
+        x->ne[2] != n_tok || dst->ne[1] != n_used || dst->ne[2] != n_tok || n_tok < PYQSA_MOE_GEMM_MIN_TOKENS ||
+        n_used * n_tok < PYQSA_MOE_GEMM_MIN_ROWS * n_expert ||
         n_used * n_tok > INT32_MAX / 2 || max_tiles(64, n_used * n_tok, n_expert) > 65535) {
         return false;
     }
@@ -309,7 +313,7 @@ bool pyqsa_cuda_moe_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
                          w->nb[2],                 (char *) dst->data,      dst->nb[1],             dst->nb[2],
                          (int) n_used,             (int) n_tok,             (int) n_expert,         (int) K,
                          (int) N };
-    if (tile_rows(n_used * n_tok, n_expert) == 128) {
+    if (tile_rows(n_used * n_tok, n_expert, N, ggml_cuda_info().devices[ctx.device].nsm) == 128) {
         launch<128>(ctx, a);
     } else {
         launch<64>(ctx, a);
