@@ -27,7 +27,7 @@ from pyqsa.engine import Delta, Engine, Finished, FinishReason, TokenLogprob
 
 from . import errors
 from .chat_prompt import ChatPrompt, PlainTokenizer
-from .chat_template import ChatTemplate, ParsedToolCall, ToolCallStream, parse_tool_calls
+from .chat_template import OPEN, ChatTemplate, ParsedToolCall, ToolCallStream, parse_tool_calls
 from .errors import APIError
 from .metrics import Metrics
 from .protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, Shaper, usage
@@ -216,12 +216,20 @@ def create_app(
         tools = [t.model_dump(exclude_none=True) for t in body.tools or []] or None
         messages = [_template_message(m) for m in body.messages]
         prompt = await run_in_threadpool(chat_prompt.tokens, messages, tools)
+        if (forced := body.forced_call()) is not None:
+            prompt += chat_prompt.call_start(forced)
         return await respond(prompt, body, "chat", chat_events, chat_reply, t0)
+
+    def reply_start(body: ChatCompletionRequest) -> str:
+        """What the reply starts with before the model's first token: a forced call's start."""
+        forced = body.forced_call()
+        return "" if forced is None else OPEN + forced
 
     async def chat_reply(
         stream: EngineStream, shaper: Shaper, body: ChatCompletionRequest, t0: float
     ) -> dict:
         text, lps, fin = await collect(stream, t0)
+        text = reply_start(body) + text
         content, calls = parse_tool_calls(text) if body.use_tools() else (text, [])
         message: dict = {
             "role": "assistant",
@@ -241,6 +249,8 @@ def create_app(
     ) -> AsyncIterator[dict]:
         with_usage = body.include_usage()
         tools = ToolCallStream() if body.use_tools() else None
+        if tools is not None:
+            tools.feed(reply_start(body))  # held until the model closes the call
         n_calls = 0
         pending_lp: list[TokenLogprob] = []
 

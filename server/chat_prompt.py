@@ -22,7 +22,7 @@ import json
 import re
 from typing import Any, Protocol
 
-from .chat_template import ChatTemplate
+from .chat_template import OPEN, ChatTemplate
 from .errors import APIError
 
 # Unicode's private use areas: the mark is the first of these no client string holds
@@ -57,6 +57,14 @@ class ChatPrompt:
             ids.append(self.controls[m.group()])
             pos = m.end()
         return ids + self._plain(text[pos:], mark)
+
+    def call_start(self, text: str) -> list[int]:
+        """Tokens of a reply's forced start: OPEN (a control token where the vocabulary has it as
+        one), then `text` (chat_template.forced_call_start, which may hold a client's function
+        name) as plain text."""
+        if OPEN in self.controls:
+            return [self.controls[OPEN]] + self.tokenizer.tokenize(text, special=False)
+        return self.tokenizer.tokenize(OPEN + text, special=False)
 
     def _free_mark(self, client_text: str) -> str:
         used = set(client_text) | self._template_chars

@@ -79,6 +79,17 @@ def _parse_one(body: str) -> ParsedToolCall | None:
     return ParsedToolCall(f"call_{uuid.uuid4().hex[:24]}", obj["name"], args_text)
 
 
+def forced_call_start(name: str | None) -> str:
+    """The text after OPEN that a reply which must call a tool starts with: up to the function's
+    name (tool_choice "required": the model names one) or up to its arguments (a named
+    tool_choice), in the form Qwen's templates write calls, left for the model to complete. It
+    ends before the space that would follow, which the model writes together with what comes
+    next, as its tokenizer pairs them."""
+    if name is None:
+        return '\n{"name":'
+    return '\n{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":'
+
+
 def parse_tool_calls(text: str) -> tuple[str, list[ParsedToolCall]]:
     """Split a finished reply into content and tool calls; malformed calls stay content."""
     calls: list[ParsedToolCall] = []

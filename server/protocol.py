@@ -12,6 +12,7 @@ from pydantic_core import PydanticCustomError
 
 from pyqsa.engine import InvalidSamplingParam, SamplingParams
 
+from .chat_template import forced_call_start
 from .errors import APIError
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -229,6 +230,15 @@ class ChatCompletionRequest(_Sampling):
 
     def use_tools(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
+
+    def forced_call(self) -> str | None:
+        """The start a reply must have (after the call marker) under tool_choice "required" or a
+        named function; None when the model may answer as it likes."""
+        if not self.use_tools():
+            return None
+        if isinstance(self.tool_choice, dict):
+            return forced_call_start(self.tool_choice["function"]["name"])
+        return forced_call_start(None) if self.tool_choice == "required" else None
 
 
 class CompletionRequest(_Sampling):

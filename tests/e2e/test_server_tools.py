@@ -15,7 +15,7 @@ import json
 
 import pytest
 from conftest import HERE
-from pyqsa.server.chat_template import ChatTemplate
+from pyqsa.server.chat_template import ChatTemplate, forced_call_start
 
 CALL = '<tool_call>{"name":"get_weather","arguments":{"city": "Paris"}}</tool_call>'
 TOOLS = [
@@ -31,11 +31,14 @@ TOOLS = [
 USER = [{"role": "user", "content": "Weather?"}]
 
 
-@pytest.fixture(scope="module")
-def steer(tokenizer):
-    wanted = tokenizer.tokenize(CALL)
+def rendered_prompt(tokenizer) -> list[int]:
     template = ChatTemplate((HERE / "tool_template.jinja").read_text())
-    prompt = tokenizer.tokenize(template.render(USER, TOOLS))
+    return tokenizer.tokenize(template.render(USER, TOOLS))
+
+
+def steering(tokenizer, reply: str, prompt: list[int]) -> dict:
+    """Request fields that make the model write `reply` after `prompt`."""
+    wanted = tokenizer.tokenize(reply)
     assert len(set(wanted)) == len(wanted), "the steering needs distinct tokens"
     assert not set(wanted) & set(prompt), "the steering needs tokens absent from the prompt"
     return {
@@ -44,6 +47,11 @@ def steer(tokenizer):
         "logit_bias": {str(t): 100 - 3 * i for i, t in enumerate(wanted)},
         "extra_body": {"repetition_penalty": 3.0},
     }
+
+
+@pytest.fixture(scope="module")
+def steer(tokenizer):
+    return steering(tokenizer, CALL, rendered_prompt(tokenizer))
 
 
 def test_tool_call_round_trip(small_server, steer, tokenizer):
@@ -100,3 +108,57 @@ def test_without_tools_the_text_stays_content(small_server, steer):
     assert r.choices[0].message.content == CALL
     assert r.choices[0].message.tool_calls is None
     assert r.choices[0].finish_reason == "length"
+
+
+def forced_prompt(tokenizer, name: str | None) -> list[int]:
+    """The prompt of a forced call: the conversation, then the reply's forced start."""
+    start = tokenizer.tokenize("<tool_call>" + forced_call_start(name), special=False)
+    return rendered_prompt(tokenizer) + start
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "tool_choice,rest",
+    [
+        # the model completes the named function's call with its arguments
+        ({"type": "function", "function": {"name": "get_weather"}}, " {}}</tool_call>"),
+        # "required": the model names the function
+        ("required", ' "get_weather"}</tool_call>'),
+    ],
+)
+def test_a_forced_tool_choice_starts_the_reply_inside_the_call(
+    small_server, tokenizer, tool_choice, rest, stream
+):
+    """tool_choice "required" or a named function: the reply starts inside a call (its opening
+    is part of the prompt), so the model can only complete it; the call comes back whole."""
+    name = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
+    prompt = forced_prompt(tokenizer, name)
+    body = steering(tokenizer, rest, prompt)
+    client = small_server.openai()
+    args = dict(model=small_server.model, messages=USER, tools=TOOLS, tool_choice=tool_choice)
+    if stream:
+        chunks = list(client.chat.completions.create(stream=True, **args, **body))
+        calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        r = client.chat.completions.create(**args, **body)
+        calls, content = r.choices[0].message.tool_calls, r.choices[0].message.content
+        finish = r.choices[0].finish_reason
+        assert r.usage.prompt_tokens == len(prompt)
+    assert finish == "tool_calls" and not content
+    (call,) = calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {}
+
+
+def test_a_forced_call_cut_short_comes_back_as_text(small_server, tokenizer):
+    """A forced call the model has not closed when max_tokens ends it is the reply's text, its
+    forced start included, as any unfinished call is."""
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    body = steering(tokenizer, " {}}</tool_call>", forced_prompt(tokenizer, "get_weather"))
+    body["max_tokens"] = 1  # " {" of the steered " {", "}}", "</tool_call>"
+    r = small_server.openai().chat.completions.create(
+        model=small_server.model, messages=USER, tools=TOOLS, tool_choice=choice, **body
+    )
+    assert r.choices[0].finish_reason == "length" and r.choices[0].message.tool_calls is None
+    assert r.choices[0].message.content == '<tool_call>\n{"name": "get_weather", "arguments": {'
