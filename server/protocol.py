@@ -87,6 +87,10 @@ class Tool(_Model):
     function: FunctionDef
 
 
+class ResponseFormat(_Model):
+    type: Literal["text", "json_object", "json_schema"]
+
+
 class StreamOptions(_Model):
     include_usage: bool = False
 
@@ -200,6 +204,21 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _plain_text_only(cls, value: ResponseFormat | None) -> ResponseFormat | None:
+        """JSON modes need decoding constrained to the format; without it a client would get
+        free text where it parses JSON, so they are refused rather than ignored."""
+        if value is not None and value.type != "text":
+            raise PydanticCustomError(
+                "response_format",
+                'response_format "{type}" needs constrained decoding, which pyqsa does not have; '
+                "ask for JSON in the messages instead",
+                {"type": value.type},
+            )
+        return value
 
     @field_validator("tool_choice")
     @classmethod

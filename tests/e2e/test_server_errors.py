@@ -76,6 +76,12 @@ def test_malformed_bodies(server, content):
         ({"temperature": 1e-310, "stream": True}, "temperature"),  # refused before streaming
         ({"model": 5}, "model"),
         ({"tool_choice": "required"}, "tool_choice"),  # and no tools
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format",
+        ),
+        ({"response_format": {"type": "yaml"}}, "response_format.type"),
         ({"tool_choice": {"type": "function"}}, "tool_choice"),
         (
             {"tool_choice": {"type": "function", "function": {"name": "f"}}, "tools": []},
@@ -248,6 +254,11 @@ def test_tool_choice_may_name_a_given_tool(server):
     for choice in ["required", {"type": "function", "function": {"name": "f"}}]:
         r = post(server, {**CHAT, "tools": tools, "tool_choice": choice})
         assert r.status_code == 200, r.text
+
+
+def test_response_format_text_is_the_default(server):
+    r = post(server, {**CHAT, "response_format": {"type": "text"}})
+    assert r.status_code == 200, r.text
 
 
 def test_chat_without_max_tokens_gets_the_default_cap(server):
