@@ -70,6 +70,22 @@ class ChatMessage(_Model):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: Any) -> Any:
+        """An image or audio part gets a 400 that says so (not one about strings)."""
+        if isinstance(value, list):
+            for i, part in enumerate(value):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    what = f'of type "{kind}"' if isinstance(kind, str) else "not a text part"
+                    raise PydanticCustomError(
+                        "content_part",
+                        "content part {i} is {what}; the model reads text parts only",
+                        {"i": i, "what": what},
+                    )
+        return value
+
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(p.text for p in self.content)

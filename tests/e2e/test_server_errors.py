@@ -49,6 +49,11 @@ def test_malformed_bodies(server, content):
         ({"messages": "hi"}, "messages"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages.0.content",
+        ),
+        ({"messages": [{"role": "user", "content": ["x"]}]}, "messages.0.content"),
         ({"top_p": 1.5}, "top_p"),
         ({"n": 2}, "n"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
