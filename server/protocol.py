@@ -146,6 +146,7 @@ class _Sampling(_Model):
         "ignore_eos",
         "logprobs",
         "echo",
+        "best_of",
         "parse_special",
         mode="before",
         check_fields=False,
@@ -282,6 +283,25 @@ class CompletionRequest(_Sampling):
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: Literal[False] = False
     suffix: None = None
+    best_of: Literal[1] = 1  # like n: one completion per request
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> Any:
+        """A batch of token-id lists, or anything else that is no prompt, gets a 400 that names
+        the accepted forms (not one about strings)."""
+        one = isinstance(value, str) or (
+            isinstance(value, list)
+            and (all(type(t) is int for t in value) or all(isinstance(t, str) for t in value))
+        )
+        if not one:
+            raise PydanticCustomError(
+                "prompt",
+                "prompt is a string, a list of token ids or a list of one string (one prompt "
+                "per request)",
+            )
+        return value
+
     # extension: parse control tokens (<|im_start|>...) in a string prompt; off, so text from
     # an untrusted source cannot forge turns unless the caller says it is trusted
     parse_special: bool = False

@@ -180,6 +180,23 @@ def test_empty_prompt(server):
     check(post(server, body, path="/completions"), 400, "invalid_request_error", "prompt")
 
 
+@pytest.mark.parametrize(
+    "patch,param",
+    [
+        ({"prompt": [[1, 2], [3]]}, "prompt"),  # a batch of prompts
+        ({"prompt": [1, "x"]}, "prompt"),
+        ({"prompt": True}, "prompt"),
+        ({"prompt": {"text": "x"}}, "prompt"),
+        ({"prompt": "x", "best_of": 2}, "best_of"),
+    ],
+)
+def test_completions_take_one_prompt(server, patch, param):
+    body = {"model": "pyqsa-demo", "max_tokens": 1, **patch}
+    err = check(post(server, body, path="/completions"), 400, "invalid_request_error", param)
+    if param == "prompt":
+        assert "one prompt per request" in err["message"]
+
+
 def test_unknown_model_and_route(server):
     err = check(post(server, {**CHAT, "model": "gpt-9"}), 404, "not_found_error", "model")
     assert err["code"] == "model_not_found"
