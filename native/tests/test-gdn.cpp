@@ -178,11 +178,12 @@ int cmd_test(const char * only_backend) {
     ggml_backend_cpu_set_n_threads(cpu, 4);
     const gdn_case cases[] = {
         { 128, 4, 2, 300, 1, 1, false, 0, 0 },   // prefill: the staged kernel, tiles of 32 and a partial one
-        { 128, 4, 2, 37, 3, 3, false, 0, 0 },    // three sequences of 37 tokens
+        { 128, 4, 2, 70, 3, 3, false, 0, 0 },    // three sequences of 70 tokens
         { 128, 4, 4, 64, 2, 1, false, 0, 0 },    // both sequences read one q/k sequence
         { 128, 4, 2, 96, 1, 1, false, 2, 4 },    // q and k views of a wider buffer (aligned)
         { 128, 4, 2, 96, 1, 1, false, 2, 1 },    // unaligned views: upstream's kernel
         { 128, 4, 2, 8, 4, 4, false, 0, 0 },     // decode-sized: upstream's kernel
+        { 128, 4, 2, 40, 2, 2, false, 0, 0 },    // under 64 tokens a sequence: upstream's kernel
         { 64, 4, 2, 100, 1, 1, false, 0, 0 },    // other head size: upstream's kernel
         { 128, 2, 2, 70, 1, 1, true, 0, 0 },     // KDA gate: upstream's kernel
     };

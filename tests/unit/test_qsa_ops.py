@@ -26,7 +26,7 @@ from pyqsa._build.native import BuildConfig
         ("test-qsa-page", 7),
         ("test-sample", 6),
         ("test-products", 12),
-        ("test-gdn", 8),
+        ("test-gdn", 9),
     ],
 )
 def test_ops_match_their_references(binary, min_checks):
