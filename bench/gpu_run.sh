@@ -63,6 +63,20 @@ while [ $# -gt 0 ]; do
     esac
     shift 2
 done
+# pyqsa's library under one switch variable: the variant and the variable it sets
+declare -A variant_env=([cores]=PYQSA_QSA_ATTN_MMA=0 [moesync]=PYQSA_CUDA_MOE_SYNC=1
+                        [f16acc]=PYQSA_CUDA_F16_ACCUMULATE=1 [gdnup]=PYQSA_CUDA_GDN_UPSTREAM=1
+                        [moemmf]=PYQSA_CUDA_MOE_MMF=1)
+declare -A variant_args=([pyqsa]="--variant pyqsa" [paged]="--variant pyqsa --hot-blocks $hot_blocks"
+                         [pagedq8]="--variant pyqsa --hot-blocks $hot_blocks --kv-type q8_0"
+                         [sampled]="--variant pyqsa --sampling device" [upstream]="--variant upstream")
+for v in "${!variant_env[@]}"; do variant_args[$v]="--variant pyqsa"; done
+for v in ${variants//,/ }; do
+    [ -n "${variant_args[$v]:-}" ] || { echo "gpu_run.sh: unknown variant $v" >&2; exit 2; }
+done
+lib_of() {  # a variant's library folder
+    if [ "$1" = upstream ]; then echo "$work/upstream-cuda/bin"; else echo .build/py/llama_cpp/lib; fi
+}
 deadline=$((t_start + budget))
 out=${OUT:-/tmp/pyqsa-bench-out}
 work=.build/bench
@@ -180,28 +194,13 @@ fi
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 echo "# $invocation; env: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES PYTHONPATH=$PYTHONPATH" \
     >> "$out/commands.txt"
-declare -A libs=([pyqsa]=.build/py/llama_cpp/lib [paged]=.build/py/llama_cpp/lib
-                 [pagedq8]=.build/py/llama_cpp/lib [sampled]=.build/py/llama_cpp/lib
-                 [cores]=.build/py/llama_cpp/lib [moesync]=.build/py/llama_cpp/lib
-                 [f16acc]=.build/py/llama_cpp/lib [gdnup]=.build/py/llama_cpp/lib
-                 [moemmf]=.build/py/llama_cpp/lib
-                 [upstream]=$work/upstream-cuda/bin)
-declare -A variant_args=([pyqsa]="--variant pyqsa" [paged]="--variant pyqsa --hot-blocks $hot_blocks"
-                         [pagedq8]="--variant pyqsa --hot-blocks $hot_blocks --kv-type q8_0"
-                         [sampled]="--variant pyqsa --sampling device" [cores]="--variant pyqsa"
-                         [moesync]="--variant pyqsa" [f16acc]="--variant pyqsa" [gdnup]="--variant pyqsa"
-                         [moemmf]="--variant pyqsa"
-                         [upstream]="--variant upstream")
-declare -A variant_env=([cores]=PYQSA_QSA_ATTN_MMA=0 [moesync]=PYQSA_CUDA_MOE_SYNC=1
-                        [f16acc]=PYQSA_CUDA_F16_ACCUMULATE=1 [gdnup]=PYQSA_CUDA_GDN_UPSTREAM=1
-                        [moemmf]=PYQSA_CUDA_MOE_MMF=1)
 for c in ${contexts//,/ }; do
     for v in ${variants//,/ }; do
         if [ "$(date +%s)" -ge "$deadline" ]; then
             echo "budget spent: context $c ($v) not run"
             continue
         fi
-        cmd=(env ${variant_env[$v]:-} python3 bench/decode.py "$model" ${variant_args[$v]} --lib "${libs[$v]}"
+        cmd=(env ${variant_env[$v]:-} python3 bench/decode.py "$model" ${variant_args[$v]} --lib "$(lib_of "$v")"
              --contexts "$c" --seqs "$seqs" --steps "$steps" --warmup "$warmup"
              --out "$out/decode.jsonl" --out "$work/history.jsonl" --deadline "$deadline"
              $decode_args)
