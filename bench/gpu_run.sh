@@ -86,6 +86,8 @@ exec > >(tee -a "$out/gpu_run.log") 2>&1
 export PYTHONUNBUFFERED=1
 elapsed() { echo "$(( $(date +%s) - t_start )) s"; }
 
+# (a) below replaces .build/llama.cpp: a slip on the development machine would take its tree
+command -v nvidia-smi > /dev/null || { echo "gpu_run.sh: no nvidia-smi; it runs on the GPU machine" >&2; exit 2; }
 for f in upstream-extract.tar.gz ggml-vocab-qwen35.gguf; do
     [ -f ".gpu-carry/$f" ] || { echo "no .gpu-carry/$f: run bench/pack.sh, carry .gpu-carry"; exit 2; }
 done
