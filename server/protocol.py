@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from pyqsa.engine import InvalidSamplingParam, SamplingParams
+from pyqsa.engine.grammar import json_grammar
 
 from .chat_template import forced_call_start
 from .errors import APIError
@@ -103,8 +104,29 @@ class Tool(_Model):
     function: FunctionDef
 
 
+class JsonSchema(_Model):
+    name: str
+    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
+    strict: bool | None = None
+
+
 class ResponseFormat(_Model):
     type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+    def grammar(self) -> str | None:
+        """GBNF the reply must follow: any JSON object, or the schema's; None for text."""
+        if self.type == "text":
+            return None
+        if self.type == "json_schema" and self.json_schema is None:
+            raise APIError(
+                400, 'a "json_schema" response_format needs json_schema', param="response_format"
+            )
+        schema = self.json_schema.schema_ if self.type == "json_schema" else None
+        try:
+            return json_grammar(schema)
+        except ValueError as e:
+            raise APIError(400, f"response_format: {e}", param="response_format") from e
 
 
 class StreamOptions(_Model):
@@ -177,7 +199,9 @@ class _Sampling(_Model):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
-    def sampling(self, n_vocab: int, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling(
+        self, n_vocab: int, max_tokens: int, logprobs: int | None, grammar: str | None = None
+    ) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stop) > 4 or any(not s for s in stop):
             raise APIError(400, "'stop' takes up to 4 non-empty strings", param="stop")
@@ -209,6 +233,7 @@ class _Sampling(_Model):
                 stop_token_ids=tuple(self.stop_token_ids or ()),
                 ignore_eos=self.ignore_eos,
                 logprobs=logprobs,
+                grammar=grammar,
             )
         except InvalidSamplingParam as e:
             raise APIError(400, str(e), param=e.param) from e
@@ -222,20 +247,6 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
-
-    @field_validator("response_format")
-    @classmethod
-    def _plain_text_only(cls, value: ResponseFormat | None) -> ResponseFormat | None:
-        """JSON modes need decoding constrained to the format; without it a client would get
-        free text where it parses JSON, so they are refused rather than ignored."""
-        if value is not None and value.type != "text":
-            raise PydanticCustomError(
-                "response_format",
-                'response_format "{type}" needs constrained decoding, which pyqsa does not have; '
-                "ask for JSON in the messages instead",
-                {"type": value.type},
-            )
-        return value
 
     @field_validator("tool_choice")
     @classmethod
@@ -262,7 +273,15 @@ class ChatCompletionRequest(_Sampling):
 
     def params(self, n_vocab: int, default_max_tokens: int) -> SamplingParams:
         limit = self.max_completion_tokens or self.max_tokens or default_max_tokens
-        return self.sampling(n_vocab, limit, (self.top_logprobs or 0) if self.logprobs else None)
+        grammar = self.response_format.grammar() if self.response_format else None
+        if grammar is not None and self.forced_call() is not None:
+            raise APIError(
+                400,
+                "a JSON response_format and a tool_choice that forces a call exclude each other",
+                param="response_format",
+            )
+        lp = (self.top_logprobs or 0) if self.logprobs else None
+        return self.sampling(n_vocab, limit, lp, grammar)
 
     def use_tools(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"

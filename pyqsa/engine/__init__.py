@@ -5,7 +5,8 @@ contexts: ContextConfig) | paging (--kv-offload / --hot-blocks: the QSA K/V a mo
 hot cache's default, admission against host memory) | request (Request, SamplingParams,
 events) | slots (SlotTable, SlotLease) | scheduler (token budget: decode first, then prompt
 chunks by the prefill policy) | runner (llama.cpp: model, tokenizer, batched forward, abort) |
-sampler (numpy sampling, penalties) | detokenizer (UTF-8-safe deltas, stop strings) | engine
+sampler (numpy sampling, penalties) | grammar (draws constrained to a GBNF grammar: JSON
+response formats) | detokenizer (UTF-8-safe deltas, stop strings) | engine
 (the thread and its step loop).
 The embedded default model is built by pyqsa.demo_model.
 """
@@ -20,6 +21,7 @@ from .engine import (
     QueueFull,
     load_engine,
 )
+from .grammar import GrammarError
 from .request import (
     Delta,
     Event,
@@ -37,6 +39,7 @@ __all__ = [
     "EngineConfig",
     "EngineStats",
     "EngineStopped",
+    "GrammarError",
     "Event",
     "FinishReason",
     "Finished",

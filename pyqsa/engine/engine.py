@@ -188,18 +188,24 @@ class Engine:
                 f"(prompt plus at least one generated token)"
             )
         max_len = cap if params.max_tokens is None else min(cap, len(prompt) + params.max_tokens)
-        with self._lock:
-            if self._stopped:
-                raise EngineStopped("the engine is shutting down")
-            if self._in_flight >= self.config.n_slots + self.config.max_waiting:
-                raise QueueFull(
-                    f"all {self.config.n_slots} slots are busy and "
-                    f"{self.config.max_waiting} requests are waiting"
-                )
-            self._in_flight += 1
-            n = next(self._ids)
+        grammar = self.vocab.grammar(params.grammar) if params.grammar else None  # GrammarError
+        try:
+            with self._lock:
+                if self._stopped:
+                    raise EngineStopped("the engine is shutting down")
+                if self._in_flight >= self.config.n_slots + self.config.max_waiting:
+                    raise QueueFull(
+                        f"all {self.config.n_slots} slots are busy and "
+                        f"{self.config.max_waiting} requests are waiting"
+                    )
+                self._in_flight += 1
+                n = next(self._ids)
+        except AdmissionError:
+            if grammar is not None:
+                grammar.close()
+            raise
         rid = request_id or f"req-{n}"
-        req = Request(rid, list(prompt), params, sink, max_len=max_len, arrival=n)
+        req = Request(rid, list(prompt), params, sink, max_len=max_len, arrival=n, grammar=grammar)
         self._inbox.put(("submit", req))
         return rid
 
@@ -336,7 +342,7 @@ class Engine:
     def _admit(self, req: Request) -> None:
         seed = hash((self.config.seed, req.arrival)) & 0xFFFFFFFF
         detok = Detokenizer(self.vocab.token_bytes, req.params.stop)
-        self._live[req.request_id] = _Live(req, Sampler(req.params, seed), detok)
+        self._live[req.request_id] = _Live(req, Sampler(req.params, seed, req.grammar), detok)
         self.scheduler.add(req)
 
     def _device_draws(self, chunks: list[Chunk]) -> list[dict | None] | None:
@@ -427,7 +433,7 @@ class Engine:
         if req.state is RequestState.FINISHED:
             return
         self.scheduler.finish(req)
-        del self._live[req.request_id]
+        self._live.pop(req.request_id).sampler.close()
         with self._lock:
             self._in_flight -= 1
             self._finished[reason.value] += 1

@@ -11,8 +11,12 @@ import enum
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .slots import SlotLease
+
+if TYPE_CHECKING:
+    from .grammar import Grammar
 
 
 class FinishReason(str, enum.Enum):
@@ -60,6 +64,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: off; n: the chosen token plus the top n
+    grammar: str | None = None  # GBNF the reply must be a sentence of (pyqsa.engine.grammar)
 
     def __post_init__(self) -> None:
         def check(ok: bool, param: str, rule: str) -> None:
@@ -137,6 +142,7 @@ class Request:
     state: RequestState = RequestState.WAITING
     lease: SlotLease | None = None
     arrival: int = 0  # submission order, for FCFS
+    grammar: Grammar | None = None  # params.grammar's state, made at submission
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt)

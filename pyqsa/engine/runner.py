@@ -21,6 +21,7 @@ from .. import native
 from ..gguf_keys import PYQSA_TOKENIZER_NORMALIZER
 from .config import EngineConfig
 from .context import ContextError, load_model, open_context
+from .grammar import Grammar
 from .scheduler import Chunk
 
 
@@ -190,6 +191,10 @@ class LlamaModel:
 
     def is_eog(self, token: int) -> bool:
         return bool(_llama().llama_vocab_is_eog(self.vocab, token))
+
+    def grammar(self, text: str) -> Grammar:
+        """A reply's state under GBNF `text` (GrammarError when it does not parse)."""
+        return Grammar(self.vocab, text)
 
     def close(self) -> None:
         if self.ptr:

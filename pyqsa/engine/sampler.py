@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import native
 from ..native import SampleResult
+from .grammar import Grammar
 from .request import SamplingParams, TokenLogprob
 
 
@@ -186,8 +187,9 @@ class Sampler:
     in parallel); both follow this module's numpy reference (ReferenceSampler). The logit bias
     and penalties go to either as a list of logit adjustments (`adjustments`)."""
 
-    def __init__(self, params: SamplingParams, seed: int) -> None:
+    def __init__(self, params: SamplingParams, seed: int, grammar: Grammar | None = None) -> None:
         self.params = params
+        self.grammar = grammar
         # any integer is a valid seed (OpenAI takes negative ones): its low 64 bits
         self.seed = (params.seed if params.seed is not None else seed) % 2**64
         self.counter = 0
@@ -199,9 +201,29 @@ class Sampler:
     def __call__(
         self, logits: np.ndarray, tokens: list[int], n_prompt: int
     ) -> tuple[int, TokenLogprob | None]:
-        """Draw from a logits row; `tokens` is prompt + output so far (for the penalties)."""
+        """Draw from a logits row; `tokens` is prompt + output so far (for the penalties). With a
+        grammar, a token it rejects is drawn again from the row masked to what it allows (see
+        pyqsa/engine/grammar.py)."""
+        token, lp = self._draw(logits, tokens, n_prompt)
+        if self.grammar is not None:
+            if not self.grammar.allows(token):
+                token, lp = self._draw(self.grammar.mask(logits), tokens, n_prompt)
+                if not self.grammar.allows(token):
+                    raise ValueError("the grammar allows no token here")
+            self.grammar.accept(token)
+        self.counter += 1
+        return token, lp
+
+    def _draw(
+        self, logits: np.ndarray, tokens: list[int], n_prompt: int
+    ) -> tuple[int, TokenLogprob | None]:
+        """The next draw from a row, the counter left as it is."""
         adjust = self.adjustments(len(logits), tokens, n_prompt)
-        return self.take(native.sample(logits, adjust=adjust, **self._params()))
+        return self._token(native.sample(logits, adjust=adjust, **self._params()))
+
+    def close(self) -> None:
+        if self.grammar is not None:
+            self.grammar.close()
 
     def adjustments(self, n_vocab: int, tokens: list[int], n_prompt: int) -> np.ndarray | None:
         """The next draw's logit bias and penalties as pyqsa_logit_adjust rows (int32 [n, 4]:
@@ -274,8 +296,10 @@ class Sampler:
         self, n_vocab: int, tokens: list[int], n_prompt: int, max_adjust: int
     ) -> dict | None:
         """The next draw's parameters and logit adjustments (native.DeviceSampler.set), or
-        None when it cannot run where the logits are: more than `max_adjust` adjustments, or
-        parameters only the host path reports as wrong."""
+        None when it cannot run where the logits are: a grammar, more than `max_adjust`
+        adjustments, or parameters only the host path reports as wrong."""
+        if self.grammar is not None:
+            return None
         try:
             adjust = self.adjustments(n_vocab, tokens, n_prompt)
         except ValueError:
@@ -300,6 +324,9 @@ class Sampler:
     def take(self, drawn: SampleResult) -> tuple[int, TokenLogprob | None]:
         """Accept a draw made with the next draw's parameters (device_draw)."""
         self.counter += 1
+        return self._token(drawn)
+
+    def _token(self, drawn: SampleResult) -> tuple[int, TokenLogprob | None]:
         if self.params.logprobs is None:
             return drawn.token, None
         return drawn.token, TokenLogprob(drawn.token, drawn.logprob, drawn.top)
@@ -318,11 +345,10 @@ class ReferenceSampler(Sampler):
     """The same draws with this module's numpy functions: the reference the native samplers
     are tested against."""
 
-    def __call__(
+    def _draw(
         self, logits: np.ndarray, tokens: list[int], n_prompt: int
     ) -> tuple[int, TokenLogprob | None]:
         x = apply_penalties(logits, self.params, tokens, n_prompt)
         token = draw(x, self.params, draw_key(self.seed, self.counter))
-        self.counter += 1
         lp = None if self.params.logprobs is None else logprobs(x, token, self.params.logprobs)
         return token, lp

@@ -4,6 +4,8 @@ greedy with logprobs, penalised and biased requests, whose adjustments go with t
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import THREADS, start_server, stop_server
 
@@ -69,3 +71,23 @@ def test_device_sampling_equals_host_sampling(server, device_server, kw):
         for got, want in zip(top, want_top, strict=True):
             assert got.keys() == want.keys()
             assert all(abs(got[t] - want[t]) < 1e-4 for t in got)
+
+
+def test_a_reply_under_a_grammar_is_drawn_on_the_host(server, device_server):
+    """A JSON response_format's draws need the logits row (the grammar masks it on the host), so
+    a device-sampling server makes them as the host-sampling one does."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    kw = dict(
+        messages=[{"role": "user", "content": "JSON, please."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+        temperature=1.0,
+        seed=7,
+        max_tokens=48,
+    )
+    replies = [
+        s.openai().chat.completions.create(model=s.model, **kw).choices[0]
+        for s in (server, device_server)
+    ]
+    assert replies[0].message.content == replies[1].message.content
+    assert all(r.finish_reason == "stop" for r in replies)
+    assert isinstance(json.loads(replies[1].message.content)["ok"], bool)

@@ -81,9 +81,22 @@ def test_malformed_bodies(server, content):
         ({"temperature": 1e-310, "stream": True}, "temperature"),  # refused before streaming
         ({"model": 5}, "model"),
         ({"tool_choice": "required"}, "tool_choice"),  # and no tools
-        ({"response_format": {"type": "json_object"}}, "response_format"),
-        (
-            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+        ({"response_format": {"type": "json_schema"}}, "response_format"),  # no json_schema
+        (  # a schema llama.cpp's converter cannot turn into a grammar
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"not": {}}},
+                }
+            },
+            "response_format",
+        ),
+        (  # a forced call is no JSON object
+            {
+                "response_format": {"type": "json_object"},
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": "required",
+            },
             "response_format",
         ),
         ({"response_format": {"type": "yaml"}}, "response_format.type"),
