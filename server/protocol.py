@@ -11,9 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from pyqsa.engine import InvalidSamplingParam, SamplingParams
-from pyqsa.engine.grammar import json_grammar
+from pyqsa.engine.grammar import call_grammar, json_grammar
 
-from .chat_template import forced_call_start
+from .chat_template import CLOSE, forced_call_start
 from .errors import APIError
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -274,14 +274,31 @@ class ChatCompletionRequest(_Sampling):
     def params(self, n_vocab: int, default_max_tokens: int) -> SamplingParams:
         limit = self.max_completion_tokens or self.max_tokens or default_max_tokens
         grammar = self.response_format.grammar() if self.response_format else None
-        if grammar is not None and self.forced_call() is not None:
-            raise APIError(
-                400,
-                "a JSON response_format and a tool_choice that forces a call exclude each other",
-                param="response_format",
-            )
+        if self.forced_call() is not None:
+            if grammar is not None:
+                raise APIError(
+                    400,
+                    "a JSON response_format and a tool_choice forcing a call exclude each other",
+                    param="response_format",
+                )
+            grammar = self.call_grammar()
         lp = (self.top_logprobs or 0) if self.logprobs else None
         return self.sampling(n_vocab, limit, lp, grammar)
+
+    def call_grammar(self) -> str | None:
+        """GBNF of a forced call's rest (its function's name when "required", the arguments as
+        the function's parameters schema says, the call's end); None when llama.cpp's converter
+        cannot take a schema: the call is then forced by its start alone."""
+        named = isinstance(self.tool_choice, dict)
+        functions = [
+            (t.function.name, t.function.parameters)
+            for t in self.tools or []
+            if not named or t.function.name == self.tool_choice["function"]["name"]
+        ]
+        try:
+            return call_grammar(functions, named, CLOSE)
+        except ValueError:
+            return None
 
     def use_tools(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"

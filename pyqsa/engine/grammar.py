@@ -76,6 +76,33 @@ class Grammar:
         self.close()
 
 
+def call_grammar(functions: list[tuple[str, dict | None]], named: bool, close: str) -> str:
+    """GBNF of what follows a forced call's start (server/chat_template.forced_call_start): the
+    one function's arguments (`named`), or one of the functions' name and its arguments, then the
+    call's end, `}` and `close`. `functions`: (name, parameters schema; None: any object).
+    ValueError for a schema llama.cpp's converter cannot take."""
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    conv = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    quoted = conv._format_literal  # a GBNF literal of a text
+    key = quoted('"arguments"')
+    alternatives = []
+    try:
+        for i, (name, params) in enumerate(functions):
+            schema = conv.resolve_refs(params or {"type": "object"}, f"function-{i}")
+            args = conv.visit(schema, f"arguments-{i}")
+            if named:
+                alternatives.append(f"space {args}")
+            else:
+                fn = quoted(json.dumps(name, ensure_ascii=False))
+                alternatives.append(f'space {fn} space "," space {key} space ":" space {args}')
+    except Exception as e:  # the converter raises plain exceptions on unsupported schemas
+        raise ValueError(f"a tool's parameters cannot be converted to a grammar: {e}") from None
+    end = f'space "}}" [ \\n]? {quoted(close)}'
+    conv._add_rule("root", f"({' | '.join(alternatives)}) {end}")
+    return conv.format_grammar()
+
+
 def json_grammar(schema: dict | None) -> str:
     """GBNF of a JSON value: any object (response_format json_object) or one that `schema`
     describes (json_schema), by llama.cpp's converter. ValueError for a schema it cannot convert."""

@@ -117,23 +117,12 @@ def forced_prompt(tokenizer, name: str | None) -> list[int]:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize(
-    "tool_choice,rest",
-    [
-        # the model completes the named function's call with its arguments
-        ({"type": "function", "function": {"name": "get_weather"}}, " {}}</tool_call>"),
-        # "required": the model names the function
-        ("required", ' "get_weather"}</tool_call>'),
-    ],
-)
-def test_a_forced_tool_choice_starts_the_reply_inside_the_call(
-    small_server, tokenizer, tool_choice, rest, stream
-):
-    """tool_choice "required" or a named function: the reply starts inside a call (its opening
-    is part of the prompt), so the model can only complete it; the call comes back whole."""
-    name = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
-    prompt = forced_prompt(tokenizer, name)
-    body = steering(tokenizer, rest, prompt)
+def test_a_named_tool_choice_starts_the_reply_inside_the_call(small_server, tokenizer, stream):
+    """A named tool_choice: the call's opening up to its arguments is part of the prompt, so the
+    model writes only the arguments and the call's end; the call comes back whole."""
+    tool_choice = {"type": "function", "function": {"name": "get_weather"}}
+    prompt = forced_prompt(tokenizer, "get_weather")
+    body = steering(tokenizer, " {}}</tool_call>", prompt)
     client = small_server.openai()
     args = dict(model=small_server.model, messages=USER, tools=TOOLS, tool_choice=tool_choice)
     if stream:
@@ -149,6 +138,56 @@ def test_a_forced_tool_choice_starts_the_reply_inside_the_call(
     assert finish == "tool_calls" and not content
     (call,) = calls
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {}
+
+
+# parameters whose every valid value is short, so a reply under the grammar always closes
+FIXED_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "set_unit",
+            "parameters": {
+                "type": "object",
+                "properties": {"unit": {"enum": ["c", "f"]}},
+                "required": ["unit"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "reset",
+            "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+        },
+    },
+]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "set_unit"}}]
+)
+def test_a_forced_call_follows_its_functions_schema(small_server, tool_choice, seed):
+    """Under a forced tool_choice the rest of the call is drawn under a grammar of the tools'
+    names and parameters: whatever the (random) model prefers, the reply is one valid call."""
+    r = small_server.openai().chat.completions.create(
+        model=small_server.model,
+        messages=USER,
+        tools=FIXED_TOOLS,
+        tool_choice=tool_choice,
+        temperature=1.0,
+        seed=seed,
+        max_tokens=48,
+    )
+    (choice,) = r.choices
+    assert choice.finish_reason == "tool_calls", choice.message.content
+    (call,) = choice.message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    if isinstance(tool_choice, dict) or call.function.name == "set_unit":
+        assert call.function.name == "set_unit" and arguments in ({"unit": "c"}, {"unit": "f"})
+    else:
+        assert call.function.name == "reset" and arguments == {}
 
 
 def test_a_forced_call_cut_short_comes_back_as_text(small_server, tokenizer):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pyqsa.engine import GrammarError, SamplingParams
-from pyqsa.engine.grammar import json_grammar
+from pyqsa.engine.grammar import call_grammar, json_grammar
 from pyqsa.engine.sampler import ReferenceSampler, Sampler
 
 YES_NO = 'root ::= "yes" | "no"'
@@ -73,3 +73,16 @@ def test_seeded_draws_spell_a_sentence_of_the_grammar(vocab, seed, temperature):
     text = b"".join(vocab.token_bytes(t) for t in tokens[:-1]).decode()
     assert text.replace(" ", "") in ('{"a":"x"}', '{"a":"y"}'), text
     assert tokens == spell(vocab, ReferenceSampler, params, seed)
+
+
+def test_a_call_grammar_takes_the_parameters_schemas(vocab):
+    params = {"type": "object", "properties": {"u": {"enum": ["c"]}}, "required": ["u"]}
+    text = call_grammar([("f", params), ("g", None)], named=False, close="</tool_call>")
+    g = vocab.grammar(text)
+    for t in vocab.tokenize(' "f", "arguments": {"u": "c"}}\n</tool_call>', special=True):
+        assert g.allows(t), vocab.token_bytes(t)
+        g.accept(t)
+    assert g.allows(vocab.eos)
+    g.close()
+    with pytest.raises(ValueError):
+        call_grammar([("f", {"not": {}})], named=True, close="</tool_call>")
