@@ -96,8 +96,8 @@ class EngineStream:
             raise APIError(429, str(e), code="queue_full") from e
         except EngineStopped as e:
             raise APIError(503, str(e)) from e
-        except GrammarError as e:  # the one grammar a request brings: its response_format's
-            raise APIError(400, f"response_format: {e}", param="response_format") from e
+        except GrammarError as e:  # from response_format or a forcing tool_choice
+            raise APIError(400, f"the reply's grammar: {e}") from e
         except ValueError as e:  # e.g. an empty prompt
             raise APIError(400, str(e), param="prompt") from e
 
