@@ -84,6 +84,7 @@ ENGINE_COUNTERS = {
     "pyqsa_engine_steps_total": "steps",
     'pyqsa_engine_step_seconds_total{part="forward"}': "forward",
     'pyqsa_engine_step_seconds_total{part="host"}': "host",
+    'pyqsa_engine_step_seconds_total{part="launch"}': "launch",
 }
 
 
@@ -121,8 +122,9 @@ class CounterPoller:
 
 
 def engine_in_window(snapshots: list[tuple[float, dict]], window: tuple[float, float] | None):
-    """ms per step, and its forward and host parts, between the first and last snapshots inside
-    `window`; None without two such snapshots a step apart."""
+    """ms per step, its forward and host parts and the launch part of forward (until the pass
+    got under way), between the first and last snapshots inside `window`; None without two such
+    snapshots a step apart."""
     if window is None:
         return None
     inside = [c for t, c in snapshots if window[0] <= t <= window[1]]
@@ -130,11 +132,12 @@ def engine_in_window(snapshots: list[tuple[float, dict]], window: tuple[float, f
         return None
     a, b = inside[0], inside[-1]
     steps = b["steps"] - a["steps"]
-    forward, host = (1e3 * (b[k] - a[k]) / steps for k in ("forward", "host"))
+    forward, host, launch = (1e3 * (b[k] - a[k]) / steps for k in ("forward", "host", "launch"))
     return {
         "steps": int(steps),
         "forward_ms_per_step": round(forward, 3),
         "host_ms_per_step": round(host, 3),
+        "launch_ms_per_step": round(launch, 3),
         "host_share": round(host / (forward + host), 3) if forward + host else None,
     }
 
@@ -228,6 +231,9 @@ def main() -> None:
         ),
         "together_forward_ms_per_step": median(
             [(r["together_engine"] or {}).get("forward_ms_per_step") for r in runs]
+        ),
+        "together_launch_ms_per_step": median(
+            [(r["together_engine"] or {}).get("launch_ms_per_step") for r in runs]
         ),
     }
     if args.short_after is not None:

@@ -41,7 +41,8 @@ class _EngineCollector(Collector):
         yield CounterMetricFamily("pyqsa_engine_steps", "Forward passes run", value=s.steps)
         step_seconds = CounterMetricFamily(
             "pyqsa_engine_step_seconds",
-            "Engine step time: forward (the model) or host (scheduling, sampling, events)",
+            "Engine step time: forward (the model) or host (scheduling, sampling, events); "
+            "launch is the part of forward until the pass got under way",
             labels=["part"],
         )
         for part, seconds in s.step_seconds.items():

@@ -9,7 +9,6 @@
 #include "pyqsa-ggml.h"
 
 #include <cstring>
-#include <utility>
 #include <vector>
 
 namespace {
@@ -19,8 +18,11 @@ struct device_sampler {
     pyqsa_sample_params             params = { 0.0f, 0, 1.0f, 0.0f, 0u, 0u, 0u, -1 };
     int32_t                         max_adjust = 0;
     std::vector<pyqsa_logit_adjust> adjust;  // the next draw's logit adjustments
-    // the inputs of the graph being built: params tensors, and adjustment lists (or null)
-    std::vector<std::pair<ggml_tensor *, ggml_tensor *>> inputs;
+    // the inputs of the graph being built: I32 [8 + 4 * max_adjust] each, the params and then the
+    // adjustment list, so a draw's inputs go to the device in one copy (each is a synchronous
+    // one: llama.cpp sets every sequence's sampler inputs before a step's pass starts)
+    std::vector<ggml_tensor *>      inputs;
+    std::vector<int32_t>            staged;  // what set_input copies, reused
 };
 
 device_sampler * state(const llama_sampler * s) {
@@ -58,16 +60,16 @@ bool sampler_backend_init(llama_sampler *, ggml_backend_buffer_type_t, uint32_t)
 
 void sampler_backend_apply(llama_sampler * s, ggml_context * ctx, ggml_cgraph *, llama_sampler_data * data) {
     device_sampler * st = state(s);
-    ggml_tensor *    p  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 8);
-    ggml_format_name(p, "pyqsa_sample_params_%zu", st->inputs.size());
-    ggml_set_input(p);
+    ggml_tensor *    in = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 8 + 4 * (int64_t) st->max_adjust);
+    ggml_format_name(in, "pyqsa_sample_inputs_%zu", st->inputs.size());
+    ggml_set_input(in);
+    st->inputs.push_back(in);
+    ggml_tensor * p      = ggml_view_1d(ctx, in, 8, 0);
     ggml_tensor * adjust = nullptr;
     if (st->max_adjust > 0) {
-        adjust = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, 4, st->max_adjust, 1);
-        ggml_format_name(adjust, "pyqsa_sample_adjust_%zu", st->inputs.size());
-        ggml_set_input(adjust);
+        adjust = ggml_view_3d(ctx, in, 4, st->max_adjust, 1, sizeof(pyqsa_logit_adjust),
+                              st->max_adjust * sizeof(pyqsa_logit_adjust), sizeof(pyqsa_sample_params));
     }
-    st->inputs.emplace_back(p, adjust);
     ggml_tensor * out = pyqsa_ggml_sample(ctx, data->logits, p, adjust);  // I32 [42, 1]
     data->sampled     = ggml_view_1d(ctx, out, 1, 0);
     data->candidates  = out;      // the whole result, read back by pyqsa_sampled_get
@@ -75,21 +77,23 @@ void sampler_backend_apply(llama_sampler * s, ggml_context * ctx, ggml_cgraph *,
 }
 
 void sampler_backend_set_input(llama_sampler * s) {
-    const device_sampler * st = state(s);
-    // the list and its end (an entry with id -1) unless it fills the input: what lies past the
-    // end is whatever the buffer held, and no kernel reads it
+    device_sampler * st = state(s);
+    // the params, the list and its end (an entry with id -1) unless it fills the input: what
+    // lies past the end is whatever the buffer held, and no kernel reads it
     const pyqsa_logit_adjust end = { -1, 0.0f, 1.0f, 0.0f };
-    for (auto [p, adjust] : st->inputs) {
-        ggml_backend_tensor_set(p, &st->params, 0, sizeof(st->params));
-        if (adjust != nullptr) {
-            const size_t n = st->adjust.size();
-            if (n > 0) {
-                ggml_backend_tensor_set(adjust, st->adjust.data(), 0, n * sizeof(end));
-            }
-            if (n < (size_t) st->max_adjust) {
-                ggml_backend_tensor_set(adjust, &end, n * sizeof(end), sizeof(end));
-            }
-        }
+    const size_t             n   = st->adjust.size();
+    const size_t             len = n + (n < (size_t) st->max_adjust ? 1 : 0);
+    st->staged.resize((sizeof(st->params) + len * sizeof(end)) / sizeof(int32_t));
+    char * dst = reinterpret_cast<char *>(st->staged.data());
+    std::memcpy(dst, &st->params, sizeof(st->params));
+    if (n > 0) {
+        std::memcpy(dst + sizeof(st->params), st->adjust.data(), n * sizeof(end));
+    }
+    if (len > n) {
+        std::memcpy(dst + sizeof(st->params) + n * sizeof(end), &end, sizeof(end));
+    }
+    for (ggml_tensor * in : st->inputs) {
+        ggml_backend_tensor_set(in, st->staged.data(), 0, st->staged.size() * sizeof(int32_t));
     }
 }
 

@@ -76,11 +76,15 @@ struct sample_case {
     row_kind                         kind;
     std::vector<pyqsa_sample_params> params;          // cycled over the rows
     int                              max_adjust = 0;  // > 0: each row gets a list of adjustments
+    // one one-row op per row, on views of the inputs, as llama.cpp's backend sampling builds a
+    // step's draws (CUDA runs such a run of ops as one launch)
+    bool                             split      = false;
 
     std::string name() const {
         const char * k = kind == row_kind::peaked ? "peaked" : kind == row_kind::flat ? "flat" : "levels";
         char         buf[128];
-        std::snprintf(buf, sizeof(buf), "SAMPLE(n_vocab=%d,rows=%d,%s,max_adjust=%d)", n, rows, k, max_adjust);
+        std::snprintf(buf, sizeof(buf), "SAMPLE(n_vocab=%d,rows=%d,%s,max_adjust=%d%s)", n, rows, k, max_adjust,
+                      split ? ",one op a row" : "");
         return buf;
     }
 };
@@ -99,26 +103,35 @@ std::vector<float> adjusted(const float * x, int n, const pyqsa_logit_adjust * l
     return y;
 }
 
-// the sample op over c's rows on one backend, inputs uploaded
+// the sample op over c's rows on one backend (one op, or one op a row), inputs uploaded
 struct sample_graph {
-    ggml_context *        ctx = nullptr;
-    ggml_cgraph *         gf  = nullptr;
-    ggml_backend_buffer_t buf = nullptr;
-    ggml_tensor *         out = nullptr;
-    bool                  supported = false;
+    ggml_context *             ctx = nullptr;
+    ggml_cgraph *              gf  = nullptr;
+    ggml_backend_buffer_t      buf = nullptr;
+    std::vector<ggml_tensor *> outs;  // the rows' results in order, [42, rows] or [42, 1] each
+    bool                       supported = false;
 
     sample_graph(ggml_backend_t be, const sample_case & c, const std::vector<float> & x,
                  const std::vector<pyqsa_sample_params> & p, const std::vector<pyqsa_logit_adjust> & adj) {
-        ggml_init_params ip = { ggml_tensor_overhead() * 4 + ggml_graph_overhead(), nullptr, true };
+        ggml_init_params ip = { ggml_tensor_overhead() * (4 + 4 * c.rows) + ggml_graph_overhead(), nullptr, true };
         ctx                 = ggml_init(ip);
         ggml_tensor * lg    = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n, c.rows);
         ggml_tensor * pa    = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 8, c.rows);
         ggml_tensor * ad    = c.max_adjust > 0 ? ggml_new_tensor_3d(ctx, GGML_TYPE_I32, 4, c.max_adjust, c.rows) : nullptr;
-        out                 = pyqsa_ggml_sample(ctx, lg, pa, ad);
-        supported           = ggml_backend_supports_op(be, out);
+        if (!c.split) {
+            outs.push_back(pyqsa_ggml_sample(ctx, lg, pa, ad));
+        }
+        for (int r = 0; c.split && r < c.rows; ++r) {
+            ggml_tensor * row = ggml_view_2d(ctx, lg, c.n, 1, lg->nb[1], r * lg->nb[1]);
+            ggml_tensor * pr  = ggml_view_2d(ctx, pa, 8, 1, pa->nb[1], r * pa->nb[1]);
+            ggml_tensor * ar  = ad ? ggml_view_3d(ctx, ad, 4, c.max_adjust, 1, ad->nb[1], ad->nb[2], r * ad->nb[2]) : nullptr;
+            outs.push_back(pyqsa_ggml_sample(ctx, row, pr, ar));
+        }
+        supported = true;
+        for (ggml_tensor * out : outs) supported = supported && ggml_backend_supports_op(be, out);
         if (!supported) return;
         gf = ggml_new_graph(ctx);
-        ggml_build_forward_expand(gf, out);
+        for (ggml_tensor * out : outs) ggml_build_forward_expand(gf, out);
         buf = ggml_backend_alloc_ctx_tensors(ctx, be);
         ggml_backend_tensor_set(lg, x.data(), 0, ggml_nbytes(lg));
         ggml_backend_tensor_set(pa, p.data(), 0, ggml_nbytes(pa));
@@ -147,7 +160,11 @@ std::vector<pyqsa_sample_result> run(ggml_backend_t be, const sample_case & c, c
     if (g.supported) {
         g.compute(be);
         res.resize(c.rows);
-        ggml_backend_tensor_get(g.out, res.data(), 0, ggml_nbytes(g.out));
+        size_t row = 0;
+        for (ggml_tensor * out : g.outs) {
+            ggml_backend_tensor_get(out, res.data() + row, 0, ggml_nbytes(out));
+            row += out->ne[1];
+        }
     }
     return res;
 }
@@ -184,6 +201,11 @@ std::vector<sample_case> cases() {
         // one row: the op llama.cpp's backend sampling runs per sequence
         { 151936, 1, row_kind::levels, { params(1, 50, 0.9f, 0.02f, 1) } },
         { 151936, 1, row_kind::peaked, { params(0.9f, 0, 0.9f, 0, 20) } },
+        // a step's draws as llama.cpp builds them: a one-row op per sequence, with and without
+        // lists; more rows than one CUDA launch takes (32), so the run is split
+        { 151936, 8, row_kind::peaked, mix, 1024, true },
+        { 32000, 8, row_kind::levels, mix, 0, true },
+        { 5, 40, row_kind::levels, mix, 3, true },
     };
 }
 
@@ -287,8 +309,8 @@ int cmd_test(const char * only_backend) {
     return n_fail == 0 ? 0 : 1;
 }
 
-// 8 rows of the Qwen vocabulary (a decode step of 8 requests), per parameter set, and one row:
-// the op llama.cpp's backend sampling runs for each sequence, one after another
+// 8 rows of the Qwen vocabulary (a decode step of 8 requests) per parameter set, in one op and as
+// the 8 one-row ops llama.cpp's backend sampling builds, and one row
 int cmd_perf(const char * only_backend) {
     std::mt19937 rng(7);
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
@@ -302,15 +324,15 @@ int cmd_perf(const char * only_backend) {
             { "top_p 0.9", params(1, 0, 0.9f, 0, -1), 0 }, { "top_k 40", params(1, 40, 1, 0, -1), 0 },
             { "logprobs 20", params(1, 0, 1, 0, 20), 0 },  { "temperature 1, 1024 adjustments", params(1, 0, 1, 0, -1), 1024 },
         };
-        for (const int rows : { 8, 1 }) {
+        for (const auto & [rows, split] : { std::pair{ 8, false }, std::pair{ 8, true }, std::pair{ 1, false } }) {
             for (const auto & [label, set, max_adjust] : sets) {
-                sample_case c{ 151936, rows, row_kind::peaked, { set }, max_adjust };
+                sample_case c{ 151936, rows, row_kind::peaked, { set }, max_adjust, split };
                 const std::vector<float> x = make_rows(c, rng);
                 const sample_graph       g(be, c, x, row_params(c, rng), make_adjust(c, rng));
                 if (!g.supported) continue;
                 const double us = time_graph(be, g.gf, iters);
-                std::printf("  SAMPLE(%d x 151936, %s) %s: %.1f us/step (the op alone, logits on the backend)\n", rows,
-                            label, ggml_backend_dev_name(dev), us);
+                std::printf("  SAMPLE(%d x 151936%s, %s) %s: %.1f us/step (the op alone, logits on the backend)\n",
+                            rows, split ? " in one-row ops" : "", label, ggml_backend_dev_name(dev), us);
             }
         }
         ggml_backend_free(be);

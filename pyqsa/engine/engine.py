@@ -3,8 +3,9 @@
 Other threads talk to it only through `submit` and `cancel`, which post commands to a queue;
 results go back through each request's sink as typed `Delta` / `Finished` events, called on
 the engine thread (a sink must not block: the server's sink hands events to its event loop).
-A step's events are handed to the sinks together, once the next forward pass is set up and about
-to start, or when the engine runs out of work: see `_deliver`.
+A step's events are handed to the sinks together while the next forward pass gets under way (on a
+GPU: once it is queued, so this host work overlaps the pass), or when the engine runs out of
+work: see `_deliver`.
 """
 
 from __future__ import annotations
@@ -86,7 +87,9 @@ class EngineStats:
     ledger: dict[str, int]  # the runner's bytes by category, as of the last step
     steps: int  # forward passes run, since start
     # their seconds since start: "forward" in the runner, "host" the rest of each step
-    # (scheduling, sampling, detokenization, events)
+    # (scheduling, sampling, detokenization, events); "launch" is the part of "forward" until
+    # the pass got under way (Runner.run's on_launch): on a GPU the host's work that the device
+    # waits for, the rest of "forward" the wait for the device
     step_seconds: dict[str, float]
     # the runner's paging counters (Runner.paging_stats), read after a forward pass at most
     # once per PAGING_READ_INTERVAL_S and once due when the engine idles, so up to that
@@ -139,7 +142,8 @@ class Engine:
         self._paging_due = float("-inf")  # time.monotonic() from which they may be read again
         self._paging_stale = False  # forward passes ran since they were read (when it pages)
         self._steps_run = 0
-        self._step_seconds = {"forward": 0.0, "host": 0.0}
+        self._step_seconds = {"forward": 0.0, "host": 0.0, "launch": 0.0}
+        self._launched: float | None = None  # perf_counter() when the pass in flight got going
         self._stopped = False
         self._outbox: list[tuple[Request, Delta | Finished]] = []  # events not yet delivered
         self._broken_sinks: list[Request] = []  # requests whose sink raised, to be cancelled
@@ -280,6 +284,7 @@ class Engine:
             idle = not self.scheduler.running and not self.scheduler.waiting
             if idle:
                 self._deliver()  # no forward pass comes to carry them
+                self._publish(counters=self._paging_stale)
             # idle with the last passes' paging counters unread: wait for a command only until
             # they are due, then read them (below)
             due = self._paging_due - time.monotonic() if idle and self._paging_stale else None
@@ -287,14 +292,17 @@ class Engine:
                 return
             started = time.perf_counter()
             chunks = self.scheduler.schedule()
-            self._publish(counters=self._paging_stale)
             if not chunks:
+                self._publish(counters=self._paging_stale)
                 continue
             with self._lock:
                 self._pass_uncancelled = {c.request.request_id for c in chunks}
             try:
                 ran = time.perf_counter()
-                rows = self.runner.run(chunks, self._device_draws(chunks), on_launch=self._deliver)
+                self._launched = None
+                rows = self.runner.run(
+                    chunks, self._device_draws(chunks), on_launch=self._on_launch
+                )
                 forward = time.perf_counter() - ran
             except RunnerAborted:  # every request in the pass was cancelled (see cancel)
                 for c in chunks:
@@ -314,11 +322,13 @@ class Engine:
             if not self._drain(block=False):
                 return
             self._postprocess(chunks, rows)
-            self._publish(counters=True)
+            self._paging_stale = self._paging is not None  # the pass may have moved them
             with self._lock:
                 self._steps_run += 1
                 self._step_seconds["forward"] += forward
                 self._step_seconds["host"] += time.perf_counter() - started - forward
+                if self._launched is not None:
+                    self._step_seconds["launch"] += self._launched - ran
 
     def _drain(self, block: bool, timeout: float | None = None) -> bool:
         """Apply queued commands (`block`: wait for the first, at most `timeout` seconds when
@@ -442,6 +452,13 @@ class Engine:
         )
         self._emit(req, ev)
 
+    def _on_launch(self) -> None:
+        """The pass is under way: hand over the last step's events and publish the figures as
+        of that step (the paging counters wait for the device: at most once a second)."""
+        self._launched = time.perf_counter()
+        self._deliver()
+        self._publish(counters=True)
+
     def _emit(self, req: Request, ev: Delta | Finished) -> None:
         self._outbox.append((req, ev))
 
@@ -450,9 +467,10 @@ class Engine:
 
         NOTE: a sink wakes its consumer's thread (the server's event loop), which then competes
         for the GIL, taking it at the native calls of the engine's host work when woken in the
-        middle of a step. Handed over as the forward pass starts (GIL released there), the
-        consumers' work overlaps the pass: host time 0.35 -> 0.21 ms a step with 8 streams in
-        bench/serve_sim.py here. A step's events leave a step later (its host time)."""
+        middle of a step. Handed over as the forward pass gets under way (Runner.run's
+        on_launch), the consumers' work overlaps the pass: host time 0.35 -> 0.21 ms a step with
+        8 streams in bench/serve_sim.py here. A step's events leave a step later (its host
+        time)."""
         out, self._outbox = self._outbox, []
         for req, ev in out:
             try:

@@ -53,7 +53,9 @@ class Runner(Protocol):
         """Decode `chunks` in one batch; for each chunk with `chunk.sample`, in order, its
         float32 logits row, or, where `draws` (one entry per chunk) gives the parameters of
         native.DeviceSampler.set, the token drawn where the logits are. `on_launch` is called
-        once the pass is set up, right before it starts (not when it is refused before)."""
+        once per pass that gets under way (not when it is refused before): on a device that
+        runs passes asynchronously, right after the pass is queued, so the caller's work there
+        overlaps it; elsewhere right before the pass starts."""
         ...
 
     def release(self, slot: int) -> None:
@@ -215,6 +217,12 @@ class LlamaRunner:
             raise RunnerError(str(e)) from None
         self.mem = L.llama_get_memory(self.ctx)
         self.max_tokens = config.context_config().n_batch  # the larger of the two step budgets
+        # NOTE: with every layer on a GPU llama_decode returns once the pass is queued (the
+        # results are waited for when read); on the CPU the call itself computes the pass
+        n_layer = L.llama_model_n_layer(model.ptr)
+        self.passes_async = bool(L.llama_supports_gpu_offload()) and (
+            config.gpu_layers is None or config.gpu_layers > n_layer
+        )
         self.batch = L.llama_batch_init(self.max_tokens, 0, 1)
         self._install_abort()
         self.samples_on_device = config.sample_on_device
@@ -301,9 +309,11 @@ class LlamaRunner:
                     rows.append(i)
                 i += 1
         b.n_tokens = i
-        if on_launch is not None:
+        if on_launch is not None and not self.passes_async:
             on_launch()
         rc = L.llama_decode(self.ctx, b)
+        if on_launch is not None and self.passes_async:
+            on_launch()
         broken = native.take_error()
         if broken:  # a QSA invariant the batch broke: its sequences hold wrong state now
             raise RunnerError(broken)

@@ -38,22 +38,23 @@ def test_no_rate_when_the_requests_never_decode_together():
 
 
 def test_the_engine_step_split_is_taken_inside_the_window():
-    def snap(t, steps, forward, host):
-        return (t, {"steps": steps, "forward": forward, "host": host})
+    def snap(t, steps, forward, host, launch):
+        return (t, {"steps": steps, "forward": forward, "host": host, "launch": launch})
 
     snapshots = [
-        snap(0.5, 0, 0.0, 0.0),  # before the window: prefill
-        snap(1.5, 100, 1.0, 0.1),
-        snap(2.5, 150, 1.8, 0.2),
-        snap(3.5, 200, 2.6, 0.3),
-        snap(4.5, 210, 2.7, 0.32),  # after it
+        snap(0.5, 0, 0.0, 0.0, 0.0),  # before the window: prefill
+        snap(1.5, 100, 1.0, 0.1, 0.01),
+        snap(2.5, 150, 1.8, 0.2, 0.03),
+        snap(3.5, 200, 2.6, 0.3, 0.06),
+        snap(4.5, 210, 2.7, 0.32, 0.07),  # after it
     ]
     got = serve_load.engine_in_window(snapshots, (1.0, 4.0))
-    # between t = 1.5 and 3.5: 100 steps, 1.6 s forward, 0.2 s host
+    # between t = 1.5 and 3.5: 100 steps, 1.6 s forward (0.05 s of it launch), 0.2 s host
     assert got == {
         "steps": 100,
         "forward_ms_per_step": 16.0,
         "host_ms_per_step": 2.0,
+        "launch_ms_per_step": pytest.approx(0.5),
         "host_share": pytest.approx(0.111, abs=1e-3),
     }
     assert serve_load.engine_in_window(snapshots, (1.0, 2.0)) is None  # one snapshot inside

@@ -306,7 +306,7 @@ def until(cond, timeout: float = 5.0) -> None:
         time.sleep(0.005)
 
 
-def test_step_time_is_split_into_forward_and_host(stop_after):
+def test_step_time_is_split_into_forward_host_and_launch(stop_after):
     runner = FakeRunner(hook=lambda chunks: time.sleep(0.01))
     e = engine(runner)
     stop_after(e)
@@ -317,6 +317,8 @@ def test_step_time_is_split_into_forward_and_host(stop_after):
     s = e.stats()
     assert len(runner.batches) == 5
     assert s.step_seconds["forward"] >= 0.05 and s.step_seconds["host"] > 0
+    # the runner hands over (on_launch) before its 10 ms passes: launch is a sliver of forward
+    assert 0 < s.step_seconds["launch"] < 0.2 * s.step_seconds["forward"]
 
 
 def test_warm_up_runs_a_prompt_and_a_decode_step_and_leaves_the_slot_empty():

@@ -24,7 +24,7 @@ from pyqsa._build.native import BuildConfig
     [
         ("test-qsa-ops", 20),
         ("test-qsa-page", 7),
-        ("test-sample", 6),
+        ("test-sample", 14),
         ("test-products", 12),
         ("test-gdn", 9),
     ],

@@ -82,6 +82,14 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
     }
 }
 
+int pyqsa_cuda_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
+    const ggml_tensor * node = cgraph->nodes[i];
+    if (ggml_get_op_params_i32(node, 0) == PYQSA_GGML_OP_SAMPLE) {
+        return pyqsa_cuda_sample_fuse(ctx, cgraph, i);
+    }
+    return 0;
+}
+
 // a switch variable is on when set to anything but "" or "0"
 static bool env_switch_on(const char * name) {
     const char * v = getenv(name);

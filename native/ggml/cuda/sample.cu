@@ -12,9 +12,10 @@
 // Sums are f64 as on the host; their order differs, so a cut may differ at an f64 near-tie.
 // Rows with logit adjustments are sampled from an adjusted copy (adjust_rows); the others from
 // the logits themselves.
-// NOTE: a cluster per row, not a CTA: llama.cpp's backend sampling gives each sequence's sampler
-// its own one-row op, so a step runs one launch per sequence, one after another, each paying a
-// whole row's latency on as many SMs as the row gets.
+// NOTE: a cluster per row, not a CTA, and the ops of a graph's run of sample ops in one launch
+// (pyqsa_cuda_sample_fuse): llama.cpp's backend sampling gives each sequence's sampler its own
+// one-row op, so a step would run one launch per sequence, one after another, each paying a whole
+// row's latency (35 us a row for the Qwen vocabulary on the H200, 8 launches a step with 8 slots).
 #include "sample.cuh"
 
 #include "ordered-key.cuh"
@@ -23,7 +24,9 @@
 #include "../sample-params.h"
 #include "pyqsa-ggml.h"
 
+#include <algorithm>
 #include <cooperative_groups.h>
+#include <vector>
 
 namespace cg = cooperative_groups;
 
@@ -33,6 +36,22 @@ constexpr int THREADS = 1024;
 constexpr int WARPS   = THREADS / 32;
 constexpr int BINS    = 256;
 constexpr int CLUSTER = 8;  // CTAs a row (the portable cluster size)
+constexpr int MAX_LAUNCH_ROWS = 32;  // rows one launch takes (its table is a kernel parameter)
+
+// one row of a launch: where its logits, parameters, adjustment list and result are
+struct row_ref {
+    const float *               logits;  // [n]
+    const pyqsa_sample_params * params;
+    const pyqsa_logit_adjust *  adjust;  // [max_adjust] ended by its first negative id, or null
+    int                         max_adjust;
+    pyqsa_sample_result *       out;
+};
+
+struct launch_rows {
+    row_ref rows[MAX_LAUNCH_ROWS];
+    int     n_rows;
+    int     n;  // the rows' length (vocabulary)
+};
 
 // (key desc, id asc) as one 64-bit word: the larger word ranks first
 __device__ __forceinline__ uint64_t rank_word(uint32_t key, int id) {
@@ -247,20 +266,21 @@ template <typename Weight> __device__ cut prefix_cut(const row_ctx & r, Weight w
     return cut{ key, found };
 }
 
-// grid (CLUSTER * n_rows), clusters of CLUSTER CTAs: row blockIdx.x / CLUSTER
+// grid (CLUSTER * t.n_rows), clusters of CLUSTER CTAs: row blockIdx.x / CLUSTER of the table;
+// `adjusted` [n, n_rows] holds the adjusted copies of the rows whose `used` is set
 __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS)
-    sample_rows(const float * logits, const float * adjusted, const int * used, const pyqsa_sample_params * params,
-                pyqsa_sample_result * out, int n) {
+    sample_rows(const __grid_constant__ launch_rows t, const float * adjusted, const int * used) {
     cg::cluster_group         cluster = cg::this_cluster();
     const int                 row     = blockIdx.x / CLUSTER;
+    const int                 n       = t.n;
     const int                 rank    = (int) cluster.block_rank();
     const int                 slice   = (n + CLUSTER - 1) / CLUSTER;
     const int                 lo      = min(n, rank * slice);
     const int                 hi      = min(n, lo + slice);
     const bool                adj     = used != nullptr && used[row];
-    const float *             x       = (adj ? adjusted : logits) + (size_t) row * n;
-    const pyqsa_sample_params p       = pyqsa_sample_params_checked(params[row], n);
-    pyqsa_sample_result &     o       = out[row];
+    const float *             x       = adj ? adjusted + (size_t) row * n : t.rows[row].logits;
+    const pyqsa_sample_params p       = pyqsa_sample_params_checked(*t.rows[row].params, n);
+    pyqsa_sample_result &     o       = *t.rows[row].out;
     const auto max_word = [](uint64_t a, uint64_t b) { return a > b ? a : b; };
     const auto sum      = [](double a, double b) { return a + b; };
 
@@ -375,22 +395,23 @@ __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS)
     }
 }
 
-// grid (n_rows), ADJUST_THREADS: row r's adjusted copy, when its list (ended by its first
+// grid (t.n_rows), ADJUST_THREADS: row r's adjusted copy, when its list (ended by its first
 // negative id) has any entry; used[r] says whether sample_rows reads the copy or the logits, so
 // a row without adjustments costs a look at its list
 constexpr int ADJUST_THREADS = 256;
 
-__global__ void adjust_rows(const float * logits, float * copy, int * used, int n, const pyqsa_logit_adjust * adjust,
-                            int max_adjust) {
-    const pyqsa_logit_adjust * list = adjust + (size_t) blockIdx.x * max_adjust;
-    const float *              x    = logits + (size_t) blockIdx.x * n;
+__global__ void adjust_rows(const __grid_constant__ launch_rows t, float * copy, int * used) {
+    const row_ref &            ref  = t.rows[blockIdx.x];
+    const pyqsa_logit_adjust * list = ref.adjust;
+    const int                  n    = t.n;
+    const float *              x    = ref.logits;
     float *                    y    = copy + (size_t) blockIdx.x * n;
     __shared__ int             end;
     if (threadIdx.x == 0) {
-        end = max_adjust;
+        end = list == nullptr ? 0 : ref.max_adjust;
     }
     __syncthreads();
-    for (int j = threadIdx.x; j < max_adjust; j += ADJUST_THREADS) {
+    for (int j = threadIdx.x; list != nullptr && j < ref.max_adjust; j += ADJUST_THREADS) {
         if (list[j].id < 0) {
             atomicMin(&end, j);
         }
@@ -414,6 +435,68 @@ __global__ void adjust_rows(const float * logits, float * copy, int * used, int 
     }
 }
 
+void launch(ggml_backend_cuda_context & ctx, const launch_rows & t) {
+    cudaStream_t                stream     = ctx.stream();
+    bool                        any_adjust = false;
+    for (int r = 0; r < t.n_rows; ++r) {
+        any_adjust = any_adjust || t.rows[r].adjust != nullptr;
+    }
+    ggml_cuda_pool_alloc<float> adjusted(ctx.pool());
+    ggml_cuda_pool_alloc<int>   used(ctx.pool());
+    if (any_adjust) {
+        adjusted.alloc((size_t) t.n_rows * t.n);
+        used.alloc(t.n_rows);
+        adjust_rows<<<t.n_rows, ADJUST_THREADS, 0, stream>>>(t, adjusted.get(), used.get());
+        CUDA_CHECK(cudaGetLastError());
+    }
+    sample_rows<<<t.n_rows * CLUSTER, THREADS, 0, stream>>>(t, adjusted.get(), used.get());
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// appends op's rows r0..r1-1 to t (which must have room for them)
+void add_rows(launch_rows & t, const ggml_tensor * op, int64_t r0, int64_t r1) {
+    const ggml_tensor * logits = op->src[0];
+    const ggml_tensor * adjust = op->src[2];  // [4, max_adjust, rows] or null
+    for (int64_t r = r0; r < r1; ++r) {
+        row_ref & ref   = t.rows[t.n_rows++];
+        ref.logits      = (const float *) ((const char *) logits->data + r * logits->nb[1]);
+        ref.params      = (const pyqsa_sample_params *) op->src[1]->data + r;
+        ref.adjust      = adjust == nullptr ? nullptr : (const pyqsa_logit_adjust *) adjust->data + r * adjust->ne[1];
+        ref.max_adjust  = adjust == nullptr ? 0 : (int) adjust->ne[1];
+        ref.out         = (pyqsa_sample_result *) op->data + r;
+    }
+}
+
+bool is_sample_op(const ggml_tensor * t) {
+    return t->op == GGML_OP_PYQSA && ggml_get_op_params_i32(t, 0) == PYQSA_GGML_OP_SAMPLE;
+}
+
+bool is_noop(const ggml_tensor * t) {
+    return ggml_is_empty(t) || t->op == GGML_OP_NONE || t->op == GGML_OP_VIEW || t->op == GGML_OP_RESHAPE ||
+           t->op == GGML_OP_PERMUTE || t->op == GGML_OP_TRANSPOSE || (t->flags & GGML_TENSOR_FLAG_COMPUTE) == 0;
+}
+
+bool overlaps(const ggml_tensor * a, const ggml_tensor * b) {
+    if (a == nullptr || b == nullptr) {
+        return false;
+    }
+    const char * a0 = (const char *) a->data;
+    const char * b0 = (const char *) b->data;
+    return a0 < b0 + ggml_nbytes(b) && b0 < a0 + ggml_nbytes(a);
+}
+
+// whether op's result may be written while the ops of `run` read their inputs, and the reverse
+bool independent(const ggml_tensor * op, const std::vector<const ggml_tensor *> & run) {
+    for (const ggml_tensor * other : run) {
+        for (int s = 0; s < 3; ++s) {
+            if (overlaps(op, other->src[s]) || overlaps(other, op->src[s])) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 }  // namespace
 
 bool pyqsa_cuda_sample_supported(const ggml_tensor * op) {
@@ -421,24 +504,36 @@ bool pyqsa_cuda_sample_supported(const ggml_tensor * op) {
 }
 
 void pyqsa_cuda_sample(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
-    const ggml_tensor * logits = dst->src[0];
-    const ggml_tensor * adjust = dst->src[2];  // [4, max_adjust, rows] or null
-    const int           rows   = (int) logits->ne[1];
-    const int           n      = (int) logits->ne[0];
-    cudaStream_t        stream = ctx.stream();
-    const float *       x      = (const float *) logits->data;
-    ggml_cuda_pool_alloc<float> adjusted(ctx.pool());
-    ggml_cuda_pool_alloc<int>   used(ctx.pool());
-    if (adjust != nullptr) {
-        adjusted.alloc((size_t) rows * n);
-        used.alloc(rows);
-        adjust_rows<<<rows, ADJUST_THREADS, 0, stream>>>(x, adjusted.get(), used.get(), n,
-                                                         (const pyqsa_logit_adjust *) adjust->data,
-                                                         (int) adjust->ne[1]);
-        CUDA_CHECK(cudaGetLastError());
+    const int64_t rows = dst->src[0]->ne[1];
+    for (int64_t r0 = 0; r0 < rows; r0 += MAX_LAUNCH_ROWS) {
+        launch_rows t{};
+        t.n = (int) dst->src[0]->ne[0];
+        add_rows(t, dst, r0, std::min<int64_t>(rows, r0 + MAX_LAUNCH_ROWS));
+        launch(ctx, t);
     }
-    sample_rows<<<rows * CLUSTER, THREADS, 0, stream>>>(x, adjusted.get(), used.get(),
-                                              (const pyqsa_sample_params *) dst->src[1]->data,
-                                              (pyqsa_sample_result *) dst->data, n);
-    CUDA_CHECK(cudaGetLastError());
+}
+
+int pyqsa_cuda_sample_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
+    std::vector<const ggml_tensor *> run;
+    launch_rows                      t{};
+    t.n      = (int) cgraph->nodes[i]->src[0]->ne[0];
+    int last = i;
+    for (int j = i; j < cgraph->n_nodes; ++j) {
+        const ggml_tensor * node = cgraph->nodes[j];
+        if (j > i && is_noop(node)) {
+            continue;
+        }
+        if (!is_sample_op(node) || node->src[0]->ne[0] != t.n ||
+            t.n_rows + node->src[0]->ne[1] > MAX_LAUNCH_ROWS || !independent(node, run)) {
+            break;
+        }
+        run.push_back(node);
+        add_rows(t, node, 0, node->src[0]->ne[1]);
+        last = j;
+    }
+    if (run.size() < 2) {
+        return 0;  // one op (or one too large for a launch) goes the usual way
+    }
+    launch(ctx, t);
+    return last - i;
 }
