@@ -471,9 +471,9 @@ bool is_sample_op(const ggml_tensor * t) {
     return t->op == GGML_OP_PYQSA && ggml_get_op_params_i32(t, 0) == PYQSA_GGML_OP_SAMPLE;
 }
 
+// a node the CUDA backend skips (as its graph loop does)
 bool is_noop(const ggml_tensor * t) {
-    return ggml_is_empty(t) || t->op == GGML_OP_NONE || t->op == GGML_OP_VIEW || t->op == GGML_OP_RESHAPE ||
-           t->op == GGML_OP_PERMUTE || t->op == GGML_OP_TRANSPOSE || (t->flags & GGML_TENSOR_FLAG_COMPUTE) == 0;
+    return ggml_is_empty(t) || ggml_op_is_empty(t->op) || (t->flags & GGML_TENSOR_FLAG_COMPUTE) == 0;
 }
 
 bool overlaps(const ggml_tensor * a, const ggml_tensor * b) {
