@@ -9,6 +9,7 @@ target_sources(ggml-cuda PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-block-cells.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-mask-cells.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-page-copy.cu
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-page-fetch.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-page-resolve.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-page-stage.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-page-write.cu

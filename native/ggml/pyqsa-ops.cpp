@@ -265,6 +265,40 @@ struct ggml_tensor * pyqsa_ggml_qsa_page_write(struct ggml_context * ctx, struct
     return result;
 }
 
+struct ggml_tensor * pyqsa_ggml_qsa_page_fetch(struct ggml_context * ctx, struct ggml_tensor * dst,
+                                               const void * store, struct ggml_tensor * dst_v, const void * store_v,
+                                               int64_t store_rows, struct ggml_tensor * after) {
+    GGML_ASSERT(store != nullptr && store_v != nullptr && dst_v != nullptr);
+    GGML_ASSERT(ggml_are_same_shape(dst, dst_v) && dst->type == dst_v->type && dst->ne[3] == 1);
+    GGML_ASSERT(ggml_is_contiguous(dst) && ggml_is_contiguous(dst_v));
+    GGML_ASSERT(dst->ne[1] <= store_rows && store_rows <= INT32_MAX);
+
+    struct ggml_tensor * result = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1);
+    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_PAGE_FETCH);
+    ggml_set_op_params_i32(result, 1, (int32_t) store_rows);
+    set_host_ptr(result, 2, store);
+    set_host_ptr(result, 4, store_v);
+    result->op     = GGML_OP_PYQSA;
+    result->src[0] = dst;
+    result->src[1] = dst_v;
+    result->src[2] = after;
+    return result;
+}
+
+struct ggml_tensor * pyqsa_ggml_qsa_page_fetch_wait(struct ggml_context * ctx, struct ggml_tensor * fetch,
+                                                    struct ggml_tensor * area) {
+    GGML_ASSERT(fetch->op == GGML_OP_PYQSA && ggml_get_op_params_i32(fetch, 0) == PYQSA_GGML_OP_QSA_PAGE_FETCH);
+    GGML_ASSERT(area == fetch->src[0] || area == fetch->src[1]);
+
+    // a view, as ggml_set_rows returns: readers depend on this node, and nothing is allocated
+    struct ggml_tensor * result = ggml_view_tensor(ctx, area);
+    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_PAGE_FETCH_WAIT);
+    result->op     = GGML_OP_PYQSA;
+    result->src[0] = area;
+    result->src[1] = fetch;
+    return result;
+}
+
 struct ggml_tensor * pyqsa_ggml_sample(struct ggml_context * ctx, struct ggml_tensor * logits,
                                        struct ggml_tensor * params, struct ggml_tensor * adjust) {
     static_assert(sizeof(pyqsa_sample_params) == 8 * sizeof(int32_t), "params: 8 words a row");

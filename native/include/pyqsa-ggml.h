@@ -22,6 +22,8 @@ enum pyqsa_ggml_op {
     PYQSA_GGML_OP_QSA_PAGE_STAGE = 8,
     PYQSA_GGML_OP_QSA_ATTN_PART  = 9,
     PYQSA_GGML_OP_SAMPLE         = 10,
+    PYQSA_GGML_OP_QSA_PAGE_FETCH = 11,
+    PYQSA_GGML_OP_QSA_PAGE_FETCH_WAIT = 12,
 };
 
 // Sparse attention: every query attends only to the KV cells listed for it (QSA: the selected
@@ -251,6 +253,30 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_write(struct ggml_context * ct
                                                         struct ggml_tensor * v_rows,
                                                         void * k_host,
                                                         void * v_host);
+
+// Prefill prefetch of a host store: rows [0, n_rows) of every stream's K and V store, copied to a
+// device area as they lie (cell == position), so a prefill chunk attends over its streams' whole
+// history with the unpaged kernels. On CUDA the copy runs on a copy stream of its own (the copy
+// engine, bulk DMA of pinned memory), ordered after the nodes already queued, and overlaps the
+// nodes that follow until pyqsa_ggml_qsa_page_fetch_wait joins it; the CPU copies in place.
+//   dst, dst_v:   [E, n_rows, n_stream] any type, rows and streams contiguous (an area view);
+//                 written in place, valid only after the wait
+//   store, store_v: host memory: row c of stream s at store + (s * store_rows + c) * B, B = dst->nb[1]
+//   after:        optional node the copy must follow (the last reader of the area)
+// returns I32 [1], the handle pyqsa_ggml_qsa_page_fetch_wait takes (its value means nothing)
+GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_fetch(struct ggml_context * ctx,
+                                                        struct ggml_tensor * dst,
+                                                        const void * store,
+                                                        struct ggml_tensor * dst_v,
+                                                        const void * store_v,
+                                                        int64_t store_rows,
+                                                        struct ggml_tensor * after);
+
+// The point from which a fetch's area may be read: returns a view of area (dst or dst_v of the
+// fetch) that every reader of the fetched rows must take.
+GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_fetch_wait(struct ggml_context * ctx,
+                                                             struct ggml_tensor * fetch,
+                                                             struct ggml_tensor * area);
 
 // Token sampling where the logits are: each row drawn by the rules of pyqsa_sample_params
 // (pyqsa.h), so only the token and its log-probabilities leave the device.

@@ -8,6 +8,7 @@
 #include "llama-model.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -20,6 +21,12 @@ bool pages(const llama_model & model) {
     const bool   qsa = std::any_of(hp.dsv4_compress_ratios.begin(), hp.dsv4_compress_ratios.begin() + hp.n_layer(),
                                    [](uint32_t r) { return r > 0; });
     return pyqsa_context_config_take().hot_blocks > 0 && qsa;
+}
+
+// PYQSA_PAGING_PREFETCH=0 keeps prefill chunks on the windowed staging path (for comparison)
+bool prefetch_on() {
+    const char * v = std::getenv("PYQSA_PAGING_PREFETCH");
+    return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
 bool is_tag(const char * name_tag, const char * tag) {
@@ -63,10 +70,20 @@ std::shared_ptr<pyqsa_kv_pager> pyqsa_kv_pager_create(const llama_model & model,
 
 pyqsa_kv_pager::pyqsa_kv_pager(const llama_model & model, const std::vector<pyqsa_kv_layer_tensors> & kv_layers,
                                uint32_t n_stream, uint32_t kv_size, int64_t hot_blocks, int64_t ring) :
-    H(hot_blocks), W(ring), n_cells(kv_size), n_stream(n_stream) {
+    H(hot_blocks), W(ring), n_cells(kv_size), area_rows(prefetch_on() ? kv_size : 0), n_stream(n_stream) {
     const auto & hp = model.hparams;
     // one context per device buffer type, as llama_kv_cache groups its tensors
     std::map<ggml_backend_buffer_type_t, ggml_context *> ctx_of;
+    // per device buffer type, its two prefetch areas (K, V each) and the paged layers it has
+    std::map<ggml_backend_buffer_type_t, std::array<ggml_tensor *, 4>> areas_of;
+    std::map<ggml_backend_buffer_type_t, int> n_layers_of;
+    // a graph's fetches live in the input set of one ratio, so layers of several ratios do not prefetch
+    uint32_t r_first = 0;
+    for (const auto & l : kv_layers) {
+        const uint32_t r = hp.dsv4_compress_ratios[l.il];
+        r_first = r_first != 0 ? r_first : r;
+        area_rows = r != 0 && r != r_first ? 0 : area_rows;
+    }
     for (const auto & l : kv_layers) {
         const uint32_t r = hp.dsv4_compress_ratios[l.il];
         if (r == 0) {
@@ -84,7 +101,7 @@ pyqsa_kv_pager::pyqsa_kv_pager(const llama_model & model, const std::vector<pyqs
         ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(model.dev_layer(l.il));
         ggml_context *&            ctx  = ctx_of[buft];
         if (ctx == nullptr) {
-            const ggml_init_params params = { 13 * kv_layers.size() * ggml_tensor_overhead(), nullptr, true };
+            const ggml_init_params params = { (13 * kv_layers.size() + 4) * ggml_tensor_overhead(), nullptr, true };
             ctx = ggml_init(params);
             ctxs.push_back(ctx);
         }
@@ -110,6 +127,22 @@ pyqsa_kv_pager::pyqsa_kv_pager(const llama_model & model, const std::vector<pyqs
         bytes[(size_t) part::keys] += ggml_nbytes_pad(p.keys);
         ggml_format_name(p.dev_k, "pyqsa_hot_k_l%d", l.il);
         ggml_format_name(p.dev_v, "pyqsa_hot_v_l%d", l.il);
+        p.area_k = p.area_v = nullptr;
+        if (area_rows > 0) {
+            std::array<ggml_tensor *, 4> & areas = areas_of[buft];
+            const int                      pair  = n_layers_of[buft]++ % 2;
+            if (areas[2 * pair] == nullptr) {
+                for (int j = 0; j < 2; ++j) {
+                    areas[2 * pair + j] = ggml_new_tensor_2d(ctx, l.k->type, l.k->ne[0], area_rows);
+                    ggml_format_name(areas[2 * pair + j], "pyqsa_prefetch_%c%d", "kv"[j], pair);
+                    bytes[(size_t) part::staging] += ggml_nbytes_pad(areas[2 * pair + j]);
+                }
+            }
+            // every paged layer of a device shares one K/V geometry, so the areas fit them all
+            GGML_ASSERT(areas[2 * pair]->type == l.k->type && areas[2 * pair]->ne[0] == l.k->ne[0]);
+            p.area_k = areas[2 * pair];
+            p.area_v = areas[2 * pair + 1];
+        }
         layers[l.il] = p;
     }
     for (auto & [buft, ctx] : ctx_of) {
@@ -144,6 +177,17 @@ const pyqsa_kv_pager_layer * pyqsa_kv_pager::layer(int32_t il) const {
     return it == layers.end() ? nullptr : &it->second;
 }
 
+int32_t pyqsa_kv_pager::layer_after(int32_t il, int k) const {
+    const pyqsa_kv_pager_layer & l = layers.at(il);
+    for (auto it = layers.upper_bound(il); it != layers.end(); ++it) {
+        // the same pair of areas: the same device (buffer)
+        if (it->second.dev_k->buffer == l.dev_k->buffer && --k == 0) {
+            return it->first;
+        }
+    }
+    return -1;
+}
+
 int32_t pyqsa_kv_pager::next_step() {
     return step++;
 }
@@ -155,6 +199,10 @@ int64_t pyqsa_kv_pager::blocks_selected(uint32_t r) const {
         }
     }
     return 0;
+}
+
+int64_t pyqsa_kv_pager::n_layers(uint32_t r) const {
+    return std::count_if(layers.begin(), layers.end(), [r](const auto & l) { return l.second.r == r; });
 }
 
 uint64_t pyqsa_kv_pager::bytes_per_token(uint32_t r) const {
@@ -203,7 +251,7 @@ std::map<ggml_backend_buffer_type_t, size_t> pyqsa_kv_pager::memory_breakdown(pa
 }
 
 pyqsa_kv_pager_counters pyqsa_kv_pager::counters() const {
-    pyqsa_kv_pager_counters c = { 0, 0, 0, 0, written, {} };
+    pyqsa_kv_pager_counters c = { 0, 0, prefetched_blocks, prefetched_bytes, written, {} };
     std::vector<int64_t>    stats(2 * n_stream), staged(n_stream);
     for (const auto & [il, p] : layers) {
         ggml_backend_tensor_get(p.stats, stats.data(), 0, ggml_nbytes(p.stats));

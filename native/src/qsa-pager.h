@@ -48,6 +48,10 @@ struct pyqsa_kv_pager_layer {
     ggml_tensor * seen;    // I32 [n_stream] the generation each stream's page state belongs to
     ggml_tensor * keys;    // F32 [Di, kv_size / r + W, n_stream] the indexer rows the positional path
                            // reads: block keys (row b), then a ring of raw keys (row kv_size / r + p % W)
+    // the prefetch area this layer's prefill chunks read (one of two, the paged layers of a
+    // device taking them in turn): [E, kv_size] of K and of V; nullptr when prefetch is off
+    ggml_tensor * area_k;
+    ggml_tensor * area_v;
 };
 
 // hits and misses of the hot caches, and the bytes moved each way over the host link
@@ -68,6 +72,13 @@ public:
     static constexpr int64_t max_stage_windows = 64;
 
     int64_t hot_blocks() const { return H; }
+    // rows of each prefetch area: a prefill chunk whose streams hold n_kv cells each takes the
+    // prefetch path when n_stream * n_kv fits (0: prefetch off, PYQSA_PAGING_PREFETCH=0)
+    int64_t prefetch_rows() const { return area_rows; }
+    // the paged layer k places after il among those of its device, -1 if none: with k == 2, the
+    // next layer whose prefetch area il's attention was the last to read (the paged layers then
+    // share one ratio: prefetch is off otherwise)
+    int32_t layer_after(int32_t il, int k) const;
     int64_t ring() const { return W; }
     // block slots per stream of the layers of ratio r: the H hot ones, more when a prefill
     // chunk's windows need them (kv_size / r blocks in max_stage_windows windows)
@@ -78,6 +89,7 @@ public:
     int32_t next_step();
 
     int64_t  blocks_selected(uint32_t r) const;  // kb of the layers of ratio r
+    int64_t  n_layers(uint32_t r) const;         // paged layers of ratio r
     uint64_t bytes_per_token(uint32_t r) const;  // K/V bytes of one token in all layers of ratio r
 
     // each stream's generation for the layers of ratio r: a new one whenever its hot caches stop
@@ -86,6 +98,11 @@ public:
     std::vector<int32_t> & generation(uint32_t r);
 
     void count_written(uint64_t bytes) { written += bytes; }
+    // a prefetching graph's copies, counted when its inputs are set (the copies are in its graph)
+    void count_prefetched(uint64_t blocks, uint64_t bytes) {
+        prefetched_blocks += blocks;
+        prefetched_bytes += bytes;
+    }
 
     // stream dst becomes a copy of stream src (llama_kv_cache's cross-stream seq_cp): hot
     // caches, rings and page tables; the hit/miss counters stay each stream's own
@@ -104,10 +121,11 @@ private:
     std::vector<ggml_context *>             ctxs;
     // by buffer type, the bytes of each part but hot (which is what the buffers hold besides)
     std::map<ggml_backend_buffer_type_t, std::array<size_t, 4>> part_bytes;
-    int64_t  H, W, n_cells;
+    int64_t  H, W, n_cells, area_rows = 0;
     uint32_t n_stream;
     int32_t  step = 0;
     uint64_t written = 0;
+    uint64_t prefetched_blocks = 0, prefetched_bytes = 0;
 };
 
 // Hooks in llama_kv_cache's constructor (ggml_patches/0009). The buffer type of layer il's K/V

@@ -30,12 +30,26 @@ bool resolves(const pyqsa_kv_pager * pager, const llama_ubatch & ubatch, uint32_
     return n_tps * pager->blocks_selected(r) <= pager->hot_blocks();
 }
 
+// the streams a ubatch's cache views span (a sequence per stream, seq id == stream)
+int64_t stream_span(const llama_ubatch & ubatch) {
+    const auto ids = std::minmax_element(ubatch.seq_id_unq, ubatch.seq_id_unq + ubatch.n_seqs_unq);
+    return ubatch.n_seqs_unq == 0 ? 1 : *ids.second - *ids.first + 1;
+}
+
+// a paged ubatch that does not resolve reads each layer's history from a prefetch area when the
+// spanned streams' n_kv cells each fit; else the host store comes through the staging windows
+bool prefetches(const pyqsa_kv_pager * pager, const llama_ubatch & ubatch, uint32_t r, int64_t n_kv) {
+    return pager != nullptr && !resolves(pager, ubatch, r) && pager->prefetch_rows() > 0 &&
+           stream_span(ubatch) * n_kv <= pager->prefetch_rows();
+}
+
 }  // namespace
 
 pyqsa_qsa_positional_input::pyqsa_qsa_positional_input(const llama_memory_hybrid_idx_context * mctx,
                                                        const llama_ubatch & ubatch, uint32_t r, int64_t kv_size) :
     r(r), kv_size(kv_size), n_slot(n_slots(ubatch, r)), pager(pager_of(mctx)), resolve(resolves(pager, ubatch, r)),
-    mctx(mctx), n_kv(mctx->get_idx()->get_n_kv()) {}
+    n_kv_attn(mctx->get_attn()->get_n_kv()), prefetch(prefetches(pager, ubatch, r, n_kv_attn)), mctx(mctx),
+    n_kv(mctx->get_idx()->get_n_kv()) {}
 
 int64_t pyqsa_qsa_positional_input::n_slots(const llama_ubatch & ubatch, uint32_t r) {
     // a stream with t consecutive tokens completes at most t / r + 1 blocks
@@ -136,7 +150,9 @@ void pyqsa_qsa_positional_input::set_paging_input(const llama_ubatch & ubatch, c
     }
     int64_t * ring  = (int64_t *) ring_rows->data;
     int64_t * raw   = (int64_t *) key_ring_rows->data;
-    int32_t * paged = (int32_t *) n_paged->data;
+    // a prefetching chunk reads no stored-block count, so its graph has no n_paged to set
+    int32_t * paged = prefetch ? nullptr : (int32_t *) n_paged->data;
+    int64_t * area  = prefetch ? (int64_t *) area_rows->data : nullptr;
     for (int64_t i = 0; i < n; ++i) {
         const llama_pos p = ubatch.pos[i];
         const int64_t   s = rows[i] / kv_size - s0;
@@ -144,16 +160,22 @@ void pyqsa_qsa_positional_input::set_paging_input(const llama_ubatch & ubatch, c
         GGML_ASSERT(p - first[s] + first[s] % (llama_pos) r < W);
         ring[i]  = s * (S * r + W) + S * r + p % W;
         raw[i]   = raw_row(s, p);
-        paged[i] = first[s] / (llama_pos) r;
+        if (paged != nullptr) {
+            paged[i] = first[s] / (llama_pos) r;
+        }
+        if (area != nullptr) {
+            GGML_ASSERT(p < n_kv_attn);
+            area[i] = s * n_kv_attn + p;
+        }
     }
 
     // a stream starting a sequence, or whose hot slots a prefill chunk stages into, starts a new
-    // generation: its next resolve empties its page state. Only graphs that resolve read (and so
-    // allocate) the step input.
+    // generation: its next resolve empties its page state (a prefetching chunk leaves the hot
+    // slots alone). Only graphs that resolve read (and so allocate) the step input.
     std::vector<int32_t> & gen = pager->generation(r);
     int32_t *              st  = resolve ? (int32_t *) step->data : nullptr;
     for (int64_t s = 0; s < ns; ++s) {
-        gen[s0 + s] += first[s] == 0 || !resolve;
+        gen[s0 + s] += first[s] == 0 || (!resolve && !prefetch);
         if (st != nullptr) {
             st[1 + s] = gen[s0 + s];
         }
@@ -162,6 +184,10 @@ void pyqsa_qsa_positional_input::set_paging_input(const llama_ubatch & ubatch, c
         st[0] = pager->next_step();
     }
     pager->count_written((uint64_t) n * bytes_per_token);
+    if (prefetch) {  // every layer of ratio r copies n_kv rows of each of its view's streams
+        const uint64_t rows = (uint64_t) stream_span(ubatch) * n_kv_attn;
+        pager->count_prefetched(rows / r * pager->n_layers(r), rows * bytes_per_token);
+    }
 }
 
 int64_t pyqsa_qsa_positional_input::rows_per_stream() const {
@@ -180,7 +206,9 @@ bool pyqsa_qsa_positional_input::can_reuse(const llm_graph_params & params) {
     mctx = static_cast<const llama_memory_hybrid_idx_context *>(params.mctx);
     return mctx->get_idx() != nullptr && k_idxs->ne[0] == params.ubatch.n_tokens &&
            n_slots(params.ubatch, r) == n_slot && (int64_t) mctx->get_idx()->get_n_kv() == n_kv &&
-           pager_of(mctx) == pager && resolves(pager, params.ubatch, r) == resolve;
+           pager_of(mctx) == pager && resolves(pager, params.ubatch, r) == resolve &&
+           (int64_t) mctx->get_attn()->get_n_kv() == n_kv_attn &&
+           prefetches(pager, params.ubatch, r, n_kv_attn) == prefetch;
 }
 
 namespace {
@@ -243,6 +271,25 @@ ggml_tensor * as_heads(ggml_context * ctx, ggml_tensor * rows2d, const ggml_tens
                         rows2d->nb[1], n_rows * rows2d->nb[1], 0);
 }
 
+// Queues the bulk copy of paged layer il's stored rows [0, n_kv) of the ubatch's streams into
+// its prefetch area, after `after` (the last reader of that area in this graph, if any).
+void fetch_layer(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input * inp, int32_t il, ggml_tensor * after) {
+    const pyqsa_kv_pager_layer & l  = *inp->pager->layer(il);
+    const int64_t                s0 = g.mctx->get_attn()->get_k(g.ctx, il)->view_offs / l.host_k->nb[2];
+    const int64_t                ns = stream_span(g.ubatch), n_kv = inp->n_kv_attn;
+    ggml_tensor * area[2];
+    int           j = 0;
+    for (ggml_tensor * a : { l.area_k, l.area_v }) {
+        area[j++] = ggml_view_3d(g.ctx, a, a->ne[0], n_kv, ns, a->nb[1], n_kv * a->nb[1], 0);
+    }
+    ggml_tensor * f = pyqsa_ggml_qsa_page_fetch(g.ctx, area[0], (const char *) l.host_k->data + s0 * l.host_k->nb[2],
+                                                area[1], (const char *) l.host_v->data + s0 * l.host_v->nb[2],
+                                                inp->pager->kv_size(), after);
+    ggml_format_name(f, "qsa_prefetch-%d", il);
+    ggml_build_forward_expand(g.gf, f);
+    inp->fetches[il] = f;
+}
+
 // The paged attention of one layer (see qsa-pager.h)
 ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input * inp, const pyqsa_kv_pager_layer & l,
                            ggml_tensor * k_idxs, ggml_tensor * v_idxs, ggml_tensor * q, ggml_tensor * k_cur,
@@ -294,6 +341,30 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
                                                                (int32_t) r, (int32_t) (S * r), (int32_t) pager.ring());
         ggml_format_name(cells, "qsa_paged_cells-%d", il);
         return pyqsa_qsa_attn_cells(ctx, q, rows_k(), rows_v(), cells, kq_scale);
+    }
+
+    if (inp->prefetch) {
+        // The fetch queued two layers back (or at this graph's first layer) brings the stored
+        // rows; with the chunk's own rows added, the area is the unpaged cache of these streams
+        // (cell == position), and the unpaged attention reads it: the same kernels, the same bits.
+        ggml_tensor * f = inp->fetches.at(il);
+        GGML_ASSERT(f->src[0]->ne[2] == ns);
+        ggml_tensor * cells = pyqsa_ggml_qsa_block_cells(ctx, blocks, inp->n_vis, inp->q_pos, (int32_t) r);
+        ggml_format_name(cells, "qsa_cells-%d", il);
+        ggml_tensor * kv[2];
+        for (int i = 0; i < 2; ++i) {
+            ggml_tensor * area = pyqsa_ggml_qsa_page_fetch_wait(ctx, f, f->src[i]);
+            area  = ggml_reshape_2d(ctx, area, area->ne[0], area->ne[1] * area->ne[2]);
+            kv[i] = ggml_set_rows(ctx, area, ggml_reshape_2d(ctx, cur[i], area->ne[0], n_tok), inp->area_rows);
+        }
+        const int64_t n_kv = inp->n_kv_attn;
+        ggml_tensor * out  = pyqsa_qsa_attn_cells(ctx, q, as_heads(ctx, kv[0], k_cur, n_kv, ns),
+                                                  as_heads(ctx, kv[1], v_cur, n_kv, ns), cells, kq_scale);
+        const int32_t next = pager.layer_after(il, 2);  // the next layer of this area pair
+        if (next >= 0) {
+            fetch_layer(g, inp, next, out);
+        }
+        return out;
     }
 
     // A prefill chunk: the host store comes through the block slots a window of S blocks at a time
@@ -361,6 +432,10 @@ ggml_tensor * pyqsa_qsa_positional_top_k(const pyqsa_qsa_graph & g, pyqsa_qsa_po
             for (ggml_tensor * t : { p->ring_rows, p->key_ring_rows, p->n_paged, p->step }) {
                 ggml_set_input(t);
             }
+            if (p->prefetch) {
+                p->area_rows = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I64, n_tokens);
+                ggml_set_input(p->area_rows);
+            }
             p->bytes_per_token = p->pager->bytes_per_token(r);
         }
         inp = p.get();
@@ -378,6 +453,15 @@ ggml_tensor * pyqsa_qsa_positional_top_k(const pyqsa_qsa_graph & g, pyqsa_qsa_po
     // paged: the pager's block keys and raw-key ring stand in for the indexer cache, which
     // nothing reads; k_idxs stays in the graph for set_input's rows
     ggml_build_forward_expand(g.gf, inp->k_idxs);
+    if (inp->prefetch && inp->fetches.count(il) == 0) {
+        // the first paged layer of its device in this graph: no attention read either area yet,
+        // so both of its first layers' copies start here, before the indexer's work
+        fetch_layer(g, inp, il, nullptr);
+        const int32_t next = inp->pager->layer_after(il, 1);
+        if (next >= 0) {
+            fetch_layer(g, inp, next, nullptr);
+        }
+    }
     const int64_t s0     = k_view->view_offs / k_view->nb[3];
     const int64_t stride = inp->rows_per_stream();
     ggml_tensor * table  = ggml_view_2d(g.ctx, l->keys, l->keys->ne[0], ns * stride, l->keys->nb[1], s0 * l->keys->nb[2]);

@@ -25,6 +25,7 @@
 #include "llama-memory-hybrid-idx.h"
 
 #include <cstdint>
+#include <map>
 
 class pyqsa_qsa_positional_input : public llm_graph_input_i {
 public:
@@ -49,6 +50,7 @@ public:
     ggml_tensor * key_ring_rows = nullptr;  // I64 [n_tokens] row of each token's raw indexer key
     ggml_tensor * n_paged    = nullptr;  // I32 [n_tokens] blocks of the token's stream in the host store
     ggml_tensor * step       = nullptr;  // I32 [1 + n_stream] step number, then the streams to empty
+    ggml_tensor * area_rows  = nullptr;  // I64 [n_tokens] row of each token in a prefetch area view
 
     const uint32_t r;
     const int64_t  kv_size;
@@ -56,6 +58,11 @@ public:
 
     pyqsa_kv_pager * const pager;  // the attention cache's pager, nullptr without paging
     const bool             resolve;  // paged and decode-shaped: selected blocks go through the hot cache
+    const int64_t          n_kv_attn;  // cells in use per stream of the ubatch's streams (attention cache)
+    // a paged prefill chunk whose streams' histories fit a prefetch area: each layer's stored
+    // rows come to the device by a bulk copy overlapping the layers before it (qsa-pager.h)
+    const bool             prefetch;
+    std::map<int32_t, ggml_tensor *> fetches;  // paged layer -> its fetch node in the graph being built
     uint64_t bytes_per_token = 0;      // K/V bytes a token writes to the host store, all layers of ratio r
 
     // indexer rows of the ubatch's streams: each stream's block keys (row b), then its raw keys

@@ -2,9 +2,11 @@
 // sequential LRU model written here (every output and all state after every step), every other
 // backend against the CPU; and paged decode attention (page resolve -> paged cell lists ->
 // qsa_attn over a hot cache and ring) against qsa_attn over the whole cache, bit for bit, on
-// every backend. `trace` runs a scenario read from stdin on the CPU backend and prints
+// every backend; page staging and the prefill prefetch (fetch, wait, the chunk set over it)
+// against the store on the CPU and the CPU on every backend. `trace` runs a scenario read from stdin on the CPU backend and prints
 // each step, for the Python model of the policy (tests/unit/test_page_policy.py); `perf` times
-// decode-shaped steps at 256K context.
+// decode-shaped steps at 256K context, the prefill prefetch's bulk copy alone, beside a kernel,
+// and the staged windows.
 //
 //   test-qsa-page [test|perf] [-b BACKEND]      exit code 0 when every case passed
 //   test-qsa-page trace < scenario              see read_scenario() for the format
@@ -559,6 +561,83 @@ void test_page_stage(ggml_backend_t cpu, const char * only_backend, std::mt19937
     }
 }
 
+// qsa_page_fetch, then its wait, then a chunk's rows set over the fetched area (the order a
+// prefetching layer runs them in): per stream, the area holds store rows [0, n_rows) but the set
+// rows, which hold the chunk's values in f16. Returns false when not supported.
+struct fetch_case {
+    int64_t ns, n_rows, store_rows, E, n_set;
+
+    std::string name() const {
+        char buf[128];
+        std::snprintf(buf, sizeof(buf), "QSA_PAGE_FETCH(ns=%lld,n_rows=%lld,store_rows=%lld,E=%lld,n_set=%lld)",
+                      (long long) ns, (long long) n_rows, (long long) store_rows, (long long) E, (long long) n_set);
+        return buf;
+    }
+};
+
+// the graph's area tensors (K, V) after the run, bytes
+bool run_fetch(ggml_backend_t be, const fetch_case & c, const uint8_t * store_k, const uint8_t * store_v,
+               const std::vector<float> & chunk, const std::vector<int64_t> & rows, std::vector<uint8_t> & out) {
+    graph_run g;
+    ggml_init_params ip = { ggml_tensor_overhead() * 16 + ggml_graph_overhead(), nullptr, true };
+    g.ctx = ggml_init(ip);
+    ggml_tensor * area[2], * src = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, c.E, c.n_set);
+    ggml_tensor * idx = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I64, c.n_set);
+    for (ggml_tensor *& a : area) a = ggml_new_tensor_3d(g.ctx, GGML_TYPE_F16, c.E, c.n_rows, c.ns);
+    ggml_tensor * f = pyqsa_ggml_qsa_page_fetch(g.ctx, area[0], store_k, area[1], store_v, c.store_rows, nullptr);
+    ggml_tensor * set[2];
+    for (int j = 0; j < 2; ++j) {
+        ggml_tensor * w = pyqsa_ggml_qsa_page_fetch_wait(g.ctx, f, area[j]);
+        set[j] = ggml_set_rows(g.ctx, ggml_reshape_2d(g.ctx, w, c.E, c.n_rows * c.ns), src, idx);
+    }
+    if (!ggml_backend_supports_op(be, f) || !graph_place(g, be, set[0])) return false;
+    ggml_build_forward_expand(g.gf, set[1]);
+    ggml_backend_buffer_clear(g.buf, 0x5a);  // what a fetch leaves alone would show
+    ggml_backend_tensor_set(src, chunk.data(), 0, ggml_nbytes(src));
+    ggml_backend_tensor_set(idx, rows.data(), 0, ggml_nbytes(idx));
+    if (ggml_backend_graph_compute(be, g.gf) != GGML_STATUS_SUCCESS) {
+        std::fprintf(stderr, "compute failed\n");
+        std::exit(2);
+    }
+    out.resize(2 * ggml_nbytes(area[0]));
+    for (int j = 0; j < 2; ++j) ggml_backend_tensor_get(area[j], out.data() + j * ggml_nbytes(area[0]), 0, ggml_nbytes(area[0]));
+    return true;
+}
+
+void test_page_fetch(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng, int & n_ok, int & n_fail) {
+    const fetch_case cases[] = {
+        { 1, 1000, 4096, 512, 24 },  // one stream's history and a chunk at its end
+        { 3, 300, 512, 64, 9 },      // streams side by side, the area shorter than the store
+    };
+    for (const fetch_case & c : cases) {
+        const size_t B = c.E * sizeof(ggml_fp16_t), bytes = B * c.store_rows * c.ns;
+        host_store k(bytes), v(bytes);
+        for (size_t i = 0; i < bytes; ++i) {
+            k.data[i] = (uint8_t) rng();
+            v.data[i] = (uint8_t) rng();
+        }
+        std::vector<float> chunk(c.E * c.n_set);
+        for (float & x : chunk) x = (float) (rng() % 2001) / 1000.0f - 1.0f;
+        std::vector<int64_t> rows;  // the last n_set / ns rows of each stream's area
+        for (int64_t s = 0; s < c.ns; ++s)
+            for (int64_t i = 0; i < c.n_set / c.ns; ++i) rows.push_back(s * c.n_rows + c.n_rows - c.n_set / c.ns + i);
+        std::vector<uint8_t> want(2 * B * c.n_rows * c.ns);
+        for (int j = 0; j < 2; ++j) {
+            uint8_t * a = want.data() + j * B * c.n_rows * c.ns;
+            for (int64_t s = 0; s < c.ns; ++s) std::memcpy(a + s * c.n_rows * B, (j ? v : k).data + s * c.store_rows * B, c.n_rows * B);
+            for (size_t i = 0; i < rows.size(); ++i) ggml_fp32_to_fp16_row(chunk.data() + i * c.E, (ggml_fp16_t *) (a + rows[i] * B), c.E);
+        }
+        std::vector<uint8_t> out, out_other;
+        const bool supported = run_fetch(cpu, c, k.data, v.data, chunk, rows, out);
+        report(c.name(), "CPU", "vs the store and the chunk's rows ", supported && out == want, n_ok, n_fail);
+        on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
+            const bool ok = run_fetch(be, c, k.data, v.data, chunk, rows, out_other);
+            const bool eq = ok && out_other == out;
+            return std::make_pair(eq, std::string(!ok ? "not supported " : eq ? "vs CPU: area bytes " : "vs CPU: differs "));
+        });
+    }
+}
+
 int cmd_test(const char * only_backend) {
     std::mt19937 rng(4321);
     int n_ok = 0, n_fail = 0;
@@ -613,6 +692,7 @@ int cmd_test(const char * only_backend) {
     }
     test_paged_attention(cpu, only_backend, n_ok, n_fail);
     test_page_stage(cpu, only_backend, rng, n_ok, n_fail);
+    test_page_fetch(cpu, only_backend, rng, n_ok, n_fail);
     ggml_backend_free(cpu);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
     return n_fail == 0 ? 0 : 1;
@@ -752,6 +832,74 @@ void perf_prefill_attention(ggml_backend_t be, const char * dev_name, int64_t ho
     ggml_free(ctx);
 }
 
+// One QSA layer's prefetch at 256K (f16 K and V of 2 heads x 256: 1 KiB a row each, 512 MiB in
+// all) alone, a 2048-query prefill attention alone (the work a copy overlaps: in the model, the
+// layers between two QSA layers), and both in one graph, the copy forked before the attention
+// and joined after it: with the copy engine in parallel the last is near the larger of the two.
+void perf_prefetch(ggml_backend_t be, const char * dev_name) {
+    const int64_t D = 256, Hq = 24, Hkv = 2, kb = 512, n_blocks = 65536, n_q = 2048;
+    const int32_t r = 4;
+    const int64_t n_kv = n_blocks * r;
+    const size_t  row  = ggml_row_size(GGML_TYPE_F16, D) * Hkv;
+    host_store    k_host(row * n_kv), v_host(row * n_kv);
+    std::memset(k_host.data, 0, row * n_kv);
+    std::memset(v_host.data, 0, row * n_kv);
+    ggml_init_params ip = { ggml_tensor_overhead() * 32 + 4 * ggml_graph_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(ip);
+    ggml_tensor * q      = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D, Hq, n_q, 1);
+    ggml_tensor * blocks = ggml_new_tensor_3d(ctx, GGML_TYPE_I32, kb, n_q, 1);
+    ggml_tensor * n_vis  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_q);
+    ggml_tensor * pos    = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_q);
+    ggml_tensor * k_all  = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, Hkv, n_kv, 1);
+    ggml_tensor * v_all  = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, D, Hkv, n_kv, 1);
+    ggml_tensor * area_k = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, D * Hkv, n_kv, 1);
+    ggml_tensor * area_v = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, D * Hkv, n_kv, 1);
+    ggml_tensor * cells  = pyqsa_ggml_qsa_block_cells(ctx, blocks, n_vis, pos, r);
+    ggml_tensor * attn   = pyqsa_ggml_qsa_attn(ctx, q, k_all, v_all, cells, 0.0625f);
+    ggml_tensor * fetch  = pyqsa_ggml_qsa_page_fetch(ctx, area_k, k_host.data, area_v, v_host.data, n_kv, nullptr);
+    ggml_tensor * joined = pyqsa_ggml_qsa_page_fetch_wait(ctx, fetch, area_k);
+    if (!ggml_backend_supports_op(be, fetch) || !ggml_backend_supports_op(be, attn)) {
+        std::printf("  QSA prefetch (256K) %s: not supported\n", dev_name);
+        ggml_free(ctx);
+        return;
+    }
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
+    ggml_backend_buffer_clear(buf, 0);
+    std::mt19937 rng(5);
+    std::vector<int32_t> bl, vis(n_q), ps(n_q);
+    for (int64_t i = 0; i < n_q; ++i) {
+        ps[i]  = (int32_t) (n_kv - n_q + i);
+        vis[i] = (ps[i] + 1) / r;
+        std::set<int32_t> pick;
+        while ((int64_t) pick.size() < kb) pick.insert((int32_t) (rng() % (vis[i])));
+        bl.insert(bl.end(), pick.begin(), pick.end());
+    }
+    ggml_backend_tensor_set(blocks, bl.data(), 0, ggml_nbytes(blocks));
+    ggml_backend_tensor_set(n_vis, vis.data(), 0, ggml_nbytes(n_vis));
+    ggml_backend_tensor_set(pos, ps.data(), 0, ggml_nbytes(pos));
+    const auto time_of = [&](std::initializer_list<ggml_tensor *> outs) {
+        ggml_cgraph * gf = ggml_new_graph(ctx);
+        for (ggml_tensor * t : outs) ggml_build_forward_expand(gf, t);
+        std::vector<double> us;
+        for (int rep = -1; rep < 5; ++rep) {
+            const auto t0 = std::chrono::steady_clock::now();
+            ggml_backend_graph_compute(be, gf);
+            ggml_backend_synchronize(be);
+            if (rep >= 0) us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        }
+        std::sort(us.begin(), us.end());
+        return us;
+    };
+    const std::vector<double> copy = time_of({ joined }), work = time_of({ attn }), both = time_of({ fetch, attn, joined });
+    const double bytes = 2.0 * row * n_kv;
+    std::printf("  QSA prefetch (one layer at 256K, %.0f MiB) %s: copy alone %.0f us (%.1f GB/s), 2048-query attention "
+                "alone %.0f us, both in one graph %.0f us (medians of 5; sum %.0f, larger %.0f)\n",
+                bytes / 1048576.0, dev_name, copy[2], bytes / copy[2] / 1e3, work[2], both[2], copy[2] + work[2],
+                std::max(copy[2], work[2]));
+    ggml_backend_buffer_free(buf);
+    ggml_free(ctx);
+}
+
 // decode steps at 256K context: 8 streams, 512 selected blocks each, 8 KiB blocks (4 cells of
 // f16 K and V, 2 heads x 256), a hot cache of 1024 slots; steps that miss 0%, ~6% and 100%
 int cmd_perf(const char * only_backend) {
@@ -795,6 +943,7 @@ int cmd_perf(const char * only_backend) {
         }
         std::fflush(stdout);
         if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+            perf_prefetch(be, ggml_backend_dev_name(dev));
             // the default hot cache (1024) and a 4x larger one, at 512- and 2048-token chunks
             for (const auto & [hot, n_q] : { std::pair<int64_t, int64_t>{ 1024, 512 }, { 4096, 512 }, { 1024, 2048 }, { 4096, 2048 } }) {
                 perf_prefill_attention(be, ggml_backend_dev_name(dev), hot, n_q);

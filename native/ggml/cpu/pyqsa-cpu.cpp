@@ -7,6 +7,7 @@
 #include "qsa-attn-part.h"
 #include "qsa-block-cells.h"
 #include "qsa-mask-cells.h"
+#include "qsa-page-fetch.h"
 #include "qsa-page-resolve.h"
 #include "qsa-page-stage.h"
 #include "qsa-page-write.h"
@@ -45,6 +46,11 @@ void pyqsa_cpu_forward(const struct ggml_compute_params * params, struct ggml_te
             break;
         case PYQSA_GGML_OP_SAMPLE:
             pyqsa_cpu_sample(params, dst);
+            break;
+        case PYQSA_GGML_OP_QSA_PAGE_FETCH:
+            pyqsa_cpu_qsa_page_fetch(params, dst);
+            break;
+        case PYQSA_GGML_OP_QSA_PAGE_FETCH_WAIT:
             break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));

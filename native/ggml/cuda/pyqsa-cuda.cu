@@ -9,6 +9,7 @@
 #include "qsa-attn-part.cuh"
 #include "qsa-block-cells.cuh"
 #include "qsa-mask-cells.cuh"
+#include "qsa-page-fetch.cuh"
 #include "qsa-page-resolve.cuh"
 #include "qsa-page-stage.cuh"
 #include "qsa-page-write.cuh"
@@ -51,6 +52,12 @@ void pyqsa_cuda_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         case PYQSA_GGML_OP_SAMPLE:
             pyqsa_cuda_sample(ctx, dst);
             break;
+        case PYQSA_GGML_OP_QSA_PAGE_FETCH:
+            pyqsa_cuda_qsa_page_fetch(ctx, dst);
+            break;
+        case PYQSA_GGML_OP_QSA_PAGE_FETCH_WAIT:
+            pyqsa_cuda_qsa_page_fetch_wait(ctx, dst);
+            break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));
     }
@@ -74,6 +81,10 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
             return pyqsa_cuda_qsa_attn_part_supported(op);
         case PYQSA_GGML_OP_SAMPLE:
             return pyqsa_cuda_sample_supported(op);
+        case PYQSA_GGML_OP_QSA_PAGE_FETCH:
+            return pyqsa_cuda_qsa_page_fetch_supported(op);
+        case PYQSA_GGML_OP_QSA_PAGE_FETCH_WAIT:
+            return true;
         case PYQSA_GGML_OP_QSA_TOPK:
         case PYQSA_GGML_OP_QSA_BLOCK_CELLS:
             return ggml_nrows(op->src[0]) <= 65535;
