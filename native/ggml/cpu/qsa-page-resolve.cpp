@@ -63,10 +63,12 @@ void resolve_stream(const page_args & a) {
             victims.push_back(h);
         }
     }
-    std::sort(victims.begin(), victims.end(), [&](int32_t x, int32_t y) {
-        return a.stamp[x] != a.stamp[y] ? a.stamp[x] < a.stamp[y] : x < y;
-    });
     GGML_ASSERT(miss.size() <= victims.size());
+    // only the first miss.size() in that order are taken: pick them, then sort just those
+    const auto lru = [&](int32_t x, int32_t y) { return a.stamp[x] != a.stamp[y] ? a.stamp[x] < a.stamp[y] : x < y; };
+    const auto taken = victims.begin() + (std::ptrdiff_t) miss.size();
+    std::nth_element(victims.begin(), taken, victims.end(), lru);
+    std::sort(victims.begin(), taken, lru);
     for (size_t i = 0; i < miss.size(); ++i) {
         const int32_t slot = victims[i];
         if (a.owner[slot] >= 0) {
