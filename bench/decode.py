@@ -117,6 +117,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "cache in q8_0: half the bytes each miss brings), reported as variant pyqsa-paged-q8",
     )
     ap.add_argument(
+        "--kv-hot-type",
+        choices=["f16"],
+        default=None,
+        help="with --kv-type q8_0: an f16 hot cache over the q8_0 host store (each fetched block "
+        "dequantized), reported as variant pyqsa-paged-q8f16",
+    )
+    ap.add_argument(
         "--sampling",
         choices=["host", "device"],
         default="host",
@@ -151,6 +158,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--sampling device needs --variant pyqsa without --hot-blocks")
     if args.kv_type != "f16" and not args.hot_blocks:
         ap.error("--kv-type q8_0 needs --hot-blocks (one thing compared at a time)")
+    if args.kv_hot_type and args.kv_type != "q8_0":
+        ap.error("--kv-hot-type f16 needs --kv-type q8_0 (and so --hot-blocks)")
     if args.prefill_warmup < 0:
         ap.error("--prefill-warmup must be >= 0")
     if args.steps < 1 or args.warmup < 1 or args.repeats < 1:
@@ -261,6 +270,7 @@ class Bench:
             kv_type=a.kv_type,
             qsa_mode=a.qsa_mode,
             hot_blocks=a.hot_blocks,
+            kv_hot_type=a.kv_hot_type,
         )
 
     def open(self, context: int, n_seq: int) -> dict[str, Any]:
@@ -296,6 +306,7 @@ class Bench:
             "use_extra_bufts": not a.no_extra_bufts,
             "qsa_mode": cfg.qsa_mode if a.variant == "pyqsa" else "upstream (masked dense)",
             "hot_blocks": cfg.hot_blocks,
+            "hot_type": cfg.kv_hot_type or cfg.kv_type,
             "sampling": a.sampling,
         }
 
@@ -480,7 +491,8 @@ def run(args: argparse.Namespace) -> int:
 
     meta = run_meta(L, args.variant, args.lib, args.model)
     if args.hot_blocks:  # pyqsa's library with paging: reported as a variant of its own
-        meta["variant"] = "pyqsa-paged" if args.kv_type == "f16" else "pyqsa-paged-q8"
+        meta["variant"] = {"f16": "pyqsa-paged", "q8_0": "pyqsa-paged-q8"}[args.kv_type]
+        meta["variant"] += "f16" if args.kv_hot_type else ""
     if args.sampling == "device":  # (only unpaged runs: one thing compared at a time)
         meta["variant"] = "pyqsa-sampled"
     if args.variant == "pyqsa" and os.environ.get("PYQSA_QSA_ATTN_MMA") == "0":

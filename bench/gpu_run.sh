@@ -10,6 +10,7 @@
 #                 --variants pyqsa,upstream (which libraries run, in this order, per context;
 #                 paged: pyqsa's with host-backed KV paging, --hot-blocks N, default 1024;
 #                 pagedq8: the same with q8_0 K/V (host store and hot cache);
+#                 pagedq8f16: a q8_0 host store under an f16 hot cache (blocks dequantized as fetched);
 #                 sampled: pyqsa's with each step's rows drawn by the sample op, --sampling device;
 #                 cores: pyqsa's with PYQSA_QSA_ATTN_MMA=0, prefill attention on CUDA cores;
 #                 moesync: pyqsa's with PYQSA_CUDA_MOE_SYNC=1, upstream's host-sorted MoE products;
@@ -69,6 +70,7 @@ declare -A variant_env=([cores]=PYQSA_QSA_ATTN_MMA=0 [moesync]=PYQSA_CUDA_MOE_SY
                         [moemmf]=PYQSA_CUDA_MOE_MMF=1)
 declare -A variant_args=([pyqsa]="--variant pyqsa" [paged]="--variant pyqsa --hot-blocks $hot_blocks"
                          [pagedq8]="--variant pyqsa --hot-blocks $hot_blocks --kv-type q8_0"
+                         [pagedq8f16]="--variant pyqsa --hot-blocks $hot_blocks --kv-type q8_0 --kv-hot-type f16"
                          [sampled]="--variant pyqsa --sampling device" [upstream]="--variant upstream")
 for v in "${!variant_env[@]}"; do variant_args[$v]="--variant pyqsa"; done
 for v in ${variants//,/ }; do

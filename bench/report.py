@@ -21,6 +21,7 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # pyqsa-paged: decode.py --hot-blocks; pyqsa-paged-q8: the same with --kv-type q8_0;
+# pyqsa-paged-q8f16: --kv-type q8_0 --kv-hot-type f16 (a q8_0 store under an f16 hot cache);
 # pyqsa-sampled: decode.py --sampling device; pyqsa-cores: PYQSA_QSA_ATTN_MMA=0 (qsa_attn's
 # prefill on CUDA cores, not tensor cores); pyqsa-moesync: PYQSA_CUDA_MOE_SYNC=1 (MoE products on
 # upstream's host-sorted path); pyqsa-f16acc: PYQSA_CUDA_F16_ACCUMULATE=1 (f16 products on cuBLAS
@@ -32,6 +33,7 @@ VARIANTS = (
     "upstream",
     "pyqsa-paged",
     "pyqsa-paged-q8",
+    "pyqsa-paged-q8f16",
     "pyqsa-sampled",
     "pyqsa-cores",
     "pyqsa-moesync",
@@ -44,6 +46,7 @@ SHORT = {
     "upstream": "upstr",
     "pyqsa-paged": "paged",
     "pyqsa-paged-q8": "pgdq8",
+    "pyqsa-paged-q8f16": "pq8hf",
     "pyqsa-sampled": "smpld",
     "pyqsa-cores": "cores",
     "pyqsa-moesync": "mosyn",
@@ -55,6 +58,7 @@ SHORT = {
 PAGED = (
     ("pyqsa-paged", "paged_over_pyqsa", "paged/pyqsa"),
     ("pyqsa-paged-q8", "paged_q8_over_pyqsa", "pgdq8/pyqsa"),
+    ("pyqsa-paged-q8f16", "paged_q8f16_over_pyqsa", "pq8hf/pyqsa"),
 )
 Rec = dict[str, Any]
 

@@ -112,18 +112,22 @@ def devices() -> list[DeviceInfo]:
 QSA_MODES = ("positional", "sparse", "masked")  # PYQSA_QSA_* in pyqsa.h, in order
 
 
-def init_from_model(model: int, params_address: int, qsa_mode: str, hot_blocks: int = 0) -> int:
+def init_from_model(
+    model: int, params_address: int, qsa_mode: str, hot_blocks: int = 0, hot_type: int = -1
+) -> int:
     """llama_init_from_model with pyqsa's settings; returns the llama_context pointer.
 
     model: a llama_model pointer; params_address: the address of a llama_context_params
-    (upstream's ctypes struct, `ctypes.addressof`); hot_blocks > 0 pages the QSA layers' K/V
-    (see pyqsa_context_config in pyqsa.h)."""
+    (upstream's ctypes struct, `ctypes.addressof`); hot_blocks > 0 pages the QSA layers' K/V,
+    hot_type (a ggml type, -1: the cache's own) is the hot cache's type (see
+    pyqsa_context_config in pyqsa.h)."""
     if qsa_mode not in QSA_MODES:
         raise ValueError(f"qsa_mode must be one of {', '.join(QSA_MODES)}, got {qsa_mode!r}")
     ffi, lib = _api()
     cfg = ffi.new("pyqsa_context_config *", lib.pyqsa_context_config_default())
     cfg.qsa_mode = QSA_MODES.index(qsa_mode)
     cfg.hot_blocks = hot_blocks
+    cfg.hot_type = hot_type
     err = ffi.new("int32_t *")
     ctx = lib.pyqsa_init_from_model(
         ffi.cast("void *", model), ffi.cast("void *", params_address), cfg, err

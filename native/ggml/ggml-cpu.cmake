@@ -5,6 +5,7 @@ target_sources(${GGML_CPU_NAME} PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-attn-part.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-block-cells.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-mask-cells.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-page-convert.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-page-fetch.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-page-resolve.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-page-stage.cpp

@@ -248,9 +248,11 @@ struct ggml_tensor * pyqsa_ggml_qsa_page_write(struct ggml_context * ctx, struct
     GGML_ASSERT(k_host != nullptr && v_host != nullptr);
     GGML_ASSERT(ggml_are_same_shape(k, v) && k->type == v->type && k->nb[1] == v->nb[1]);
     GGML_ASSERT(k->nb[1] == ggml_row_size(k->type, k->ne[0]) && k->ne[2] == 1 && k->ne[3] == 1);
-    for (const ggml_tensor * t : { src_rows, k_rows, v_rows }) {
-        GGML_ASSERT(t->type == GGML_TYPE_I64 && ggml_is_contiguous(t) && ggml_nelements(t) == ggml_nelements(src_rows));
+    for (const ggml_tensor * t : { k_rows, v_rows, src_rows }) {
+        GGML_ASSERT(t == nullptr ||
+                    (t->type == GGML_TYPE_I64 && ggml_is_contiguous(t) && ggml_nelements(t) == ggml_nelements(k_rows)));
     }
+    GGML_ASSERT(src_rows != nullptr || ggml_nelements(k_rows) <= k->ne[1]);
 
     struct ggml_tensor * result = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1);
     ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_QSA_PAGE_WRITE);
@@ -263,6 +265,41 @@ struct ggml_tensor * pyqsa_ggml_qsa_page_write(struct ggml_context * ctx, struct
     result->src[3] = k_rows;
     result->src[4] = v_rows;
     return result;
+}
+
+// the device rows of a page node: what a resolve or stage fills, what a write reads
+static const ggml_tensor * page_rows(const struct ggml_tensor * op) {
+    switch (ggml_get_op_params_i32(op, 0)) {
+        case PYQSA_GGML_OP_QSA_PAGE_RESOLVE:
+            return op->src[7];
+        case PYQSA_GGML_OP_QSA_PAGE_STAGE:
+            return op->src[2];
+        case PYQSA_GGML_OP_QSA_PAGE_WRITE:
+            return op->src[0];
+        default:
+            GGML_ABORT("pyqsa: not a page node");
+    }
+}
+
+// op param 7: the store's type + 1, 0 for the device rows' own
+void pyqsa_ggml_qsa_page_set_store_type(struct ggml_tensor * op, enum ggml_type type) {
+    const int32_t       sub  = ggml_get_op_params_i32(op, 0);
+    const ggml_tensor * rows = page_rows(op);
+    if (type != rows->type) {
+        // the one conversion each way: f16 rows of a q8_0 store, and f32 rows written into one
+        GGML_ASSERT(type == GGML_TYPE_Q8_0 && rows->ne[0] % 32 == 0);
+        GGML_ASSERT(rows->type == (sub == PYQSA_GGML_OP_QSA_PAGE_WRITE ? GGML_TYPE_F32 : GGML_TYPE_F16));
+    }
+    ggml_set_op_params_i32(op, 7, type == rows->type ? 0 : (int32_t) type + 1);
+}
+
+enum ggml_type pyqsa_ggml_qsa_page_store_type(const struct ggml_tensor * op) {
+    const int32_t t = ggml_get_op_params_i32(op, 7);
+    return t > 0 ? (enum ggml_type) (t - 1) : page_rows(op)->type;
+}
+
+size_t pyqsa_ggml_qsa_page_store_row(const struct ggml_tensor * op) {
+    return ggml_row_size(pyqsa_ggml_qsa_page_store_type(op), page_rows(op)->ne[0]);
 }
 
 struct ggml_tensor * pyqsa_ggml_qsa_page_fetch(struct ggml_context * ctx, struct ggml_tensor * dst,

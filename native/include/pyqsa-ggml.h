@@ -234,6 +234,20 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_attn_part(struct ggml_context * ctx
 //   seen: I32 [n_stream] (state)
 GGML_API void pyqsa_ggml_qsa_page_resolve_set_generations(struct ggml_tensor * resolve, struct ggml_tensor * seen);
 
+// The host stores of a page-resolve, page-stage or page-write node hold another type than its
+// device rows: a q8_0 store beside f16 rows (half the bytes over the host link, f16 attention).
+// Resolve and stage dequantize each fetched block into f16 (d * q in f32, rounded to nearest);
+// the write quantizes f32 rows (then its k and v are F32, and src_rows may be NULL: row i) into
+// q8_0 blocks as the backend's set_rows does. Call right after the node's constructor.
+GGML_API void pyqsa_ggml_qsa_page_set_store_type(struct ggml_tensor * op, enum ggml_type type);
+
+// The type of a page node's host stores: its device rows' type unless set otherwise.
+GGML_API enum ggml_type pyqsa_ggml_qsa_page_store_type(const struct ggml_tensor * op);
+
+// Bytes of one row of a page node's host store: for resolve and stage a block (the device rows'
+// ne[0] elements), for the write a row of k.
+GGML_API size_t pyqsa_ggml_qsa_page_store_row(const struct ggml_tensor * op);
+
 // Store i (0: store, 1: store_v) of a page-resolve or page-stage node and its blocks per stream.
 GGML_API const void * pyqsa_ggml_qsa_page_store(const struct ggml_tensor * op, int i, int64_t * n_store);
 
@@ -244,6 +258,7 @@ GGML_API const void * pyqsa_ggml_qsa_page_store(const struct ggml_tensor * op, i
 //   k, v:           [E, n_rows] any type, rows contiguous (e.g. the ring of a device cache)
 //   src_rows:       I64 [n] rows of k/v
 //   k_rows, v_rows: I64 [n] rows of the stores (llama.cpp's cache indices); negative: skip
+//   (with a store type of its own, see pyqsa_ggml_qsa_page_set_store_type, src_rows may be NULL)
 // returns I32 [1], a node to expand (its value means nothing)
 GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_write(struct ggml_context * ctx,
                                                         struct ggml_tensor * k,

@@ -84,6 +84,10 @@ typedef struct pyqsa_context_config {
                          // paging (positional mode only): the K/V in pinned host memory, a hot
                          // cache of this many blocks per stream and layer on the device, at
                          // least the blocks one query selects (indexer_top_k / ratio)
+    int32_t hot_type;    // paging: the ggml type of the device hot cache and ring; -1 (the
+                         // default): the K/V cache's own. 1 (f16) with a q8_0 cache: the host
+                         // store stays q8_0 (half the bytes over the host link) and each fetched
+                         // block is dequantized into f16, so decode attention runs on f16
 } pyqsa_context_config;
 
 // The settings a context gets when none are given (llama_init_from_model called directly).

@@ -3,6 +3,8 @@
 
 #include "llama-context.h"
 
+#include "ggml.h"
+
 namespace {
 
 thread_local pyqsa_context_config parked = pyqsa_context_config_default();
@@ -11,7 +13,8 @@ thread_local uint32_t             parked_n_ubatch = 0;
 bool valid(const pyqsa_context_config & cfg) {
     const bool mode = cfg.qsa_mode == PYQSA_QSA_POSITIONAL || cfg.qsa_mode == PYQSA_QSA_SPARSE ||
                       cfg.qsa_mode == PYQSA_QSA_MASKED;
-    return mode && cfg.hot_blocks >= 0 && (cfg.hot_blocks == 0 || cfg.qsa_mode == PYQSA_QSA_POSITIONAL);
+    const bool hot = cfg.hot_type == -1 || (cfg.hot_type == GGML_TYPE_F16 && cfg.hot_blocks > 0);
+    return mode && hot && cfg.hot_blocks >= 0 && (cfg.hot_blocks == 0 || cfg.qsa_mode == PYQSA_QSA_POSITIONAL);
 }
 
 }  // namespace
@@ -19,6 +22,7 @@ bool valid(const pyqsa_context_config & cfg) {
 pyqsa_context_config pyqsa_context_config_default(void) {
     pyqsa_context_config cfg{};
     cfg.qsa_mode = PYQSA_QSA_POSITIONAL;
+    cfg.hot_type = -1;
     return cfg;
 }
 

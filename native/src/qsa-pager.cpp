@@ -63,13 +63,15 @@ std::shared_ptr<pyqsa_kv_pager> pyqsa_kv_pager_create(const llama_model & model,
     for (const auto & l : layers) {
         r_max = std::max(r_max, hp.dsv4_compress_ratios[l.il]);
     }
-    const int64_t n_ubatch = std::max<uint32_t>(1, pyqsa_context_building_n_ubatch());
-    return std::make_shared<pyqsa_kv_pager>(model, layers, n_stream, kv_size, pyqsa_context_config_take().hot_blocks,
-                                            n_ubatch + r_max - 1);
+    const int64_t              n_ubatch = std::max<uint32_t>(1, pyqsa_context_building_n_ubatch());
+    const pyqsa_context_config cfg      = pyqsa_context_config_take();
+    return std::make_shared<pyqsa_kv_pager>(model, layers, n_stream, kv_size, cfg.hot_blocks, n_ubatch + r_max - 1,
+                                            cfg.hot_type);
 }
 
 pyqsa_kv_pager::pyqsa_kv_pager(const llama_model & model, const std::vector<pyqsa_kv_layer_tensors> & kv_layers,
-                               uint32_t n_stream, uint32_t kv_size, int64_t hot_blocks, int64_t ring) :
+                               uint32_t n_stream, uint32_t kv_size, int64_t hot_blocks, int64_t ring,
+                               int32_t hot_type) :
     H(hot_blocks), W(ring), n_cells(kv_size), area_rows(prefetch_on() ? kv_size : 0), n_stream(n_stream) {
     const auto & hp = model.hparams;
     // one context per device buffer type, as llama_kv_cache groups its tensors
@@ -110,8 +112,14 @@ pyqsa_kv_pager::pyqsa_kv_pager(const llama_model & model, const std::vector<pyqs
         p.kb     = kb;
         p.host_k = l.k;
         p.host_v = l.v;
-        p.dev_k  = ggml_new_tensor_3d(ctx, l.k->type, l.k->ne[0], slots(r) * r + W, n_stream);
-        p.dev_v  = ggml_new_tensor_3d(ctx, l.v->type, l.v->ne[0], slots(r) * r + W, n_stream);
+        // f16 rows over a q8_0 store: blocks dequantized as they are fetched (pyqsa.h)
+        const ggml_type rows_type = hot_type < 0 ? l.k->type : (ggml_type) hot_type;
+        if (rows_type != l.k->type && !(rows_type == GGML_TYPE_F16 && l.k->type == GGML_TYPE_Q8_0)) {
+            throw std::runtime_error(std::string("pyqsa: a ") + ggml_type_name(rows_type) +
+                                     " hot cache needs a q8_0 host store, not " + ggml_type_name(l.k->type));
+        }
+        p.dev_k  = ggml_new_tensor_3d(ctx, rows_type, l.k->ne[0], slots(r) * r + W, n_stream);
+        p.dev_v  = ggml_new_tensor_3d(ctx, rows_type, l.v->ne[0], slots(r) * r + W, n_stream);
         p.table  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, kv_size / r, n_stream);
         p.owner  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, H, n_stream);
         p.stamp  = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, H, n_stream);
@@ -208,7 +216,7 @@ int64_t pyqsa_kv_pager::n_layers(uint32_t r) const {
 uint64_t pyqsa_kv_pager::bytes_per_token(uint32_t r) const {
     uint64_t n = 0;
     for (const auto & [il, p] : layers) {
-        n += p.r == r ? p.dev_k->nb[1] + p.dev_v->nb[1] : 0;
+        n += p.r == r ? p.host_k->nb[1] + p.host_v->nb[1] : 0;  // what crosses the host link
     }
     return n;
 }
@@ -256,7 +264,7 @@ pyqsa_kv_pager_counters pyqsa_kv_pager::counters() const {
     for (const auto & [il, p] : layers) {
         ggml_backend_tensor_get(p.stats, stats.data(), 0, ggml_nbytes(p.stats));
         ggml_backend_tensor_get(p.staged, staged.data(), 0, ggml_nbytes(p.staged));
-        const uint64_t block_bytes = p.r * (p.dev_k->nb[1] + p.dev_v->nb[1]);
+        const uint64_t block_bytes = p.r * (p.host_k->nb[1] + p.host_v->nb[1]);
         std::array<uint64_t, 3> layer = { (uint64_t) il, 0, 0 };
         for (uint32_t s = 0; s < n_stream; ++s) {
             layer[1] += stats[2 * s];

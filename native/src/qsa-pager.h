@@ -63,7 +63,7 @@ struct pyqsa_kv_pager_counters {
 class pyqsa_kv_pager {
 public:
     pyqsa_kv_pager(const llama_model & model, const std::vector<pyqsa_kv_layer_tensors> & layers,
-                   uint32_t n_stream, uint32_t kv_size, int64_t hot_blocks, int64_t ring);
+                   uint32_t n_stream, uint32_t kv_size, int64_t hot_blocks, int64_t ring, int32_t hot_type);
     ~pyqsa_kv_pager();
 
     const pyqsa_kv_pager_layer * layer(int32_t il) const;  // nullptr: not paged
@@ -90,7 +90,7 @@ public:
 
     int64_t  blocks_selected(uint32_t r) const;  // kb of the layers of ratio r
     int64_t  n_layers(uint32_t r) const;         // paged layers of ratio r
-    uint64_t bytes_per_token(uint32_t r) const;  // K/V bytes of one token in all layers of ratio r
+    uint64_t bytes_per_token(uint32_t r) const;  // K/V bytes of one token in the host store, all layers of ratio r
 
     // each stream's generation for the layers of ratio r: a new one whenever its hot caches stop
     // matching their page tables (a new sequence, a prefill chunk staged over them); a resolve

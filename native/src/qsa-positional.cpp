@@ -314,9 +314,16 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
         ring[i] = ggml_set_rows(ctx, rows2d, ggml_reshape_2d(ctx, cur[i], dev[i]->ne[0], n_tok), inp->ring_rows);
         ggml_build_forward_expand(g.gf, ring[i]);
     }
-    // to the rows llama.cpp's cache indices name (cell == position)
-    ggml_build_forward_expand(g.gf, pyqsa_ggml_qsa_page_write(ctx, ring[0], ring[1], inp->ring_rows, k_idxs, v_idxs,
-                                                               l.host_k->data, l.host_v->data));
+    // to the rows llama.cpp's cache indices name (cell == position); a store of another type than
+    // the device rows (q8_0 beside f16) is written from the f32 rows, quantized as unpaged
+    const bool    convert = l.host_k->type != l.dev_k->type;
+    ggml_tensor * write   = convert ? pyqsa_ggml_qsa_page_write(ctx, ggml_reshape_2d(ctx, k_cur, l.host_k->ne[0], n_tok),
+                                                                ggml_reshape_2d(ctx, v_cur, l.host_v->ne[0], n_tok),
+                                                                nullptr, k_idxs, v_idxs, l.host_k->data, l.host_v->data)
+                                    : pyqsa_ggml_qsa_page_write(ctx, ring[0], ring[1], inp->ring_rows, k_idxs, v_idxs,
+                                                                l.host_k->data, l.host_v->data);
+    pyqsa_ggml_qsa_page_set_store_type(write, l.host_k->type);
+    ggml_build_forward_expand(g.gf, write);
 
     const char *  store_k = (const char *) l.host_k->data + s0 * l.host_k->nb[2];
     const char *  store_v = (const char *) l.host_v->data + s0 * l.host_v->nb[2];
@@ -336,6 +343,7 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
                                                           state(l.stamp), inp->step, state(l.stats),
                                                           slots_of(ring[0], H), store_k, slots_of(ring[1], H), store_v,
                                                           n_store);
+        pyqsa_ggml_qsa_page_set_store_type(slots, l.host_k->type);
         pyqsa_ggml_qsa_page_resolve_set_generations(slots, ggml_view_1d(ctx, l.seen, ns, s0 * l.seen->nb[0]));
         ggml_tensor * cells = pyqsa_ggml_qsa_block_cells_paged(ctx, blocks, slots, inp->n_vis, inp->n_paged, inp->q_pos,
                                                                (int32_t) r, (int32_t) (S * r), (int32_t) pager.ring());
@@ -389,6 +397,7 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
     for (int64_t w = 0; w < n_windows; ++w) {
         ggml_tensor * staged = pyqsa_ggml_qsa_page_stage(ctx, blocks, inp->n_paged, stage_k, store_k, stage_v, store_v,
                                                          n_store, w * S, state, tally);
+        pyqsa_ggml_qsa_page_set_store_type(staged, l.host_k->type);
         state = pyqsa_ggml_qsa_attn_part(ctx, q4, rows_k(), rows_v(), cells, inp->n_paged, state, staged, kq_scale,
                                          (int32_t) r, (int32_t) (w * S * r), (int32_t) ((w + 1) * S * r), 0, 0, false);
     }

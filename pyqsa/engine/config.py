@@ -38,6 +38,8 @@ class EngineConfig:
     # > 0: page the QSA layers' K/V (pinned host store, a device hot cache of this many blocks
     # per slot and layer; see engine/paging.py); 0: they live on the device
     hot_blocks: int = 0
+    # with paging, the hot cache's type (None: kv_type); f16 beside a q8_0 kv_type (see context.py)
+    kv_hot_type: str | None = None
     # draw tokens inside the forward pass (the sample op, where the logits are), bias and
     # penalties included up to runner.DEVICE_MAX_ADJUST adjusted tokens a draw; False: every
     # sampled row's logits come to the host, where the op's host kernel draws
@@ -83,4 +85,5 @@ class EngineConfig:
             n_threads=self.n_threads,
             kv_type=self.kv_type,
             hot_blocks=self.hot_blocks,
+            kv_hot_type=self.kv_hot_type,
         )

@@ -41,7 +41,9 @@ class ContextConfig:
     `op_offload` lets a GPU build run large batches of host-resident weights on the GPU.
     `hot_blocks` > 0 pages the QSA layers' K/V: the whole history in pinned host memory, a hot
     cache of that many blocks per sequence and layer on the device (native/src/qsa-pager.h);
-    it must hold the blocks one query selects, and needs the positional mode.
+    it must hold the blocks one query selects, and needs the positional mode. `kv_hot_type`
+    (None: `kv_type`) is the hot cache's type: "f16" beside a q8_0 `kv_type` keeps the host
+    store in q8_0 (half the bytes over the host link) and dequantizes each fetched block.
     """
 
     n_seqs: int = 1
@@ -53,6 +55,7 @@ class ContextConfig:
     flash_attn: bool = True
     op_offload: bool = True
     hot_blocks: int = 0
+    kv_hot_type: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_seqs", "ctx_per_seq", "n_batch"):
@@ -69,6 +72,14 @@ class ContextConfig:
             raise ValueError(f"hot_blocks must be >= 0, got {self.hot_blocks}")
         if self.hot_blocks and self.qsa_mode != "positional":
             raise ValueError(f"paging needs qsa_mode positional, got {self.qsa_mode!r}")
+        if self.kv_hot_type not in (None, self.kv_type):
+            if not self.hot_blocks:
+                raise ValueError("kv_hot_type needs paging (hot_blocks > 0)")
+            if (self.kv_type, self.kv_hot_type) != ("q8_0", "f16"):
+                raise ValueError(
+                    f"a {self.kv_hot_type} hot cache needs a q8_0 host store "
+                    f"(kv_type q8_0), got kv_type {self.kv_type!r}"
+                )
 
     @property
     def threads(self) -> int:
@@ -145,7 +156,10 @@ def open_context(model: int, cfg: ContextConfig, cb_eval=None, upstream: bool = 
             raise ContextError(f"llama.cpp could not create {what} (out of memory?)")
     else:
         try:
-            ctx = native.init_from_model(model, ctypes.addressof(p), cfg.qsa_mode, cfg.hot_blocks)
+            hot_type = KV_TYPES[cfg.kv_hot_type] if cfg.kv_hot_type not in (None, cfg.kv_type) else -1
+            ctx = native.init_from_model(
+                model, ctypes.addressof(p), cfg.qsa_mode, cfg.hot_blocks, hot_type
+            )
         except native.NativeError as e:
             raise ContextError(f"llama.cpp could not create {what} (out of memory?): {e}") from None
     if L.llama_n_ctx_seq(ctx) < cfg.ctx_per_seq:

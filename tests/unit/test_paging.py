@@ -42,7 +42,7 @@ def model(tmp_path_factory):
 class Session:
     """One context; feed() decodes chunks of (seq, tokens) and returns each chunk's last logits."""
 
-    def __init__(self, model: LlamaModel, kv_type: str, hot_blocks: int):
+    def __init__(self, model: LlamaModel, kv_type: str, hot_blocks: int, kv_hot_type: str | None = None):
         cfg = ContextConfig(
             n_seqs=N_SEQS,
             ctx_per_seq=1024,
@@ -50,6 +50,7 @@ class Session:
             n_threads=2,
             kv_type=kv_type,
             hot_blocks=hot_blocks,
+            kv_hot_type=kv_hot_type,
         )
         self.ctx = open_context(model.ptr, cfg)
         self.n_vocab = model.n_vocab
@@ -196,3 +197,55 @@ def test_unread_indexer_cache_holds_no_memory(model):
     finally:
         L.llama_free(paged)
         L.llama_free(whole)
+
+
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "windows"])
+def test_f16_hot_cache_over_q8_store(model, prefetch, monkeypatch):
+    """A q8_0 host store under an f16 hot cache: the store is written from the f32 rows as the
+    unpaged q8_0 cache is, so prefill chunks read through the prefetch area give the unpaged
+    q8_0 logits bit for bit; decode steps (and prefill through the staged windows) read f16
+    copies of the store's blocks (d * q rounded to f16) and an f16 ring, so they are close to the
+    unpaged ones, not equal. The link carries q8_0 blocks: the bytes of the all-q8_0 context."""
+    monkeypatch.setenv("PYQSA_PAGING_PREFETCH", "1" if prefetch else "0")
+    paged, whole = Session(model, "q8_0", 4, kv_hot_type="f16"), Session(model, "q8_0", 0)
+    f16 = Session(model, "f16", 0)  # how far f16 K/V alone moves the logits from q8_0's
+    rel = lambda a, b: float(np.abs(a - b).max() / np.abs(b).max())  # noqa: E731
+    try:
+        worst = gap = 0.0
+        for n, step in enumerate(script(np.random.default_rng(7))):
+            if step[0] == "release":
+                for sess in (paged, whole, f16):
+                    sess.release(step[1])
+                continue
+            prefill = prefetch and all(len(toks) > 1 for _, toks in step)
+            for a, b, c in zip(paged.feed(step), whole.feed(step), f16.feed(step), strict=True):
+                gap = max(gap, rel(c, b))
+                if prefill:
+                    assert np.array_equal(a, b), f"batch {n}: prefill logits differ"
+                else:
+                    worst = max(worst, rel(a, b))
+        # within the rounding f16 against q8_0 makes (a wrong block would be far off)
+        assert 0.0 < worst <= 1.5 * gap, (worst, gap)
+        stats = native.paging_stats(paged.ctx)
+        q8_stats = Session(model, "q8_0", 4)
+        try:
+            for step in script(np.random.default_rng(7)):
+                if step[0] == "release":
+                    q8_stats.release(step[1])
+                else:
+                    q8_stats.feed(step)
+            ref = native.paging_stats(q8_stats.ctx)
+        finally:
+            q8_stats.close()
+        # the same selections' misses, each bringing a q8_0 block, as the all-q8_0 context's do
+        assert stats["misses"] > 0 and stats["bytes_to_device"] == ref["bytes_to_device"], (stats, ref)
+    finally:
+        for sess in (paged, whole, f16):
+            sess.close()
+
+
+def test_f16_hot_cache_needs_a_q8_store():
+    with pytest.raises(ValueError, match="needs a q8_0 host store"):
+        ContextConfig(hot_blocks=8, kv_type="f16", kv_hot_type="q8_0")
+    with pytest.raises(ValueError, match="needs paging"):
+        ContextConfig(kv_type="q8_0", kv_hot_type="f16")

@@ -5,6 +5,7 @@
 #include "ggml-cpu/ggml-cpu-impl.h"
 #include "ggml-impl.h"
 #include "pyqsa-ggml.h"
+#include "qsa-page-convert.h"
 
 #include <algorithm>
 #include <cstring>
@@ -20,11 +21,13 @@ struct page_args {
     int32_t *       stamp;   // [H]
     int64_t *       stats;   // [2]
     char *          hot[2];    // [H] rows of B bytes; [1] null without a second pair
-    const char *    store[2];  // [n_store] rows of B bytes
+    const char *    store[2];  // [n_store] rows of B_store bytes
     int32_t *       out;     // [kb, n_q]
     int64_t kb, n_q, H, n_blocks;
-    size_t  B;
-    int32_t step;
+    size_t    B, B_store;
+    int64_t   n_elem;                  // elements of a block row
+    ggml_type hot_type, store_type;
+    int32_t   step;
     bool    reset;  // a new generation of the stream: nothing resident is valid
 };
 
@@ -78,7 +81,8 @@ void resolve_stream(const page_args & a) {
         a.stamp[slot]     = a.step;
         a.table[miss[i]]  = slot;
         for (int k = 0; k < 2 && a.hot[k]; ++k) {
-            std::memcpy(a.hot[k] + slot * a.B, a.store[k] + miss[i] * a.B, a.B);
+            pyqsa_cpu_page_fetch_row(a.hot[k] + slot * a.B, a.hot_type, a.store[k] + miss[i] * a.B_store,
+                                     a.store_type, a.n_elem);
         }
     }
     a.stats[0] += hits;
@@ -109,7 +113,11 @@ void pyqsa_cpu_qsa_page_resolve(const struct ggml_compute_params * params, struc
     a.n_q      = blocks->ne[1];
     a.H        = hot->ne[1];
     a.n_blocks = table->ne[0];
-    a.B        = hot->nb[1];
+    a.B          = hot->nb[1];
+    a.B_store    = pyqsa_ggml_qsa_page_store_row(dst);
+    a.n_elem     = hot->ne[0];
+    a.hot_type   = hot->type;
+    a.store_type = pyqsa_ggml_qsa_page_store_type(dst);
     const int32_t * step = (const int32_t *) dst->src[5]->data;
     a.step     = step[0];
     const int64_t ns = blocks->ne[2];
@@ -123,7 +131,7 @@ void pyqsa_cpu_qsa_page_resolve(const struct ggml_compute_params * params, struc
         for (int k = 0; k < 2; ++k) {
             const ggml_tensor * h = dst->src[7 + k];
             a.hot[k]   = h ? (char *) h->data + s * h->nb[2] : nullptr;
-            a.store[k] = h ? store[k] + s * n_store * a.B : nullptr;
+            a.store[k] = h ? store[k] + s * n_store * a.B_store : nullptr;
         }
         a.out    = (int32_t *) dst->data + s * a.kb * a.n_q;
         int32_t * seen = dst->src[9] ? (int32_t *) dst->src[9]->data + s : nullptr;

@@ -4,6 +4,7 @@
 #include "ggml-cpu/ggml-cpu-impl.h"
 #include "ggml-impl.h"
 #include "pyqsa-ggml.h"
+#include "qsa-page-convert.h"
 
 #include <cstring>
 #include <vector>
@@ -15,6 +16,8 @@ void pyqsa_cpu_qsa_page_stage(const struct ggml_compute_params * params, struct 
     const int64_t       kb = blocks->ne[0], n_q = blocks->ne[1], ns = blocks->ne[2], S = stage->ne[1];
     const int64_t       b0 = ggml_get_op_params_i32(dst, 6);
     const size_t        B  = stage->nb[1];
+    const size_t        B_store    = pyqsa_ggml_qsa_page_store_row(dst);
+    const ggml_type     store_type = pyqsa_ggml_qsa_page_store_type(dst);
     int64_t             n_store = 0;
     const char *        store[2];
     for (int k = 0; k < 2; ++k) {
@@ -38,7 +41,8 @@ void pyqsa_cpu_qsa_page_stage(const struct ggml_compute_params * params, struct 
             for (int k = 0; k < 2; ++k) {
                 const ggml_tensor * t = dst->src[2 + k];
                 if (t != nullptr) {
-                    std::memcpy((char *) t->data + s * t->nb[2] + i * B, store[k] + (s * n_store + b0 + i) * B, B);
+                    pyqsa_cpu_page_fetch_row((char *) t->data + s * t->nb[2] + i * B, t->type,
+                                             store[k] + (s * n_store + b0 + i) * B_store, store_type, t->ne[0]);
                 }
             }
             ++n;

@@ -8,8 +8,8 @@ namespace {
 
 // grid (i, stream, K or V)
 __global__ void page_fetch(const char * store0, char * dev0, const char * store1, char * dev1, const int32_t * blocks,
-                           const int32_t * slots, const int32_t * n_blocks, int stride, size_t B, size_t stream_bytes,
-                           long long n_store) {
+                           const int32_t * slots, const int32_t * n_blocks, int stride, size_t B, size_t B_store,
+                           int n_q8, size_t stream_bytes, long long n_store) {
     const int s = blockIdx.y;
     const int i = blockIdx.x;
     if (i >= n_blocks[s]) {
@@ -18,19 +18,27 @@ __global__ void page_fetch(const char * store0, char * dev0, const char * store1
     const char * store = blockIdx.z == 0 ? store0 : store1;
     char *       dev   = blockIdx.z == 0 ? dev0 : dev1;
     const int    to    = slots[(size_t) s * stride + i];
-    pyqsa_copy_row(dev + (size_t) s * stream_bytes + (size_t) to * B,
-                   store + ((size_t) s * n_store + blocks[(size_t) s * stride + i]) * B, B);
+    pyqsa_fetch_row(dev + (size_t) s * stream_bytes + (size_t) to * B,
+                    store + ((size_t) s * n_store + blocks[(size_t) s * stride + i]) * B_store, B, n_q8);
 }
 
 }  // namespace
 
 void pyqsa_cuda_page_fetch(cudaStream_t stream, const char * store0, char * dev0, const char * store1, char * dev1,
                            const int32_t * blocks, const int32_t * slots, const int32_t * n_blocks, int max_blocks,
-                           int ns, int stride, size_t B, size_t stream_bytes, long long n_store) {
+                           int ns, int stride, size_t B, size_t B_store, int n_q8, size_t stream_bytes,
+                           long long n_store) {
     const dim3 grid(max_blocks, ns, dev1 ? 2 : 1);
-    page_fetch<<<grid, 256, 0, stream>>>(store0, dev0, store1, dev1, blocks, slots, n_blocks, stride, B, stream_bytes,
-                                         n_store);
+    page_fetch<<<grid, 256, 0, stream>>>(store0, dev0, store1, dev1, blocks, slots, n_blocks, stride, B, B_store, n_q8,
+                                         stream_bytes, n_store);
     CUDA_CHECK(cudaGetLastError());
+}
+
+int pyqsa_cuda_page_q8_elems(const ggml_tensor * op) {
+    const bool          resolve = ggml_get_op_params_i32(op, 0) == PYQSA_GGML_OP_QSA_PAGE_RESOLVE;
+    const ggml_tensor * rows    = op->src[resolve ? 7 : 2];
+    const bool dequant = pyqsa_ggml_qsa_page_store_type(op) == GGML_TYPE_Q8_0 && rows->type == GGML_TYPE_F16;
+    return dequant ? (int) rows->ne[0] : 0;
 }
 
 bool pyqsa_cuda_page_stores_mapped(const ggml_tensor * op) {

@@ -17,12 +17,38 @@ __device__ __forceinline__ void pyqsa_copy_row(char * dst, const char * src, siz
     }
 }
 
+// n elements of a q8_0 store row into f16 by the calling CTA: d * q in f32 (exact), rounded to
+// nearest, the same values as the CPU kernels' dequantize-then-convert
+__device__ __forceinline__ void pyqsa_copy_row_q8_0_f16(char * dst, const char * src, int n) {
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        const char * blk = src + (size_t) (e / 32) * 34;  // block_q8_0: f16 scale, 32 int8
+        const float  d   = __half2float(*(const half *) blk);
+        ((half *) dst)[e] = __float2half_rn(d * (float) (int8_t) blk[2 + e % 32]);
+    }
+}
+
+// a block of the store into the device rows: byte for byte, or dequantized (q8_0 into f16)
+__device__ __forceinline__ void pyqsa_fetch_row(char * dst, const char * src, size_t B, int n_q8) {
+    if (n_q8 > 0) {
+        pyqsa_copy_row_q8_0_f16(dst, src, n_q8);
+    } else {
+        pyqsa_copy_row(dst, src, B);
+    }
+}
+
 // Per stream s and i < n_blocks[s] (at most max_blocks): block blocks[s * stride + i] of the
-// stream's store (K, and V when store1 is set) to slot slots[s * stride + i] of its device rows; B bytes a block, streams n_store blocks apart in the store and
-// stream_bytes apart on the device.
+// stream's store (K, and V when store1 is set) to slot slots[s * stride + i] of its device rows;
+// B bytes a block on the device, B_store in the store (n_q8 > 0: a q8_0 store of n_q8 elements a
+// block, dequantized into f16 rows), streams n_store blocks apart in the store and stream_bytes
+// apart on the device.
 void pyqsa_cuda_page_fetch(cudaStream_t stream, const char * store0, char * dev0, const char * store1, char * dev1,
                            const int32_t * blocks, const int32_t * slots, const int32_t * n_blocks, int max_blocks,
-                           int ns, int stride, size_t B, size_t stream_bytes, long long n_store);
+                           int ns, int stride, size_t B, size_t B_store, int n_q8, size_t stream_bytes,
+                           long long n_store);
+
+// n_q8 for pyqsa_cuda_page_fetch of a page node: its blocks' elements when the store is q8_0
+// beside f16 device rows, else 0
+int pyqsa_cuda_page_q8_elems(const ggml_tensor * op);
 
 // Whether a fetching op's host stores (pyqsa_ggml_qsa_page_store: K, and V when it has one) are
 // pinned or device memory, which the kernels read in place; pageable memory they cannot read.

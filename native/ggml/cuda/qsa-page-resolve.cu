@@ -285,7 +285,8 @@ void pyqsa_cuda_qsa_page_resolve(ggml_backend_cuda_context & ctx, ggml_tensor * 
         launch_resolve<true>(ctx, dst, cap, miss.get(), slot.get(), n_miss.get());
     }
     pyqsa_cuda_page_fetch(ctx.stream(), store, (char *) hot->data, store_v, hot_v ? (char *) hot_v->data : nullptr,
-                          miss.get(), slot.get(), n_miss.get(), kb * n_q, ns, cap, hot->nb[1], hot->nb[2], n_store);
+                          miss.get(), slot.get(), n_miss.get(), kb * n_q, ns, cap, hot->nb[1],
+                          pyqsa_ggml_qsa_page_store_row(dst), pyqsa_cuda_page_q8_elems(dst), hot->nb[2], n_store);
 }
 
 bool pyqsa_cuda_qsa_page_resolve_supported(const ggml_tensor * op) {

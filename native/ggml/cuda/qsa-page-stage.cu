@@ -25,7 +25,8 @@ __global__ void page_stage_mark(const int32_t * blocks, const int32_t * n_paged,
 
 // grid (S, stream, K or V)
 __global__ void page_stage_copy(const uint32_t * bits, const char * store0, char * dev0, const char * store1,
-                                char * dev1, int b0, int n_words, size_t B, size_t stream_bytes, long long n_store) {
+                                char * dev1, int b0, int n_words, size_t B, size_t B_store, int n_q8,
+                                size_t stream_bytes, long long n_store) {
     const int i = blockIdx.x;
     const int s = blockIdx.y;
     if (!(bits[(size_t) s * n_words + i / 32] >> (i % 32) & 1u)) {
@@ -33,7 +34,8 @@ __global__ void page_stage_copy(const uint32_t * bits, const char * store0, char
     }
     const char * store = blockIdx.z == 0 ? store0 : store1;
     char *       dev   = blockIdx.z == 0 ? dev0 : dev1;
-    pyqsa_copy_row(dev + (size_t) s * stream_bytes + (size_t) i * B, store + ((size_t) s * n_store + b0 + i) * B, B);
+    pyqsa_fetch_row(dev + (size_t) s * stream_bytes + (size_t) i * B, store + ((size_t) s * n_store + b0 + i) * B_store,
+                    B, n_q8);
 }
 
 // grid (stream): the blocks each stream copied, also added to its tally when there is one
@@ -73,7 +75,7 @@ void pyqsa_cuda_qsa_page_stage(ggml_backend_cuda_context & ctx, ggml_tensor * ds
     CUDA_CHECK(cudaGetLastError());
     page_stage_copy<<<dim3(S, ns, stage_v ? 2 : 1), 256, 0, stream>>>(
         bits.get(), store, (char *) stage->data, store_v, stage_v ? (char *) stage_v->data : nullptr, b0, n_words,
-        stage->nb[1], stage->nb[2], n_store);
+        stage->nb[1], pyqsa_ggml_qsa_page_store_row(dst), pyqsa_cuda_page_q8_elems(dst), stage->nb[2], n_store);
     CUDA_CHECK(cudaGetLastError());
     page_stage_count<<<ns, WARP_SIZE, 0, stream>>>(bits.get(), (int32_t *) dst->data,
                                                    dst->src[5] ? (long long *) dst->src[5]->data : nullptr, n_words);
