@@ -52,6 +52,9 @@ PREFILL_EXPONENT = 2.0  # prefill time grows at most quadratically with context 
 RESULTS = Path(__file__).resolve().parent / "results"  # report.py's files, earlier calls' records
 RUN_MARGIN_S = 30.0  # what a run needs besides its prefill: model load, context, decode steps
 PROFILE_CHUNKS = 2  # prefill batches a --profile run records (the last ones: the longest context)
+# model files this close in size have the same tensors: metadata moves a file by a few bytes of
+# padding (--locality's longer general.name: 32 bytes at the full shape)
+SAME_MODEL_BYTES = 1 << 20
 
 
 class BenchError(RuntimeError):
@@ -217,16 +220,20 @@ class Emitter:
 
 
 def known_prefills(meta: dict[str, Any], n_batch: int) -> list[dict[str, Any]]:
-    """Prefill records of bench/results/ from the same GPU and model at this prefill batch or a
-    smaller one (no faster: its times bound this batch's from above): what earlier calls
-    measured, so a new call's budget guesses start from it rather than from a quadratic
-    scale-up of a short context."""
+    """Prefill records of bench/results/ from the same GPU and a model of the same size (up to
+    SAME_MODEL_BYTES) at this prefill batch or a smaller one (no faster: its times bound this
+    batch's from above): what earlier calls measured, so a new call's budget guesses start from
+    it rather than from a quadratic scale-up of a short context. Size, not name: a synthetic
+    model's name follows its generator's source (gpu_run.sh), while its shapes decide both its
+    bytes and its cost, which synth_model.py --locality's model shares with the default one."""
     out = []
     for path in sorted(RESULTS.glob("*-decode.json")):
         for r in json.loads(path.read_text()).get("records", []):
             if (
                 r.get("kind") == "prefill"
-                and (r.get("gpu"), r.get("model")) == (meta.get("gpu"), meta.get("model"))
+                and r.get("gpu") == meta.get("gpu")
+                and abs(r.get("model_bytes", -SAME_MODEL_BYTES) - meta["model_bytes"])
+                < SAME_MODEL_BYTES
                 and r.get("flags", {}).get("n_batch", n_batch + 1) <= n_batch
             ):
                 out.append(r)

@@ -7,6 +7,9 @@
 #                 --budget S (default 540: seconds from start until no new run may begin)
 #                 --contexts 8192,32768,131072,262144  --seqs 1,8  --steps 32  --warmup 4
 #                 --small (the tiny model of synth_model.py --small: a smoke test of the script)
+#                 --locality (the model of synth_model.py --locality, whose indexer prefers stable
+#                 blocks as trained models do: the paged variants' hit rate of a trained model, not
+#                 random weights' worst case; a model of its own beside the default one)
 #                 --variants pyqsa,upstream (which libraries run, in this order, per context;
 #                 paged: pyqsa's with host-backed KV paging, --hot-blocks N, default 1024;
 #                 pagedq8: the same with q8_0 K/V (host store and hot cache);
@@ -42,11 +45,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
 invocation="bench/gpu_run.sh $*"
-budget=540 contexts=8192,32768,131072,262144 seqs=1,8 steps=32 warmup=4 small= decode_args=
+budget=540 contexts=8192,32768,131072,262144 seqs=1,8 steps=32 warmup=4 small= locality= decode_args=
 variants=pyqsa,upstream checks= op_checks= dev= hot_blocks=1024 serve=
 while [ $# -gt 0 ]; do
     case "$1" in
         --small) small=--small; shift; continue ;;
+        --locality) locality=--locality; shift; continue ;;
         --checks) checks=1; shift; continue ;;
         --op-checks) op_checks=1; shift; continue ;;
         --dev) dev=1; shift; continue ;;
@@ -140,12 +144,14 @@ pid_upstream=
     cmake --build "$work/upstream-cuda" -j "$(nproc)" --target llama
 ) > "$logs/build-upstream.log" 2>&1 &
 [[ ,$variants, == *,upstream,* ]] && pid_upstream=$!
-# the model's name follows the generator and vocab, so a changed generator writes a new one
+# the model's name follows the generator and vocab, so a changed generator writes a new one; each
+# kind (default, small, locality) replaces only its own older files
 mhash=$(cat bench/synth_model.py .gpu-carry/ggml-vocab-qwen35.gguf | sha256sum | cut -c1-12)
-model="$work/flash-next-synth${small:+-small}-$mhash.gguf"
+kind=${small:+-small}${locality:+-locality}
+model="$work/flash-next-synth$kind-$mhash.gguf"
 if [ ! -f "$model" ]; then
-    rm -f "$work"/flash-next-synth${small:+-small}-*.gguf
-    python3 bench/synth_model.py "$model" $small --vocab .gpu-carry/ggml-vocab-qwen35.gguf \
+    rm -f "$work"/flash-next-synth"$kind"-????????????.gguf
+    python3 bench/synth_model.py "$model" $small $locality --vocab .gpu-carry/ggml-vocab-qwen35.gguf \
         > "$logs/synth.log" 2>&1 &
     pid_model=$!
 else

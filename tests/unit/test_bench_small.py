@@ -271,7 +271,7 @@ def test_prefill_estimates_for_the_budget():
     """decode.py's guess of a prefill's seconds (to skip what would overrun --budget): the
     same context as measured, a smaller one scaled down linearly from the nearest larger, a
     larger one scaled up quadratically; records of bench/results/ count when their GPU and model
-    match and their prefill batch is no larger."""
+    size match and their prefill batch is no larger."""
     sys.path.insert(0, str(BENCH))
     import decode
 
@@ -285,9 +285,13 @@ def test_prefill_estimates_for_the_budget():
     assert e.estimate_s("upstream", 262144) == 47.0 * 4
     assert e.estimate_s("pyqsa", 16384) == 8.0
     assert e.estimate_s("pyqsa-paged", 8192) is None
-    meta = {"gpu": "NVIDIA H200", "model": "flash-next-synth-bb6a59d2fe27.gguf"}
+    # the full-shape model's size: records of it under any name (the name follows synth_model.py)
+    meta = {"gpu": "NVIDIA H200", "model": "flash-next-synth-locality-0.gguf"}
+    meta["model_bytes"] = 10518055040 + 32  # the locality model's metadata: a longer name
     found = decode.known_prefills(meta, 512)  # session 9's file holds upstream at 256K
     assert any(r["variant"] == "upstream" and r["context"] == 262144 for r in found)
+    assert {r["model"] for r in found} == {"flash-next-synth-bb6a59d2fe27.gguf"}
+    assert decode.known_prefills({**meta, "model_bytes": 87777792}, 512) == []  # --small
     assert all(r["flags"]["n_batch"] == 512 and r["gpu"] == "NVIDIA H200" for r in found)
     # a larger prefill batch: the smaller batch's times bound its own (session 9's upstream at
     # 128K, 47 s at 512, instead of 8K's 1.5 s at 2048 scaled up quadratically to 384 s)
