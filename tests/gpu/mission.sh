@@ -49,7 +49,10 @@ if command -v nvidia-smi > /dev/null; then
     model=$(ls .build/bench/flash-next-synth-*.gguf 2> /dev/null | grep -v -- -synth-small- | head -n 1)
     [ -n "$model" ] || { echo "mission.sh: no .build/bench/flash-next-synth-*.gguf: run bench/gpu_run.sh first" >&2; exit 2; }
     common=("$model" "${common[@]}" --ctx 262144)
-    paged=("${common[@]}" --kv-offload host --gpu-memory 24)
+    # the device budget of a consumer card; MISSION_BUDGET="" leaves it out (a build whose serve
+    # has no --gpu-memory), or names other flags
+    read -r -a budget <<< "${MISSION_BUDGET---gpu-memory 24}"
+    paged=("${common[@]}" --kv-offload host ${budget[@]+"${budget[@]}"})
     unpaged=("${common[@]}" --kv-offload none)
     decode_model=$model decode_ctx=262144 decode_extra=(--ubatch 2048)
     load_args=(--requests 8 --prompt-tokens 255000 --max-tokens 256)
