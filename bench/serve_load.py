@@ -28,9 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 
-def one(url: str, model: str, prompt: list[int], max_tokens: int) -> dict:
-    """Streams one completion; the times (perf_counter) of its token chunks and its usage."""
-    body = {
+def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict:
+    """A streamed greedy completion of exactly `max_tokens` tokens (ignore_eos), with usage."""
+    return {
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
@@ -39,17 +39,32 @@ def one(url: str, model: str, prompt: list[int], max_tokens: int) -> dict:
         "ignore_eos": True,
         "temperature": 0,
     }
+
+
+def stream_event(line: str) -> tuple[bool, int | None] | None:
+    """One SSE line of a completion stream: (whether it carries text, completion tokens when it
+    carries the usage); None for a line that is no event."""
+    if not line.startswith("data: {"):
+        return None
+    event = json.loads(line[len("data: ") :])
+    usage = event["usage"]["completion_tokens"] if event.get("usage") else None
+    return bool(event["choices"] and event["choices"][0].get("text")), usage
+
+
+def one(url: str, model: str, prompt: list[int], max_tokens: int) -> dict:
+    """Streams one completion; the times (perf_counter) of its token chunks and its usage."""
+    body = completion_body(model, prompt, max_tokens)
     t0 = time.perf_counter()
     times, usage = [], None
     with httpx.Client(timeout=3600) as c, c.stream("POST", f"{url}/v1/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
-            if not line.startswith("data: {"):
+            event = stream_event(line)
+            if event is None:
                 continue
-            event = json.loads(line[len("data: ") :])
-            if event.get("usage"):
-                usage = event["usage"]["completion_tokens"]
-            if event["choices"] and event["choices"][0].get("text"):
+            text, tokens = event
+            usage = tokens if tokens is not None else usage
+            if text:
                 times.append(time.perf_counter())
     return {"t0": t0, "times": times, "completion_tokens": usage}
 
@@ -88,28 +103,40 @@ ENGINE_COUNTERS = {
 }
 
 
-def engine_counters(url: str) -> dict[str, float]:
-    """The engine's step counters from the server's /metrics."""
+def parse_metrics(text: str) -> dict[str, float]:
+    """Every sample of a /metrics page, by name with its labels as written there."""
     out = {}
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name in ENGINE_COUNTERS:
-            out[ENGINE_COUNTERS[name]] = float(value)
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
     return out
 
 
-class CounterPoller:
-    """(perf_counter time, engine_counters) every `every` seconds while running."""
+def scrape(url: str) -> dict[str, float]:
+    """The server's /metrics samples (parse_metrics)."""
+    return parse_metrics(httpx.get(f"{url}/metrics").text)
 
-    def __init__(self, url: str, every: float = 0.25) -> None:
-        self.url, self.every = url, every
+
+def engine_counters(url: str) -> dict[str, float]:
+    """The engine's step counters from the server's /metrics."""
+    samples = scrape(url)
+    return {short: samples[name] for name, short in ENGINE_COUNTERS.items() if name in samples}
+
+
+class CounterPoller:
+    """(perf_counter time, read(url)) every `every` seconds while running; `read` defaults to
+    engine_counters."""
+
+    def __init__(self, url: str, every: float = 0.25, read=engine_counters) -> None:
+        self.url, self.every, self.read = url, every, read
         self.snapshots: list[tuple[float, dict[str, float]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
     def _poll(self) -> None:
         while not self._stop.is_set():
-            self.snapshots.append((time.perf_counter(), engine_counters(self.url)))
+            self.snapshots.append((time.perf_counter(), self.read(self.url)))
             self._stop.wait(self.every)
 
     def __enter__(self) -> CounterPoller:

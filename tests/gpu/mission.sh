@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# GPU machine, after bench/gpu_run.sh built pyqsa and wrote the synthetic full-shape model: the
+# mission load, eight ~255K-token completions at once through `pyqsa serve` on a 24 GiB device
+# budget with the K/V paged, then the same load on the unpaged server and bench/decode.py's paged
+# step at the same shape (bench/mission.py measures; this script runs the servers and the phases).
+#   tests/gpu/mission.sh [--small] PHASE [--wait S]
+# Phases, in order; each fits one device call (--wait S, default 540: the seconds it waits at
+# most); a server, a load and decode.py outlive the call that started them (setsid), and the
+# next call's phase waits for them or collects their results. State: .build/mission/.
+#   start-paged     serve --kv-offload host --gpu-memory 24 (plus nvidia-smi every second);
+#                   returns once it listens and its baseline (ledger, nvidia-smi) is taken
+#   load-paged      8 x 255,000-token prompts, 256 tokens each, then a prompt cancelled during
+#                   its prefill and one during its decode, then the figures against the baseline
+#   start-unpaged   stops the paged server; serve --kv-offload none (no device budget)
+#   load-unpaged    the same load, no cancellations
+#   decode-py       stops the servers; bench/decode.py paged at 8 x 262144, the paged server's
+#                   hot blocks and step size
+#   report          bench/results/<date>-<commit>-mission.json, and a copy in $OUT
+#   stop            stops what this script started and still runs
+#   all             every phase in turn without a wait limit (the CPU check, tests/e2e)
+# Exit status: 0 done, 75 still running (run the same phase again), else a failure.
+# --small: 8 x 2000-token prompts, 32 tokens each, cancellations of 16000-token prompts,
+# decode.py at 8 x 16384, same model and serve flags; on a machine without nvidia-smi (the CPU
+# check) the embedded demo model, small slots, no --gpu-memory. Its state is .build/mission-small/
+# ($MISSION_STATE names another folder). Servers listen on free ports (their URLs in the state).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+small= wait_s=540 phase=
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --small) small=1 ;;
+        --wait) wait_s=$2; shift ;;
+        -*) echo "mission.sh: unknown option $1" >&2; exit 2 ;;
+        *) phase=$1 ;;
+    esac
+    shift
+done
+[ -n "$phase" ] || { sed -n '2,27p' "$0"; exit 2; }
+t_end=$(( $(date +%s) + wait_s ))
+state=${MISSION_STATE:-.build/mission${small:+-small}}
+mkdir -p "$state"
+out=${OUT:-$state/out}
+mkdir -p "$out"
+export PYTHONPATH=${PYTHONPATH:-/tmp/pyqsa-site} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+
+common=(--slots 8 --batch-tokens 512 --prefill-batch-tokens 2048)
+if command -v nvidia-smi > /dev/null; then
+    model=$(ls .build/bench/flash-next-synth-*.gguf 2> /dev/null | grep -v -- -synth-small- | head -n 1)
+    [ -n "$model" ] || { echo "mission.sh: no .build/bench/flash-next-synth-*.gguf: run bench/gpu_run.sh first" >&2; exit 2; }
+    common=("$model" "${common[@]}" --ctx 262144)
+    # the device budget of a consumer card; MISSION_BUDGET="" leaves it out (a build whose serve
+    # has no --gpu-memory), or names other flags
+    read -r -a budget <<< "${MISSION_BUDGET---gpu-memory 24}"
+    paged=("${common[@]}" --kv-offload host ${budget[@]+"${budget[@]}"})
+    unpaged=("${common[@]}" --kv-offload none)
+    decode_model=$model decode_ctx=262144 decode_extra=(--ubatch 2048)
+    load_args=(--requests 8 --prompt-tokens 255000 --max-tokens 256)
+    if [ -n "$small" ]; then
+        load_args=(--requests 8 --prompt-tokens 2000 --max-tokens 32 --cancel-prompt-tokens 16000)
+        decode_ctx=16384
+    fi
+else  # the CPU check: the embedded demo model (4-token blocks, 4 selected a query)
+    [ -n "$small" ] || { echo "mission.sh: no nvidia-smi: only --small runs here (the demo model)" >&2; exit 2; }
+    common=(--slots 8 --ctx 2048 --batch-tokens 64 --prefill-batch-tokens 256 --threads 1)
+    paged=("${common[@]}" --kv-offload host --hot-blocks 8)
+    unpaged=("${common[@]}" --kv-offload none)
+    decode_model=$($py -c "from pyqsa.demo_model import demo_model_path; print(demo_model_path())")
+    decode_ctx=2048 decode_extra=(--ubatch 256 --steps 4 --warmup 1 --no-extra-bufts --threads 1)
+    load_args=(--requests 8 --prompt-tokens 300 --max-tokens 64 --cancel-prompt-tokens 1900)
+fi
+
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2> /dev/null; }
+left() { echo $(( t_end - $(date +%s) )); }
+pending() { echo "mission.sh $phase: still running; run \`tests/gpu/mission.sh ${small:+--small }$phase\` again"; exit 75; }
+
+stop_server() {  # which
+    local pid
+    if alive "$state/$1.pid"; then
+        pid=$(cat "$state/$1.pid")
+        kill "$pid"
+        for _ in $(seq 60); do kill -0 "$pid" 2> /dev/null || break; sleep 1; done
+        kill -0 "$pid" 2> /dev/null && kill -9 "$pid"
+        echo "stopped the $1 server (pid $pid)"
+    fi
+    rm -f "$state/$1.pid"
+}
+
+url_of() {  # which: the URL its server said it serves at (none before it listens)
+    sed -n 's|^pyqsa: serving .* at \(http://[^ ]*\)/v1$|\1|p' "$state/$1.log" 2> /dev/null | head -n 1
+}
+
+start_server() {  # which, serve flags...
+    local which=$1 url
+    shift
+    if [ -f "$state/$which-baseline.json" ] && alive "$state/$which.pid"; then
+        echo "the $which server runs (pid $(cat "$state/$which.pid")), baseline taken"; return 0
+    fi
+    if ! alive "$state/$which.pid"; then
+        rm -f "$state/$which-baseline.json" "$state/$which-smi.csv" "$state/$which-load.json"
+        echo "pyqsa serve $*" > "$state/$which.flags"
+        setsid "$py" -m pyqsa.cli serve "$@" --port 0 > "$state/$which.log" 2>&1 < /dev/null &
+        echo $! > "$state/$which.pid"
+        if command -v nvidia-smi > /dev/null; then
+            setsid "$py" bench/mission.py smi --pid "$(cat "$state/$which.pid")" --out "$state/$which-smi.csv" \
+                > "$state/$which-smi.log" 2>&1 < /dev/null &
+        fi
+        echo "started the $which server (pid $(cat "$state/$which.pid")): $(cat "$state/$which.flags")"
+    fi
+    until url=$(url_of "$which") && [ -n "$url" ] && curl -sf "$url/health" > /dev/null; do
+        alive "$state/$which.pid" || { echo "the $which server exited:"; tail -n 30 "$state/$which.log"; exit 1; }
+        [ "$(left)" -gt 0 ] || pending
+        sleep 2
+    done
+    grep -E "^pyqsa: " "$state/$which.log"
+    "$py" bench/mission.py baseline "$url" --smi "$state/$which-smi.csv" --log "$state/$which.log" \
+        --out "$state/$which-baseline.json" || exit 1
+}
+
+# a background job that outlives this call: started once, then waited for until its result file
+# exists (or this call's time is up)
+job() {  # name, result file, command...
+    local name=$1 result=$2
+    shift 2
+    if [ ! -f "$result" ] && ! alive "$state/$name.pid"; then
+        setsid "$@" > "$state/$name.log" 2>&1 < /dev/null &
+        echo $! > "$state/$name.pid"
+        echo "started $name (pid $(cat "$state/$name.pid")): $*"
+    fi
+    while [ ! -f "$result" ]; do
+        if ! alive "$state/$name.pid"; then
+            [ -f "$result" ] && break
+            echo "$name ended without a result:"; tail -n 30 "$state/$name.log"; exit 1
+        fi
+        [ "$(left)" -gt 0 ] || { tail -n 3 "$state/$name.log"; pending; }
+        sleep 5
+    done
+    tail -n 3 "$state/$name.log"
+}
+
+load() {  # which, extra load flags...
+    local which=$1 url
+    shift
+    [ -f "$state/$which-baseline.json" ] || { echo "no $which baseline: run start-$which first" >&2; exit 1; }
+    url=$(url_of "$which")
+    job "$which-load-job" "$state/$which-load.json" "$py" bench/mission.py load "$url" \
+        --baseline "$state/$which-baseline.json" --smi "$state/$which-smi.csv" \
+        --out "$state/$which-load.json" --serve-flags "$(cat "$state/$which.flags")" "${load_args[@]}" "$@"
+}
+
+decode_py() {
+    stop_server paged
+    stop_server unpaged
+    local hot
+    hot=$("$py" -c "import json,sys; print(int(json.load(open(sys.argv[1]))['hot_blocks']))" \
+        "$state/paged-baseline.json") || { echo "no paged baseline: its hot blocks are unknown" >&2; exit 1; }
+    job decode-py "$state/decode.done" sh -c "\"\$@\" && touch $state/decode.done" decode \
+        "$py" bench/decode.py "$decode_model" --variant pyqsa --hot-blocks "$hot" --contexts "$decode_ctx" \
+        --seqs 8 "${decode_extra[@]}" --out "$state/decode.jsonl"
+}
+
+report() {  # a --small run's record stays out of bench/results
+    local results=()
+    [ -n "$small" ] || results=(--results bench/results)
+    "$py" bench/mission.py report --state "$state" --decode "$state/decode.jsonl" "${results[@]}" \
+        --copy-to "$out"
+}
+
+case "$phase" in
+    start-paged) start_server paged "${paged[@]}" ;;
+    load-paged) load paged --cancel-checks ;;
+    start-unpaged)
+        if alive "$state/paged-load-job.pid" && [ ! -f "$state/paged-load.json" ]; then
+            echo "the paged load still runs: run load-paged first" >&2; exit 1
+        fi
+        stop_server paged
+        start_server unpaged "${unpaged[@]}" ;;
+    load-unpaged) load unpaged ;;
+    decode-py) decode_py ;;
+    report) report ;;
+    stop)
+        stop_server paged
+        stop_server unpaged
+        for j in paged-load-job unpaged-load-job decode-py; do
+            alive "$state/$j.pid" && kill -- "-$(cat "$state/$j.pid")" && echo "stopped $j"
+        done ;;
+    all)
+        t_end=$(( $(date +%s) + 86400 ))
+        start_server paged "${paged[@]}" && load paged --cancel-checks && stop_server paged &&
+            start_server unpaged "${unpaged[@]}" && load unpaged && decode_py && report ;;
+    *) echo "mission.sh: unknown phase $phase" >&2; exit 2 ;;
+esac

@@ -1,0 +1,55 @@
+"""bench/mission.py's pieces that need no server: the nvidia-smi sampler (against a fake
+nvidia-smi) and the end-state comparison."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+_spec = importlib.util.spec_from_file_location("mission", BENCH / "mission.py")
+mission = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mission)
+
+FAKE_SMI = """#!/bin/sh
+case "$*" in
+    *--query-gpu=memory.used*) echo 2048 ;;
+    *--query-compute-apps*) echo "$FAKE_SMI_PID, $FAKE_SMI_MIB"; echo "1, 5" ;;
+esac
+"""
+
+
+def test_the_sampler_follows_the_process_until_it_exits(tmp_path, monkeypatch):
+    (tmp_path / "nvidia-smi").write_text(FAKE_SMI)
+    (tmp_path / "nvidia-smi").chmod(0o755)
+    server = subprocess.Popen(["sleep", "1.2"])
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SMI_PID", str(server.pid))
+    monkeypatch.setenv("FAKE_SMI_MIB", "700")
+    out = tmp_path / "smi.csv"
+    mission.smi_sample(server.pid, out, every=0.2)  # returns once the process is gone
+    assert server.poll() == 0
+    samples = mission.smi_samples(out)
+    assert len(samples) >= 3 and {mib for _, mib in samples} == {700}  # its own line, not pid 1's
+    assert mission.smi_source(out) == "process"
+    assert mission.smi_peak(out, since=0.0) == 700
+    assert mission.smi_after(out, since=samples[1][0]) == 700
+    # a process nvidia-smi does not list (as in a container): the GPU's figure
+    (tmp_path / "other.csv").write_text("1.0,,2048\n2.0,700,2048\n")
+    assert mission.smi_source(tmp_path / "other.csv") == "gpu"
+    assert mission.smi_samples(tmp_path / "other.csv") == [(1.0, 2048), (2.0, 2048)]
+
+
+def test_the_end_state_names_what_did_not_come_back():
+    base = {"ledger": {"device.hot": 10, "host.kv": 100, "host.compute": 5}, "nvidia_smi_mib": 900}
+    same = mission.compare(base, {**base})
+    assert same["all"] and same["changed"] == {}
+    grown = {"ledger": {**base["ledger"], "host.compute": 6}, "nvidia_smi_mib": 950}
+    got = mission.compare(base, grown)
+    assert got["ledger"] is False and got["host_store"] is True and got["host_buffers"] is False
+    assert got["nvidia_smi"] is False and got["all"] is False
+    assert got["changed"] == {"host.compute": [5, 6]}
