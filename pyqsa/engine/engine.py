@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,6 +27,8 @@ import numpy as np
 from ..native import SampleResult
 from .config import EngineConfig
 from .detokenizer import Detokenizer
+from .prefix_cache import PrefixEntry
+from .prefix_reuse import PrefixReuse, PrefixStats
 from .request import (
     Delta,
     EventSink,
@@ -97,6 +99,7 @@ class EngineStats:
     paging: dict[str, int] | None = None
     # model layer index -> (hits, misses) of each paged layer, read with `paging`
     paging_layers: dict[int, tuple[int, int]] | None = None
+    prefix: PrefixStats | None = None  # the prefix cache's figures, as of the last step
 
 
 @dataclass(eq=False)
@@ -104,6 +107,7 @@ class _Live:
     req: Request
     sampler: Sampler
     detok: Detokenizer
+    prefix: PrefixEntry | None = None  # the cached prefix the request started from, held
 
 
 _TPS_WINDOW_S = 5.0
@@ -118,12 +122,15 @@ class Engine:
         self.runner = runner
         self.vocab = vocab
         self.slots = SlotTable(config.n_slots, config.ctx_per_slot, runner.release)
+        self.prefix = PrefixReuse(runner, config.prefix_cache_bytes, config.prefix_stride)
         self.scheduler = Scheduler(
             self.slots,
             config.max_batch_tokens,
             config.prefill_policy,
             config.max_prefill_tokens,
             long_turns=config.hot_blocks > 0,  # each chunk stages its stream's history
+            snapshot_stride=config.prefix_stride if self.prefix.enabled else 0,
+            on_admit=self._start_from_prefix,
         )
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}
@@ -141,6 +148,7 @@ class Engine:
         self._paging_layers: dict[int, tuple[int, int]] | None = None
         self._paging_due = float("-inf")  # time.monotonic() from which they may be read again
         self._paging_stale = False  # forward passes ran since they were read (when it pages)
+        self._prefix_stats: PrefixStats | None = None
         self._steps_run = 0
         self._step_seconds = {"forward": 0.0, "host": 0.0, "launch": 0.0}
         self._launched: float | None = None  # perf_counter() when the pass in flight got going
@@ -228,6 +236,13 @@ class Engine:
                     self.runner.request_abort()
         self._inbox.put(("cancel", request_id))
 
+    def clear_prefix_cache(self) -> Future[None]:
+        """Drop the prefix cache's entries that no running request holds; the future is done
+        once they are gone (the held ones go when evicted after their requests end)."""
+        done: Future[None] = Future()
+        self._inbox.put(("clear_prefix", done))
+        return done
+
     def stats(self) -> EngineStats:
         now = time.monotonic()
         with self._lock:
@@ -250,6 +265,7 @@ class Engine:
                 paging_layers=dict(self._paging_layers)
                 if self._paging_layers is not None
                 else None,
+                prefix=self._prefix_stats,
             )
 
     # -- engine thread ---------------------------------------------------------------------
@@ -344,6 +360,11 @@ class Engine:
             if cmd == "submit":
                 assert isinstance(arg, Request)
                 self._admit(arg)
+            elif cmd == "clear_prefix":
+                assert isinstance(arg, Future)
+                self.prefix.clear()
+                self._publish()
+                arg.set_result(None)
             elif cmd == "cancel":
                 live = self._live.get(str(arg))
                 if live is not None:
@@ -354,6 +375,10 @@ class Engine:
         detok = Detokenizer(self.vocab.token_bytes, req.params.stop)
         self._live[req.request_id] = _Live(req, Sampler(req.params, seed, req.grammar), detok)
         self.scheduler.add(req)
+
+    def _start_from_prefix(self, req: Request) -> None:
+        """The scheduler leased `req` a slot: start it from the longest cached prefix."""
+        self._live[req.request_id].prefix = self.prefix.start(req)
 
     def _device_draws(self, chunks: list[Chunk]) -> list[dict | None] | None:
         """Per chunk, the parameters of a draw the runner makes where the logits are, or None
@@ -386,6 +411,8 @@ class Engine:
             if req.num_computed_tokens < len(req.prompt):
                 prompt += min(len(c.tokens), len(req.prompt) - req.num_computed_tokens)
             req.num_computed_tokens += len(c.tokens)
+            if self.prefix.due(req, c.start):  # the slot holds exactly the tokens computed
+                self.prefix.snapshot(req)
             if row is None:
                 continue
             generated += 1
@@ -442,13 +469,23 @@ class Engine:
     ) -> None:
         if req.state is RequestState.FINISHED:
             return
+        if reason in (FinishReason.STOP, FinishReason.LENGTH) and req.state is RequestState.RUNNING:
+            self.prefix.snapshot(req)  # the reply's end: what a next turn may start with
         self.scheduler.finish(req)
-        self._live.pop(req.request_id).sampler.close()
+        live = self._live.pop(req.request_id)
+        live.sampler.close()
+        self.prefix.end(live.prefix)
         with self._lock:
             self._in_flight -= 1
             self._finished[reason.value] += 1
         ev = Finished(
-            req.request_id, reason, len(req.prompt), req.num_output_tokens, text=text, error=error
+            req.request_id,
+            reason,
+            len(req.prompt),
+            req.num_output_tokens,
+            text=text,
+            error=error,
+            cached_tokens=req.cached_tokens,
         )
         self._emit(req, ev)
 
@@ -503,10 +540,14 @@ class Engine:
                 self._paging_stale = False
             else:
                 self._paging_stale = paging is not None
+        prefix = self.prefix.stats()
+        if self.prefix.enabled:
+            ledger["host.prefix_cache"] = prefix.bytes
         with self._lock:
             self._busy = self.slots.busy
             self._waiting = len(self.scheduler.waiting)
             self._ledger = ledger
+            self._prefix_stats = prefix
             self._paging = paging
             self._paging_layers = layers
 

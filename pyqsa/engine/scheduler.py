@@ -116,6 +116,8 @@ class Scheduler:
         policy: str = "fair",
         max_prefill_tokens: int | None = None,
         long_turns: bool = False,
+        snapshot_stride: int = 0,
+        on_admit: Callable[[Request], None] | None = None,
     ) -> None:
         # NOTE: every running slot must be able to decode one token per step (EngineConfig
         # checks it for users): then decode never waits and every prompt gets >= 1 token.
@@ -133,6 +135,11 @@ class Scheduler:
         # index among them
         self.long_turns = long_turns and policy == "fair"
         self._turn = 0
+        # > 0: prompt chunks end on every multiple of it, where the prefix cache takes snapshots
+        self.snapshot_stride = snapshot_stride
+        # called with each request as it gets its slot, before its first chunk: it may start the
+        # request further on (num_computed_tokens: a prefix whose state the slot was given)
+        self.on_admit = on_admit
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # oldest first
 
@@ -159,6 +166,8 @@ class Scheduler:
             req = self.waiting.popleft()
             req.lease, req.state = lease, RequestState.RUNNING
             self.running.append(req)
+            if self.on_admit is not None:
+                self.on_admit(req)
 
         decode = [r for r in self.running if r.num_pending == 1]
         prompts = [r for r in self.running if r.num_pending > 1]
@@ -170,7 +179,11 @@ class Scheduler:
         else:
             shares = self.policy(remaining, budget)
         chunks = [self._chunk(r, 1) for r in decode]
-        chunks += [self._chunk(r, n) for r, n in zip(prompts, shares, strict=True) if n > 0]
+        chunks += [
+            self._chunk(r, self._to_stride(r, n))
+            for r, n in zip(prompts, shares, strict=True)
+            if n > 0
+        ]
         chunks.sort(key=lambda c: c.lease.slot)
         return chunks
 
@@ -189,6 +202,13 @@ class Scheduler:
         shares[long[self._turn % len(long)]] = group[-1]  # < its remaining: it goes on later
         self._turn += 1
         return shares
+
+    def _to_stride(self, req: Request, n: int) -> int:
+        """A prompt chunk of up to n tokens cut at the next multiple of the snapshot stride."""
+        if not self.snapshot_stride:
+            return n
+        start = req.num_computed_tokens
+        return min(n, self.snapshot_stride - start % self.snapshot_stride)
 
     @staticmethod
     def _chunk(req: Request, n: int) -> Chunk:
