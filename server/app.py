@@ -242,7 +242,7 @@ def create_app(
             "logprobs": {"content": chat_logprobs(lps)} if body.logprobs else None,
             "finish_reason": finish_reason(fin, bool(calls)),
         }
-        return shaper.final(choice, usage(fin.prompt_tokens, fin.completion_tokens))
+        return shaper.final(choice, usage(fin))
 
     async def chat_events(
         stream: EngineStream, shaper: Shaper, body: ChatCompletionRequest, t0: float
@@ -290,7 +290,7 @@ def create_app(
             if isinstance(ev, Finished):
                 yield chunk({}, finish_reason(ev, n_calls > 0))
                 if with_usage:
-                    yield shaper.chunk(None, True, usage(ev.prompt_tokens, ev.completion_tokens))
+                    yield shaper.chunk(None, True, usage(ev))
                 return
 
     @app.post("/v1/completions", dependencies=[Depends(auth)], response_model=None)
@@ -318,7 +318,7 @@ def create_app(
             "logprobs": text_logprobs(lps, 0) if body.logprobs is not None else None,
             "finish_reason": finish_reason(fin, False),
         }
-        return shaper.final(choice, usage(fin.prompt_tokens, fin.completion_tokens))
+        return shaper.final(choice, usage(fin))
 
     async def text_events(
         stream: EngineStream, shaper: Shaper, body: CompletionRequest, t0: float
@@ -341,7 +341,7 @@ def create_app(
             choice = {"text": ev.text, "logprobs": None, "finish_reason": finish_reason(ev, False)}
             yield shaper.chunk(choice, with_usage)
             if with_usage:
-                yield shaper.chunk(None, True, usage(ev.prompt_tokens, ev.completion_tokens))
+                yield shaper.chunk(None, True, usage(ev))
             return
 
     app.state.metrics = metrics

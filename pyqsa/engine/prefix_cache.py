@@ -25,6 +25,7 @@ does not fit the budget beside the held ones is not kept.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, insort
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -33,6 +34,29 @@ from dataclasses import dataclass
 import numpy as np
 
 _HASH_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd: every power is a unit mod 2**64
+# the default budget: this share of the host memory available (MemAvailable) beside the paging
+# host store, which the cache must not crowd out
+DEFAULT_HOST_SHARE = 0.2
+DEFAULT_BUDGET_UNKNOWN_HOST = 1 << 30  # where MemAvailable cannot be read
+
+
+def budget(gib: float | None, free_host: int | None, reserved: int) -> int:
+    """The cache's budget in bytes: `gib` GiB (None: DEFAULT_HOST_SHARE of the host memory
+    `free_host` less `reserved`, the bytes a paging host store takes). ValueError for a budget
+    that is negative, not finite, or more than that memory (None: unknown, not checked)."""
+    left = None if free_host is None else max(0, free_host - reserved)
+    if gib is None:
+        return DEFAULT_BUDGET_UNKNOWN_HOST if left is None else int(DEFAULT_HOST_SHARE * left)
+    if not math.isfinite(gib) or gib < 0:
+        raise ValueError(f"{gib} is not a size in GiB (a number >= 0; 0 turns the cache off)")
+    n = int(gib * 2**30)
+    if left is not None and n > left:
+        raise ValueError(
+            f"{gib} GiB is more than the {left / 2**30:.2f} GiB of host memory available"
+            + (" beside the paging host store" if reserved else "")
+            + " (MemAvailable)"
+        )
+    return n
 
 
 @dataclass(eq=False)
