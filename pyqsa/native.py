@@ -205,7 +205,9 @@ def seq_state_load(ctx: int, seq_id: int, state: bytes | bytearray) -> None:
     """Replace sequence `seq_id` with a state from seq_state_save; NativeError (the sequence left
     empty) when it does not load."""
     ffi, lib = _api()
-    rc = lib.pyqsa_seq_state_load(ffi.cast("void *", ctx), seq_id, ffi.from_buffer(state), len(state))
+    rc = lib.pyqsa_seq_state_load(
+        ffi.cast("void *", ctx), seq_id, ffi.from_buffer(state), len(state)
+    )
     _check(rc, "pyqsa_seq_state_load")
 
 

@@ -376,6 +376,10 @@ class Engine:
         self._live[req.request_id] = _Live(req, Sampler(req.params, seed, req.grammar), detok)
         self.scheduler.add(req)
 
+    def _next_arrival(self) -> int:
+        with self._lock:
+            return next(self._ids)
+
     def _start_from_prefix(self, req: Request) -> None:
         """The scheduler leased `req` a slot: start it from the longest cached prefix."""
         self._live[req.request_id].prefix = self.prefix.start(req)
@@ -415,7 +419,7 @@ class Engine:
                 self.prefix.snapshot(req)
             if row is None:
                 continue
-            generated += 1
+            generated += req.reply_of is None
             sampled.append((self._live[req.request_id], row))
         for (live, _), drawn in zip(sampled, self._sample(sampled), strict=True):
             if isinstance(drawn, Exception):  # e.g. a logit_bias id outside the vocabulary
@@ -453,6 +457,9 @@ class Engine:
     def _advance(self, live: _Live, token: int, lp: TokenLogprob | None) -> None:
         """Append a running request's next token and emit it."""
         req, params = live.req, live.req.params
+        if req.reply_of is not None:  # its prompt is in, and snapshotted: all it was for
+            self._finish(req, FinishReason.LENGTH)
+            return
         req.tokens.append(token)
         if (not params.ignore_eos and self.vocab.is_eog(token)) or token in params.stop_token_ids:
             self._finish(req, FinishReason.STOP, text=live.detok.flush())
@@ -469,12 +476,15 @@ class Engine:
     ) -> None:
         if req.state is RequestState.FINISHED:
             return
-        if reason in (FinishReason.STOP, FinishReason.LENGTH) and req.state is RequestState.RUNNING:
-            self.prefix.snapshot(req)  # the reply's end: what a next turn may start with
+        replied = reason in (FinishReason.STOP, FinishReason.LENGTH)
         self.scheduler.finish(req)
         live = self._live.pop(req.request_id)
         live.sampler.close()
         self.prefix.end(live.prefix)
+        if req.reply_of is not None:
+            return  # the engine's own request: nothing to count or tell
+        if replied and (again := self.prefix.reply_request(req, self._next_arrival())):
+            self._admit(again)  # the reply's state as a prompt's, for the next turn
         with self._lock:
             self._in_flight -= 1
             self._finished[reason.value] += 1

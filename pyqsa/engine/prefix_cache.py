@@ -5,18 +5,20 @@ An entry is a snapshot of one slot's sequence (`Runner.snapshot`: the QSA layers
 indexer's block keys and the raw keys of the incomplete tail block, the Gated DeltaNet recurrent
 and conv states) at the length it had when taken. The recurrent state cannot be rewound, so an
 entry can only be resumed at exactly its own length: the engine takes snapshots where prompts
-and replies end and every `stride` tokens inside long prompts, and a prompt reuses the longest
-entry that is a prefix of it. Because the tail block is saved with it, an entry may end
-anywhere, not only on a block boundary.
+end (a finished reply is computed again as a prompt for it, see prefix_reuse.py) and every
+`stride` tokens inside long prompts, and a prompt reuses the longest entry that is a prefix of
+it. Because the tail block is saved with it, an entry may end anywhere, not only on a block
+boundary.
 
 NOTE: the lookup structure. Entries exist only at those few snapshot lengths, not at every
 block, so each entry is keyed by its length and a 64-bit polynomial hash of its tokens; a
 prompt's prefix hashes at every length come from one vectorized pass (numpy, wrapping uint64
 arithmetic: 13 ms for a 256K-token prompt given as a Python list, on the 2-core dev machine,
-against 38 ms for a chain of per-block tuple hashes in Python), then each distinct entry length is one dict probe, longest first. A hit is
-confirmed by comparing the tokens, so a hash collision costs a miss, never a wrong state. A
-radix tree would find the longest common prefix at any token, which a state that cannot be
-rewound has no use for.
+against 38 ms for a chain of per-block tuple hashes in Python), then each distinct entry length
+is one dict probe, longest first (a 256K prompt against 100 entries: 10 ms). A hit is confirmed
+by comparing the tokens, so a hash collision costs a miss, never a wrong state. A radix tree
+would find the longest common prefix at any token, which a state that cannot be rewound has no
+use for.
 
 Entries are read-only and counted: a request holds the entry it started from until it ends, and
 eviction (least recently used first, whole entries) never takes one that is held. An entry that
@@ -104,10 +106,26 @@ class PrefixCache:
         return len(tokens), int(self._prefix_hashes(tokens)[-1])
 
     def match(self, prompt: Sequence[int]) -> PrefixEntry | None:
-        """The longest entry that is a prefix of `prompt` and shorter than it (a request computes
-        at least its last prompt token), held for the caller (give it back with `release`)."""
+        """The longest entry that is a prefix of `prompt` and at least two tokens shorter, held
+        for the caller (give it back with `release`). A request computes at least its last
+        prompt token, and never that one alone: a one-token pass rounds differently from a
+        chunk's (see Scheduler._no_lone_last_tokens)."""
+        found = self._find(prompt)
+        if found is None:
+            return None
+        key, entry = found
+        self._entries.move_to_end(key)
+        entry.refs += 1
+        return entry
+
+    def longest(self, prompt: Sequence[int]) -> int:
+        """The length of the entry `match` would give, 0 for none; neither held nor touched."""
+        found = self._find(prompt)
+        return 0 if found is None else found[1].n_tokens
+
+    def _find(self, prompt: Sequence[int]) -> tuple[tuple[int, int], PrefixEntry] | None:
         tokens = np.asarray(prompt, np.int64)
-        end = bisect_left(self._lengths, len(tokens))  # entries shorter than the prompt
+        end = bisect_left(self._lengths, len(tokens) - 1)  # entries of <= len - 2 tokens
         if end == 0:
             return None
         hashes = self._prefix_hashes(tokens[: self._lengths[end - 1]])
@@ -116,11 +134,10 @@ class PrefixCache:
             if n == tried:
                 continue
             tried = n
-            entry = self._entries.get((n, int(hashes[n - 1])))
+            key = (n, int(hashes[n - 1]))
+            entry = self._entries.get(key)
             if entry is not None and np.array_equal(entry.tokens, tokens[:n]):
-                self._entries.move_to_end((n, int(hashes[n - 1])))
-                entry.refs += 1
-                return entry
+                return key, entry
         return None
 
     def release(self, entry: PrefixEntry) -> None:

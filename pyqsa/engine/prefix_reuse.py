@@ -1,7 +1,14 @@
 """How the engine uses the prefix cache: a request gets its slot from the longest cached prefix of
-its prompt, and slots are snapshotted into the cache where prompts and replies end and every
-`stride` tokens inside a prompt (the scheduler ends prompt chunks there). Runs on the engine
-thread only.
+its prompt, and slots are snapshotted into the cache where prompts end and every `stride` tokens
+inside a prompt (the scheduler ends prompt chunks there). Runs on the engine thread only.
+
+A reply is not snapshotted where it ends: decode steps compute one token a pass, which rounds
+differently from a prompt chunk (Scheduler._no_lone_last_tokens), so the state would not be the
+one a server without the cache computes for the next turn's prompt. Instead, once a request
+ends, a request of the engine's own (`reply_request`) computes its prompt and reply as a
+prompt, from the prompt's cached state, in chunks; its snapshot is what the next turn finds. It
+costs the reply's tokens once more as prefill (a prompt's worth less per turn than without the
+cache) and a slot while it runs.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ import logging
 from dataclasses import dataclass
 
 from .prefix_cache import PrefixCache, PrefixEntry
-from .request import Request
+from .request import Request, SamplingParams
 from .runner import Runner, RunnerError
 
 log = logging.getLogger(__name__)
@@ -42,6 +49,7 @@ class PrefixReuse:
         prompt, and start the request after it; the entry is held until `end`."""
         assert req.lease is not None
         entry = self.cache.match(req.prompt) if self.enabled else None
+        own = req.reply_of is not None  # not counted: the engine's own work
         if entry is not None:
             try:
                 self.runner.restore(req.lease.slot, entry.state)
@@ -51,9 +59,35 @@ class PrefixReuse:
                 entry = None
         n = entry.n_tokens if entry is not None else 0
         req.num_computed_tokens = req.cached_tokens = n
-        self._hit_tokens += n
-        self._miss_tokens += len(req.prompt) - n
+        if not own:
+            self._hit_tokens += n
+            self._miss_tokens += len(req.prompt) - n
         return entry
+
+    def reply_request(self, req: Request, arrival: int) -> Request | None:
+        """For a request that ended with a reply of two tokens or more, the engine's request that
+        computes its prompt and reply (its last token too) as a prompt, to be snapshotted there;
+        None when the cache is off, has that state, or lacks its prompt's (it would compute
+        more than the reply again), or the slot cannot hold one token more."""
+        tokens = req.tokens
+        if (
+            not self.enabled
+            or req.num_output_tokens < 2
+            or len(tokens) >= req.lease.capacity
+            or self.cache.longest(tokens) < len(req.prompt)
+            or self.cache.contains(tokens)
+        ):
+            return None
+        params = SamplingParams(temperature=0, max_tokens=1)
+        return Request(
+            f"{req.request_id}/reply",
+            list(tokens),
+            params,
+            lambda ev: None,
+            max_len=len(tokens) + 1,
+            arrival=arrival,
+            reply_of=req.request_id,
+        )
 
     def end(self, entry: PrefixEntry | None) -> None:
         """The request that started from `entry` ended."""

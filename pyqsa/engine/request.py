@@ -145,6 +145,9 @@ class Request:
     arrival: int = 0  # submission order, for FCFS
     grammar: Grammar | None = None  # params.grammar's state, made at submission
     cached_tokens: int = 0  # prompt tokens whose state the slot took from the prefix cache
+    # a request of the engine's own that computes the finished request of this id's prompt and
+    # reply as a prompt, for the prefix cache (prefix_reuse.py); None for a client's request
+    reply_of: str | None = None
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt)

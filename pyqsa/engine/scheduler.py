@@ -178,12 +178,11 @@ class Scheduler:
             shares = self._long_ones_take_turns(remaining, budget)
         else:
             shares = self.policy(remaining, budget)
+        shares = self._no_lone_last_tokens(
+            prompts, [self._to_stride(r, n) for r, n in zip(prompts, shares, strict=True)], budget
+        )
         chunks = [self._chunk(r, 1) for r in decode]
-        chunks += [
-            self._chunk(r, self._to_stride(r, n))
-            for r, n in zip(prompts, shares, strict=True)
-            if n > 0
-        ]
+        chunks += [self._chunk(r, n) for r, n in zip(prompts, shares, strict=True) if n > 0]
         chunks.sort(key=lambda c: c.lease.slot)
         return chunks
 
@@ -209,6 +208,28 @@ class Scheduler:
             return n
         start = req.num_computed_tokens
         return min(n, self.snapshot_stride - start % self.snapshot_stride)
+
+    @staticmethod
+    def _no_lone_last_tokens(prompts: list[Request], shares: list[int], budget: int) -> list[int]:
+        """Shares that leave no prompt a last token on its own: such a chunk takes one more token
+        where the step has one to spare, else one fewer (if it keeps one).
+
+        NOTE: a forward pass of one token takes other kernels than a chunk's (ggml's CPU matrix
+        products: the vector path below two columns, llamafile's tiles from two on; on CUDA the
+        matrix-vector kernels), which round differently. A last prompt token left alone would
+        make a prompt's state depend on where its chunks happened to end; without it, a prompt's
+        state is the same however it was split (tests/unit/test_prefix_exact.py), so a prefix
+        restored from the prefix cache continues exactly as the prompt computed from its start."""
+        out = list(shares)
+        spare = budget - sum(out)
+        for i, (req, n) in enumerate(zip(prompts, out, strict=True)):
+            if n < 1 or req.num_pending - n != 1:
+                continue
+            if spare > 0:
+                out[i], spare = n + 1, spare - 1
+            elif n >= 2:
+                out[i], spare = n - 1, spare + 1
+        return out
 
     @staticmethod
     def _chunk(req: Request, n: int) -> Chunk:

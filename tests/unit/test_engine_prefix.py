@@ -33,24 +33,51 @@ def run(e: Engine, prompt, params=GREEDY):
     return sink.wait(), sink.tokens
 
 
+def lengths(e: Engine) -> list[int]:
+    return sorted(en.n_tokens for en in e.prefix.cache._entries.values())
+
+
+def idle(e: Engine) -> None:
+    """Until the engine's own requests (a reply computed as a prompt) are done too."""
+    until(lambda: e.stats().busy_slots == 0 and not e.scheduler.waiting)
+
+
 def test_follow_ups_start_after_the_cached_prompt_and_reply():
     runner = FakeRunner()
     e = engine(runner)
     try:
         fin, out = run(e, [1, 2, 3, 4, 5])
         assert (out, fin.cached_tokens) == ([6, 7, 8], 0)
-        # snapshots: the prompt's end (5 tokens), the reply's end (7: the last token is drawn,
-        # not computed)
-        assert sorted(len(en.tokens) for en in e.prefix.cache._entries.values()) == [5, 7]
+        idle(e)
+        # the prompt's end, then the prompt and the whole reply computed as a prompt, from it
+        assert lengths(e) == [5, 8]
+        assert runner.restored == [(0, 5)]
+        assert runner.batches[-1] == [(0, 5, (6, 7, 8))]
         runner.batches.clear()
-        fin, out = run(e, [1, 2, 3, 4, 5, 6, 7, 8, 20])
-        assert fin.cached_tokens == 7
-        assert runner.restored == [(0, 7)]
-        assert runner.batches[0] == [(0, 7, (8, 20))]  # only the new tokens are computed
-        assert out == [21, 22, 23]
-        assert (fin.prompt_tokens, fin.completion_tokens) == (9, 3)
-        s = e.stats().prefix
-        assert (s.hit_tokens, s.miss_tokens) == (7, 5 + 2)
+        fin, out = run(e, [1, 2, 3, 4, 5, 6, 7, 8, 20, 21])
+        assert fin.cached_tokens == 8
+        assert runner.restored[1] == (0, 8)
+        assert runner.batches[0] == [(0, 8, (20, 21))]  # only the new tokens are computed
+        assert out == [22, 23, 24]
+        assert (fin.prompt_tokens, fin.completion_tokens) == (10, 3)
+        idle(e)
+        s = e.stats()
+        # the engine's own requests count in neither the hits nor the requests finished
+        assert (s.prefix.hit_tokens, s.prefix.miss_tokens) == (8, 5 + 2)
+        assert s.finished["length"] == 2 and s.in_flight == 0
+    finally:
+        e.stop()
+
+
+def test_at_least_two_tokens_are_computed():
+    runner = FakeRunner()
+    e = engine(runner)
+    try:
+        run(e, [1, 2, 3, 4, 5])
+        idle(e)
+        runner.batches.clear()
+        fin, _ = run(e, [1, 2, 3, 4, 5, 6, 7, 8, 9])  # the 8-token entry would leave one: 5
+        assert (fin.cached_tokens, runner.batches[0]) == (5, [(0, 5, (6, 7, 8, 9))])
     finally:
         e.stop()
 
@@ -79,8 +106,8 @@ def test_stride_snapshots_inside_a_prompt_serve_a_divergent_one():
             (8, tuple(range(9, 17))),
             (16, tuple(range(17, 21))),
         ]
-        lengths = sorted(len(en.tokens) for en in e.prefix.cache._entries.values())
-        assert lengths == [8, 16, 20, 22]
+        idle(e)
+        assert lengths(e) == [8, 16, 20, 23]
         runner.batches.clear()
         fin, _ = run(e, prompt[:12] + [40, 41])  # diverges at 12: the 8-token snapshot
         assert fin.cached_tokens == 8
@@ -94,30 +121,32 @@ def test_a_held_entry_survives_clear_and_cancel_releases_it():
     runner = FakeRunner(hook=lambda chunks: steps.acquire())
     e = engine(runner)
     try:
-        steps.release(3)
-        run(e, [1, 2, 3, 4])
+        steps.release(1)
+        run(e, [1, 2, 3, 4], SamplingParams(temperature=0, max_tokens=1))  # one step, no reply
         start_ledger = e.stats().ledger
-        entries = e.prefix.cache._entries
         sink = Collector()
-        rid = e.submit([1, 2, 3, 4, 5, 6, 9], SamplingParams(temperature=0, max_tokens=None), sink)
-        until(lambda: len(runner.restored) == 1)  # started from the 6-token entry, now held
-        assert [en.refs for en in entries.values() if len(en.tokens) == 6] == [1]
+        rid = e.submit([1, 2, 3, 4, 5, 9], SamplingParams(temperature=0, max_tokens=None), sink)
+        until(lambda: len(runner.restored) == 1)  # started from the 4-token entry, now held
+        (held,) = e.prefix.cache._entries.values()
+        assert (held.n_tokens, held.refs) == (4, 1)
         cleared = e.clear_prefix_cache()
         steps.release(1)  # its first step ends; the clear runs before the next one
         cleared.result(5)
-        # the held one is left (the 4- and 7-token ones went), and the new prompt's end, taken
-        # after the clear (which ran as that step's pass ended)
-        assert sorted(len(en.tokens) for en in entries.values()) == [6, 7]
+        # the held one is left, and the new prompt's end, taken after the clear (which ran as
+        # that step's pass ended)
+        assert lengths(e) == [4, 6]
         e.cancel(rid)
         steps.release(1)
         assert sink.wait().reason is FinishReason.CANCELLED
-        assert [en.refs for en in entries.values()] == [0, 0]  # released, kept, no new snapshot
+        idle(e)
+        assert [en.refs for en in e.prefix.cache._entries.values()] == [0, 0]
+        assert lengths(e) == [4, 6]  # kept; a cancelled request's reply is not redone
         steps.release(100)
-        fin, out = run(e, [1, 2, 3, 4, 5, 6, 9])
-        assert (fin.cached_tokens, out) == (6, [10, 11, 12])
+        fin, out = run(e, [1, 2, 3, 4, 5, 9])
+        assert (fin.cached_tokens, out) == (4, [10, 11, 12])
+        idle(e)
         e.clear_prefix_cache().result(5)
-        until(lambda: e.stats().prefix.bytes == 0)
-        assert e.stats().prefix.entries == 0
+        assert (e.stats().prefix.bytes, e.stats().prefix.entries) == (0, 0)
         assert e.stats().ledger == {**start_ledger, "host.prefix_cache": 0}
     finally:
         steps.release(100)
@@ -126,13 +155,18 @@ def test_a_held_entry_survives_clear_and_cancel_releases_it():
 
 def test_tiny_budget_evicts_and_counts():
     runner = FakeRunner()
-    # room for one 5-token snapshot (state plus its int64 tokens), not two
-    e = engine(runner, prefix_cache_bytes=BYTES_PER_TOKEN * 7 + 8 * 7)
+    one = BYTES_PER_TOKEN * 8 + 8 * 8  # one 8-token snapshot (state and int64 tokens)
+    e = engine(runner, prefix_cache_bytes=one)
     try:
-        run(e, [1, 2, 3, 4, 5])  # the prompt's end is kept, then evicted by the reply's end
+        run(e, [1, 2, 3, 4, 5])
+        idle(e)
+        # the reply's state does not fit beside the prompt's, held while it was computed
+        assert lengths(e) == [5]
+        run(e, [11, 12, 13, 14, 15])
+        idle(e)
         s = e.stats().prefix
-        assert (s.entries, s.evicted) == (1, 1)
-        assert s.bytes == BYTES_PER_TOKEN * 7 + 8 * 7
+        assert (lengths(e), s.evicted, s.bytes) == ([5], 1, BYTES_PER_TOKEN * 5 + 8 * 5)
+        assert e.prefix.cache.contains([11, 12, 13, 14, 15])
         assert e.stats().ledger["host.prefix_cache"] == s.bytes
     finally:
         e.stop()
@@ -146,6 +180,7 @@ def test_off_without_a_budget():
         fin, _ = run(e, [1, 2, 3, 4, 5, 6, 7])
         assert fin.cached_tokens == 0 and runner.restored == []
         assert runner.batches[0] == [(0, 0, (1, 2, 3, 4, 5))]  # no stride cuts either
+        assert len(runner.batches) == 3 + 3  # no reply computed again
         s = e.stats()
         assert (s.prefix.entries, s.prefix.hit_tokens, s.prefix.miss_tokens) == (0, 0, 12)
         assert "host.prefix_cache" not in s.ledger

@@ -20,11 +20,13 @@ def test_longest_cached_prefix_shorter_than_the_prompt():
     c = PrefixCache(1 << 20)
     for n in (10, 40, 70):
         assert c.insert(TOKENS[:n], state(n))
-    assert c.match(TOKENS[:70] + [1]).n_tokens == 70
-    # a prompt equal to an entry must still compute its last token: the next shorter one
+    assert c.match(TOKENS[:70] + [1, 2]).n_tokens == 70
+    # at least two tokens are left to compute: else the next shorter entry
+    assert c.match(TOKENS[:70] + [1]).n_tokens == 40
     assert c.match(TOKENS[:70]).n_tokens == 40
-    assert c.match(TOKENS[:39]).n_tokens == 10
-    assert c.match(TOKENS[:10]) is None
+    assert c.match(TOKENS[:42]).n_tokens == 40
+    assert c.match(TOKENS[:41]).n_tokens == 10
+    assert c.match(TOKENS[:11]) is None
     assert c.match(TOKENS[:5] + [7] * 80) is None  # diverges inside the first entry
     assert c.match(TOKENS[:50] + [7] * 30).n_tokens == 40  # diverges after the second
 
@@ -50,10 +52,10 @@ def test_eviction_is_lru_whole_entries_never_held_ones():
     a, b, d = ([i] * 10 for i in (1, 2, 3))
     for t in (a, b, d):
         assert c.insert(t, state(1000))
-    assert c.match(a + [0]).refs == 1  # a is used now (and held); b is the least recent
+    assert c.match(a + [0, 0]).refs == 1  # a is used now (and held); b is the least recent
     assert c.insert([4] * 10, state(1000))
     assert (c.evicted, c.contains(b), c.contains(a), c.contains(d)) == (1, False, True, True)
-    held_d = c.match(d + [0])
+    held_d = c.match(d + [0, 0])
     assert c.insert([5] * 10, state(1000))  # a and d are held: [4]*10 goes
     assert (c.evicted, c.contains([4] * 10)) == (2, False)
     assert not c.insert([6] * 10, state(1000) + bytes(2 * one))  # cannot fit beside held ones
@@ -82,8 +84,8 @@ def test_a_hash_collision_is_a_miss_not_a_wrong_state(monkeypatch):
         c, "_prefix_hashes", lambda t: np.zeros(len(t), np.uint64)
     )  # every prefix of a length collides
     c.insert([1, 2, 3], state(3))
-    assert c.match([1, 2, 4, 5]) is None
-    assert c.match([1, 2, 3, 5]).n_tokens == 3
+    assert c.match([1, 2, 4, 5, 6]) is None
+    assert c.match([1, 2, 3, 5, 6]).n_tokens == 3
 
 
 def test_negative_budget_refused():
