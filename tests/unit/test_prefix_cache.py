@@ -91,3 +91,23 @@ def test_a_hash_collision_is_a_miss_not_a_wrong_state(monkeypatch):
 def test_negative_budget_refused():
     with pytest.raises(ValueError, match="budget"):
         PrefixCache(-1)
+
+
+def test_budget():
+    from pyqsa.engine.prefix_cache import DEFAULT_BUDGET_UNKNOWN_HOST, budget
+
+    GiB = 2**30
+    assert budget(None, 10 * GiB, 0) == 2 * GiB  # a fifth of MemAvailable
+    assert budget(None, 10 * GiB, 5 * GiB) == GiB  # beside the paging host store
+    assert budget(None, GiB, 2 * GiB) == 0
+    assert budget(None, None, 0) == DEFAULT_BUDGET_UNKNOWN_HOST
+    assert budget(0, 10 * GiB, 0) == 0
+    assert budget(1.5, None, 0) == 3 * GiB // 2
+    assert budget(5, 10 * GiB, 5 * GiB) == 5 * GiB
+    with pytest.raises(ValueError, match="beside the paging host store"):
+        budget(5.1, 10 * GiB, 5 * GiB)
+    with pytest.raises(ValueError, match="available \\(MemAvailable\\)"):
+        budget(11, 10 * GiB, 0)
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="not a size in GiB"):
+            budget(bad, None, 0)
