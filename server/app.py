@@ -149,13 +149,14 @@ def create_app(
         events: Callable[..., AsyncIterator[dict]],
         reply: Callable[..., Awaitable[dict]],
         t0: float,
+        snapshot_at: int | None = None,
     ) -> Response:
         """Submit the request; stream it as SSE events (events) or answer once it is whole
-        (reply). kind: "chat" or "text", the shape of the objects."""
+        (reply). kind: "chat" or "text", the shape of the objects; snapshot_at: Engine.submit's."""
         params = body.params(tokenizer.n_vocab, default_max_tokens)
         stream = EngineStream(engine, metrics)
         try:
-            stream.submit(prompt, params)
+            stream.submit(prompt, params, snapshot_at)
         except BaseException:
             stream.close()
             raise
@@ -215,10 +216,10 @@ def create_app(
         check_model(body.model)
         tools = [t.model_dump(exclude_none=True) for t in body.tools or []] or None
         messages = [_template_message(m) for m in body.messages]
-        prompt = await run_in_threadpool(chat_prompt.tokens, messages, tools)
+        prompt, history = await run_in_threadpool(chat_prompt.tokens_and_history, messages, tools)
         if (forced := body.forced_call()) is not None:
             prompt += chat_prompt.call_start(forced)
-        return await respond(prompt, body, "chat", chat_events, chat_reply, t0)
+        return await respond(prompt, body, "chat", chat_events, chat_reply, t0, history)
 
     def reply_start(body: ChatCompletionRequest) -> str:
         """What the reply starts with before the model's first token: a forced call's start."""

@@ -189,8 +189,11 @@ class Engine:
         params: SamplingParams,
         sink: EventSink,
         request_id: str | None = None,
+        snapshot_at: int | None = None,
     ) -> str:
-        """Queue a request; its events go to `sink`. Raises an AdmissionError when refused."""
+        """Queue a request; its events go to `sink`. Raises an AdmissionError when refused.
+        `snapshot_at`: a prompt length where the prefix cache also takes a snapshot (the chat
+        server's: the conversation before the reply's generation prompt)."""
         cap = self.config.ctx_per_slot
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -217,7 +220,16 @@ class Engine:
                 grammar.close()
             raise
         rid = request_id or f"req-{n}"
-        req = Request(rid, list(prompt), params, sink, max_len=max_len, arrival=n, grammar=grammar)
+        req = Request(
+            rid,
+            list(prompt),
+            params,
+            sink,
+            max_len=max_len,
+            arrival=n,
+            grammar=grammar,
+            snapshot_at=snapshot_at,
+        )
         self._inbox.put(("submit", req))
         return rid
 

@@ -96,12 +96,13 @@ class PrefixReuse:
 
     def due(self, req: Request, chunk_start: int) -> bool:
         """Whether the slot of `req`, having just computed a chunk from `chunk_start`, should be
-        snapshotted: its prompt ended there, or the chunk ended on a stride."""
+        snapshotted: its prompt ended there, or the chunk ended on a stride or the request's own
+        snapshot point."""
         n = req.num_computed_tokens
         return (
             self.enabled
             and chunk_start < len(req.prompt)
-            and (n == len(req.prompt) or n % self.stride == 0)
+            and (n == len(req.prompt) or n % self.stride == 0 or n == req.snapshot_at)
         )
 
     def snapshot(self, req: Request) -> None:

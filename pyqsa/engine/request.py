@@ -148,6 +148,7 @@ class Request:
     # a request of the engine's own that computes the finished request of this id's prompt and
     # reply as a prompt, for the prefix cache (prefix_reuse.py); None for a client's request
     reply_of: str | None = None
+    snapshot_at: int | None = None  # a prompt length the prefix cache also snapshots
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt)

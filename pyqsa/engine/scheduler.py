@@ -203,11 +203,15 @@ class Scheduler:
         return shares
 
     def _to_stride(self, req: Request, n: int) -> int:
-        """A prompt chunk of up to n tokens cut at the next multiple of the snapshot stride."""
+        """A prompt chunk of up to n tokens cut at the next multiple of the snapshot stride and
+        at the request's own snapshot point."""
         if not self.snapshot_stride:
             return n
         start = req.num_computed_tokens
-        return min(n, self.snapshot_stride - start % self.snapshot_stride)
+        n = min(n, self.snapshot_stride - start % self.snapshot_stride)
+        if req.snapshot_at is not None and start < req.snapshot_at:
+            n = min(n, req.snapshot_at - start)
+        return n
 
     @staticmethod
     def _no_lone_last_tokens(prompts: list[Request], shares: list[int], budget: int) -> list[int]:

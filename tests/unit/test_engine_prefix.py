@@ -186,3 +186,22 @@ def test_off_without_a_budget():
         assert "host.prefix_cache" not in s.ledger
     finally:
         e.stop()
+
+
+def test_a_requests_own_snapshot_point():
+    runner = FakeRunner()
+    e = engine(runner, max_batch_tokens=32)
+    try:
+        sink = Collector()
+        e.submit(list(range(1, 11)), GREEDY, sink, snapshot_at=7)
+        sink.wait()
+        idle(e)
+        assert [b[0][1:] for b in runner.batches[:2]] == [
+            (0, tuple(range(1, 8))),  # the chunk ends at the snapshot point
+            (7, (8, 9, 10)),
+        ]
+        assert lengths(e) == [7, 10, 13]
+        fin, _ = run(e, list(range(1, 8)) + [30, 31])  # shares only the first 7
+        assert fin.cached_tokens == 7
+    finally:
+        e.stop()
