@@ -562,9 +562,9 @@ class Engine:
                 self._paging_stale = False
             else:
                 self._paging_stale = paging is not None
+        # NOTE: not in the ledger, whose every figure is back at its start once requests end:
+        # the cache holds its bytes on purpose (EngineStats.prefix, until cleared or evicted)
         prefix = self.prefix.stats()
-        if self.prefix.enabled:
-            ledger["host.prefix_cache"] = prefix.bytes
         with self._lock:
             self._busy = self.slots.busy
             self._waiting = len(self.scheduler.waiting)

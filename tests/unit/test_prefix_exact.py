@@ -96,6 +96,9 @@ def test_follow_ups_equal_an_engine_without_the_cache(warm, cold, params):
     idle(warm)  # the reply computed as a prompt is in the cache
     cases = {
         "prompt + new": (PROMPT + new_tokens(24, 1 + salt), len(PROMPT)),
+        # two new tokens: with paging a decode-shaped pass, resolved through the hot cache, which
+        # held another sequence's blocks before the restore
+        "prompt + 2 new": (PROMPT + new_tokens(2, 4 + salt), len(PROMPT)),
         "prompt + reply + new": (PROMPT + reply + new_tokens(20, 2 + salt), len(PROMPT + reply)),
         "diverges mid-prompt": (PROMPT[:100] + new_tokens(30, 3 + salt), STRIDE),
     }
@@ -147,11 +150,11 @@ def test_ledger_and_bytes_return_to_their_start_once_cleared(demo_llama, hot_blo
     e = start(demo_llama, 64 << 20, hot_blocks)
     try:
         first = e.stats()
-        assert first.ledger["host.prefix_cache"] == 0
         run(e, PROMPT, GREEDY)
         run(e, PROMPT + new_tokens(30, 7), SEEDED)
         idle(e)
-        assert e.stats().prefix.bytes == e.stats().ledger["host.prefix_cache"] > 0
+        assert e.stats().prefix.bytes > 0
+        assert e.stats().ledger == first.ledger  # the cache's bytes are its own figure
         e.clear_prefix_cache().result(10)
         s = e.stats()
         assert (s.prefix.bytes, s.prefix.entries) == (0, 0)
