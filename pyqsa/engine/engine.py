@@ -495,8 +495,11 @@ class Engine:
         self.prefix.end(live.prefix)
         if req.reply_of is not None:
             return  # the engine's own request: nothing to count or tell
-        if replied and (again := self.prefix.reply_request(req, self._next_arrival())):
-            self._admit(again)  # the reply's state as a prompt's, for the next turn
+        # the reply's state as a prompt's, for the next turn; not while clients wait for a slot
+        # (theirs next turns then start after their prompts)
+        if replied and not self.scheduler.waiting:
+            if again := self.prefix.reply_request(req, self._next_arrival()):
+                self._admit(again)
         with self._lock:
             self._in_flight -= 1
             self._finished[reason.value] += 1

@@ -190,3 +190,17 @@ def test_a_requests_own_snapshot_point():
     assert lengths(e) == [7, 10, 13]
     fin, _ = run(e, list(range(1, 8)) + [30, 31])  # shares only the first 7
     assert fin.cached_tokens == 7
+
+
+def test_no_reply_computed_again_while_requests_wait_for_a_slot():
+    runner = FakeRunner()
+    e = engine(runner, n_slots=1)
+    sinks = [Collector(), Collector()]
+    e.submit([1, 2, 3, 4, 5], GREEDY, sinks[0])
+    e.submit([11, 12, 13, 14, 15], GREEDY, sinks[1])  # waits for the one slot
+    for s in sinks:
+        s.wait()
+    idle(e)
+    # the first reply ended with the second request waiting: only the second's is redone
+    assert lengths(e) == [5, 5, 8]
+    assert e.prefix.cache.contains([11, 12, 13, 14, 15, 16, 17, 18])
