@@ -10,6 +10,7 @@ set(PYQSA_LLAMA_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-pager.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-positional.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-sampler.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-seq-state.cpp
 )
 target_sources(llama PRIVATE ${CMAKE_CURRENT_LIST_DIR}/include/pyqsa.h ${PYQSA_LLAMA_SOURCES})
 set_source_files_properties(${PYQSA_LLAMA_SOURCES} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)

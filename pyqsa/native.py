@@ -190,6 +190,31 @@ def paging_layers(ctx: int) -> dict[int, tuple[int, int]] | None:
         out[int(il[0])] = (int(hits[0]), int(misses[0]))
 
 
+def seq_state_save(ctx: int, seq_id: int) -> bytearray:
+    """Sequence `seq_id`'s state (pyqsa_seq_state_save in pyqsa.h): every position it holds, for
+    seq_state_load into a sequence of a context with the same settings. Waits for the device."""
+    ffi, lib = _api()
+    size = ffi.new("size_t *")
+    c = ffi.cast("void *", ctx)
+    _check(lib.pyqsa_seq_state_save(c, seq_id, ffi.NULL, 0, size), "pyqsa_seq_state_save")
+    out = bytearray(size[0])
+    _check(
+        lib.pyqsa_seq_state_save(c, seq_id, ffi.from_buffer(out), len(out), size),
+        "pyqsa_seq_state_save",
+    )
+    return out
+
+
+def seq_state_load(ctx: int, seq_id: int, state: bytes | bytearray) -> None:
+    """Replace sequence `seq_id` with a state from seq_state_save; NativeError (the sequence left
+    empty) when it does not load."""
+    ffi, lib = _api()
+    rc = lib.pyqsa_seq_state_load(
+        ffi.cast("void *", ctx), seq_id, ffi.from_buffer(state), len(state)
+    )
+    _check(rc, "pyqsa_seq_state_load")
+
+
 def abort_flag_callback() -> int:
     """Address of pyqsa_abort_flag_is_set, an abort callback for llama_set_abort_callback."""
     ffi, lib = _api()

@@ -149,13 +149,14 @@ def create_app(
         events: Callable[..., AsyncIterator[dict]],
         reply: Callable[..., Awaitable[dict]],
         t0: float,
+        snapshot_at: int | None = None,
     ) -> Response:
         """Submit the request; stream it as SSE events (events) or answer once it is whole
-        (reply). kind: "chat" or "text", the shape of the objects."""
+        (reply). kind: "chat" or "text", the shape of the objects; snapshot_at: Engine.submit's."""
         params = body.params(tokenizer.n_vocab, default_max_tokens)
         stream = EngineStream(engine, metrics)
         try:
-            stream.submit(prompt, params)
+            stream.submit(prompt, params, snapshot_at)
         except BaseException:
             stream.close()
             raise
@@ -215,10 +216,10 @@ def create_app(
         check_model(body.model)
         tools = [t.model_dump(exclude_none=True) for t in body.tools or []] or None
         messages = [_template_message(m) for m in body.messages]
-        prompt = await run_in_threadpool(chat_prompt.tokens, messages, tools)
+        prompt, history = await run_in_threadpool(chat_prompt.tokens_and_history, messages, tools)
         if (forced := body.forced_call()) is not None:
             prompt += chat_prompt.call_start(forced)
-        return await respond(prompt, body, "chat", chat_events, chat_reply, t0)
+        return await respond(prompt, body, "chat", chat_events, chat_reply, t0, history)
 
     def reply_start(body: ChatCompletionRequest) -> str:
         """What the reply starts with before the model's first token: a forced call's start."""
@@ -242,7 +243,7 @@ def create_app(
             "logprobs": {"content": chat_logprobs(lps)} if body.logprobs else None,
             "finish_reason": finish_reason(fin, bool(calls)),
         }
-        return shaper.final(choice, usage(fin.prompt_tokens, fin.completion_tokens))
+        return shaper.final(choice, usage(fin))
 
     async def chat_events(
         stream: EngineStream, shaper: Shaper, body: ChatCompletionRequest, t0: float
@@ -290,7 +291,7 @@ def create_app(
             if isinstance(ev, Finished):
                 yield chunk({}, finish_reason(ev, n_calls > 0))
                 if with_usage:
-                    yield shaper.chunk(None, True, usage(ev.prompt_tokens, ev.completion_tokens))
+                    yield shaper.chunk(None, True, usage(ev))
                 return
 
     @app.post("/v1/completions", dependencies=[Depends(auth)], response_model=None)
@@ -318,7 +319,7 @@ def create_app(
             "logprobs": text_logprobs(lps, 0) if body.logprobs is not None else None,
             "finish_reason": finish_reason(fin, False),
         }
-        return shaper.final(choice, usage(fin.prompt_tokens, fin.completion_tokens))
+        return shaper.final(choice, usage(fin))
 
     async def text_events(
         stream: EngineStream, shaper: Shaper, body: CompletionRequest, t0: float
@@ -341,7 +342,7 @@ def create_app(
             choice = {"text": ev.text, "logprobs": None, "finish_reason": finish_reason(ev, False)}
             yield shaper.chunk(choice, with_usage)
             if with_usage:
-                yield shaper.chunk(None, True, usage(ev.prompt_tokens, ev.completion_tokens))
+                yield shaper.chunk(None, True, usage(ev))
             return
 
     app.state.metrics = metrics

@@ -46,17 +46,32 @@ class ChatPrompt:
 
     def tokens(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         """Render the conversation and tokenize it (steps 1 and 2 above)."""
+        return self.tokens_and_history(messages, tools)[0]
+
+    def tokens_and_history(
+        self, messages: list[dict], tools: list[dict] | None
+    ) -> tuple[list[int], int | None]:
+        """The conversation's tokens, and how many of them render the conversation without the
+        reply's generation prompt, where those are a prefix of them (None elsewhere).
+
+        NOTE: for the prefix cache. The next turn renders this conversation again with the
+        reply in it, and a template may render the last turn's opening differently once it is
+        answered (Qwen3's drops an empty <think> block it opens the reply with): the
+        conversation before the generation prompt is what the next turn surely starts with."""
         mark = self._free_mark(json.dumps([messages, tools], ensure_ascii=False))
-        text = self.template.render(
-            _break(messages, self._control, mark), _break(tools, self._control, mark)
-        )
+        broken = _break(messages, self._control, mark), _break(tools, self._control, mark)
+        text = self.template.render(*broken)
         ids: list[int] = []
+        at: dict[int, int] = {}  # text offset of each control token -> its index in ids
         pos = 0
         for m in self._control.finditer(text):
             ids += self._plain(text[pos : m.start()], mark)
+            at[m.start()] = len(ids)
             ids.append(self.controls[m.group()])
             pos = m.end()
-        return ids + self._plain(text[pos:], mark)
+        ids += self._plain(text[pos:], mark)
+        history = self.template.render(*broken, generation_prompt=False)
+        return ids, at.get(len(history)) if text.startswith(history) else None
 
     def call_start(self, text: str) -> list[int]:
         """Tokens of a reply's forced start: OPEN (a control token where the vocabulary has it as

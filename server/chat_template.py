@@ -40,10 +40,15 @@ class ChatTemplate:
         self._template = env.from_string(source)
         self._specials = {"bos_token": bos_token, "eos_token": eos_token}
 
-    def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+    def render(
+        self, messages: list[dict], tools: list[dict] | None = None, generation_prompt: bool = True
+    ) -> str:
         try:
             return self._template.render(
-                messages=messages, tools=tools, add_generation_prompt=True, **self._specials
+                messages=messages,
+                tools=tools,
+                add_generation_prompt=generation_prompt,
+                **self._specials,
             )
         except TemplateError as e:
             raise APIError(400, f"the chat template rejected the messages: {e}") from e

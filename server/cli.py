@@ -37,6 +37,8 @@ def _load(
     hot_blocks: int | None,
     kv_host_type: str | None,
     sampling: str,
+    prefix_cache_gib: float | None,
+    prefix_cache_stride: int,
 ):
     """Start an engine on MODEL (the embedded demo model when None)."""
     from pyqsa.demo_model import demo_model_path
@@ -76,6 +78,7 @@ def _load(
             gpu_layers=gpu_layers,
             device=device,
             sample_on_device=on_device,
+            prefix_stride=prefix_cache_stride,
         )
     except ValueError as e:  # settings that do not fit together, in the flags' names
         raise click.UsageError(_in_flag_names(str(e))) from None
@@ -111,6 +114,7 @@ def _load(
             config,
             hot_blocks=plan.hot_blocks,
             kv_type=paged_type if plan.hot_blocks else kv_type,
+            prefix_cache_bytes=_prefix_budget(prefix_cache_gib, plan),
         )
         engine, llama_model = load_engine(config, llama_model)
     except RunnerError as e:
@@ -124,6 +128,15 @@ def _load(
             f"layer; host store {_size(store)} ({config.kv_type} K/V of {slots} x {ctx} tokens)",
             err=True,
         )
+    if config.prefix_cache_bytes:
+        click.echo(
+            f"pyqsa: prefix cache: up to {_size(config.prefix_cache_bytes)} of host memory, "
+            f"snapshots where prompts and replies end and every {prefix_cache_stride} prompt "
+            "tokens",
+            err=True,
+        )
+    else:
+        click.echo("pyqsa: prefix cache: off", err=True)
     chosen = f"{sampling}: " if sampling == "auto" else ""
     if on_device:
         click.echo(
@@ -181,6 +194,29 @@ def _paging_plan(kv, kv_offload, hot_blocks, n_tokens, kv_type, free_device):
         )
     except paging.PagingError as e:
         raise click.ClickException(str(e)) from None
+
+
+def _check_gib(ctx, param, value: float | None) -> float | None:
+    """A --prefix-cache-gib that is no size is refused before anything loads."""
+    from pyqsa.engine import prefix_cache
+
+    if value is not None:
+        try:
+            prefix_cache.budget(value, None, 0)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+    return value
+
+
+def _prefix_budget(gib: float | None, plan) -> int:
+    """--prefix-cache-gib in bytes, beside the paging host store in the host memory free now."""
+    from pyqsa.engine import paging, prefix_cache
+
+    reserved = plan.kv_bytes if plan.hot_blocks else 0
+    try:
+        return prefix_cache.budget(gib, paging.host_available(), reserved)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="'--prefix-cache-gib'") from None
 
 
 def _load_model(path: str, gpu_layers: int | None, device: int | None):
@@ -268,6 +304,8 @@ _ENGINE_KEYS = (
     "hot_blocks",
     "kv_host_type",
     "sampling",
+    "prefix_cache_gib",
+    "prefix_cache_stride",
 )
 
 
@@ -379,6 +417,22 @@ def _engine_options(f):
             "and asked-for logprobs come back; auto: device when the model runs on a GPU, else "
             "host. logit_bias and penalties go with the draw, which is made on the host when it "
             f"biases or penalizes over {DEVICE_MAX_ADJUST} tokens.",
+        ),
+        click.option(
+            "--prefix-cache-gib",
+            type=float,
+            callback=_check_gib,
+            help="Host memory (GiB) for the prefix cache: states of prompts and replies a request "
+            "whose prompt starts with one continues from (default: a fifth of the host memory "
+            "available beside the paging host store; 0 turns it off).",
+        ),
+        click.option(
+            "--prefix-cache-stride",
+            type=click.IntRange(min=1),
+            default=16384,
+            show_default=True,
+            help="With the prefix cache: also a snapshot every this many tokens inside a prompt, "
+            "so a prompt that diverges from a cached one midway reuses most of it.",
         ),
         click.option(
             "--chat-template",

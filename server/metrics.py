@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from pyqsa.engine import Engine
+from pyqsa.engine.prefix_reuse import PrefixStats
 
 
 class _EngineCollector(Collector):
@@ -55,6 +56,8 @@ class _EngineCollector(Collector):
             for category, n in s.ledger.items():
                 ledger.add_metric([category], n)
             yield ledger
+        if s.prefix is not None:
+            yield from _prefix_metrics(s.prefix)
         if s.paging is not None:
             p = s.paging
             yield CounterMetricFamily(
@@ -97,6 +100,26 @@ class _EngineCollector(Collector):
                 "Hot cache blocks per slot and QSA layer",
                 p["hot_blocks"],
             )
+
+
+def _prefix_metrics(p: PrefixStats) -> Iterator[Metric]:
+    yield CounterMetricFamily(
+        "pyqsa_prefix_cache_hit_tokens",
+        "Prompt tokens whose state came from the prefix cache",
+        value=p.hit_tokens,
+    )
+    yield CounterMetricFamily(
+        "pyqsa_prefix_cache_miss_tokens",
+        "Prompt tokens not found in the prefix cache (computed)",
+        value=p.miss_tokens,
+    )
+    yield GaugeMetricFamily(
+        "pyqsa_prefix_cache_bytes", "Host memory held by the prefix cache", p.bytes
+    )
+    yield GaugeMetricFamily("pyqsa_prefix_cache_entries", "Prefixes in the prefix cache", p.entries)
+    yield CounterMetricFamily(
+        "pyqsa_prefix_cache_evicted", "Prefixes evicted from the prefix cache", value=p.evicted
+    )
 
 
 class Metrics:

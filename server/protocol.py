@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from pyqsa.engine import InvalidSamplingParam, SamplingParams
+from pyqsa.engine import Finished, InvalidSamplingParam, SamplingParams
 from pyqsa.engine.grammar import call_grammar, json_grammar
 
 from .chat_template import CLOSE, forced_call_start
@@ -353,11 +353,14 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(fin: Finished) -> dict:
+    """OpenAI's usage object of a finished request; cached_tokens: the prompt tokens whose state
+    came from the prefix cache."""
     return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens": fin.prompt_tokens,
+        "completion_tokens": fin.completion_tokens,
+        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
     }
 
 

@@ -85,9 +85,13 @@ class EngineStream:
         self.closed = False
         metrics.open_requests.inc()
 
-    def submit(self, prompt: list[int], params: SamplingParams) -> None:
+    def submit(
+        self, prompt: list[int], params: SamplingParams, snapshot_at: int | None = None
+    ) -> None:
         try:
-            self.request_id = self.engine.submit(prompt, params, self._sink)
+            self.request_id = self.engine.submit(
+                prompt, params, self._sink, snapshot_at=snapshot_at
+            )
         except PromptTooLong as e:
             self.metrics.refused.labels("400").inc()
             raise APIError(400, str(e), code="context_length_exceeded") from e

@@ -144,6 +144,23 @@ PYQSA_API int32_t pyqsa_paging_stats_get(const void * ctx, pyqsa_paging_stats * 
 PYQSA_API int32_t pyqsa_paging_layer_get(const void * ctx, int32_t i, int32_t * il, uint64_t * hits,
                                          uint64_t * misses);
 
+// A sequence's state as bytes, for a prefix cache: every position the sequence holds (the QSA
+// layers' K/V, the indexer's block keys and tail keys, the Gated DeltaNet recurrent and conv
+// states; with paging, the pager's device rows of block keys and of the tail block too), so a
+// sequence loaded from it continues exactly as the saved one would.
+//   ctx: struct llama_context *; seq_id: the sequence (one KV stream per sequence)
+// pyqsa_seq_state_save writes the state into dst (cap bytes) and its length into *size; with a
+// NULL dst it only sets *size. Returns PYQSA_OK, PYQSA_ERR_INVALID_ARG for a NULL ctx or size or a
+// seq_id outside the context, PYQSA_ERR_OUT_OF_RANGE when cap is too small, PYQSA_ERR_UNSUPPORTED
+// for a context without a hybrid memory.
+PYQSA_API int32_t pyqsa_seq_state_save(void * ctx, int32_t seq_id, void * dst, size_t cap, size_t * size);
+
+// Loads a state written by pyqsa_seq_state_save of a context with the same settings into
+// sequence seq_id, replacing what it held. Returns PYQSA_OK; PYQSA_ERR_INVALID_ARG for a NULL
+// argument, a seq_id outside the context or bytes that are not such a state (the sequence is
+// then left empty); PYQSA_ERR_UNSUPPORTED for a context without a hybrid memory.
+PYQSA_API int32_t pyqsa_seq_state_load(void * ctx, int32_t seq_id, const void * src, size_t size);
+
 // An abort callback for llama_set_abort_callback (a ggml_abort_callback): true while the
 // int32_t at `flag` is nonzero, false for a NULL flag. Another thread stops a llama_decode by
 // setting the flag; the compute loop checks it after every graph node without calling into

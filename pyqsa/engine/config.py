@@ -44,6 +44,11 @@ class EngineConfig:
     # penalties included up to runner.DEVICE_MAX_ADJUST adjusted tokens a draw; False: every
     # sampled row's logits come to the host, where the op's host kernel draws
     sample_on_device: bool = False
+    # host bytes the prefix cache may hold (prefix_cache.py); 0 turns it off
+    prefix_cache_bytes: int = 0
+    # with the cache on, a snapshot every this many tokens inside a prompt (besides those where
+    # prompts and replies end), so a prompt that diverges from a cached one midway reuses most
+    prefix_stride: int = 16384
 
     def __post_init__(self) -> None:
         if not self.model_path:
@@ -74,6 +79,10 @@ class EngineConfig:
             raise ValueError(f"gpu_layers must be >= 0, got {self.gpu_layers}")
         if self.device is not None and self.device < 0:
             raise ValueError(f"device must be >= 0, got {self.device}")
+        if self.prefix_cache_bytes < 0:
+            raise ValueError(f"prefix_cache_bytes must be >= 0, got {self.prefix_cache_bytes}")
+        if self.prefix_stride < 1:
+            raise ValueError(f"prefix_stride must be >= 1, got {self.prefix_stride}")
         self.context_config()  # raises ValueError for settings the context refuses
 
     def context_config(self) -> ContextConfig:

@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,6 +27,8 @@ import numpy as np
 from ..native import SampleResult
 from .config import EngineConfig
 from .detokenizer import Detokenizer
+from .prefix_cache import PrefixEntry
+from .prefix_reuse import PrefixReuse, PrefixStats
 from .request import (
     Delta,
     EventSink,
@@ -97,6 +99,7 @@ class EngineStats:
     paging: dict[str, int] | None = None
     # model layer index -> (hits, misses) of each paged layer, read with `paging`
     paging_layers: dict[int, tuple[int, int]] | None = None
+    prefix: PrefixStats | None = None  # the prefix cache's figures, as of the last step
 
 
 @dataclass(eq=False)
@@ -104,6 +107,7 @@ class _Live:
     req: Request
     sampler: Sampler
     detok: Detokenizer
+    prefix: PrefixEntry | None = None  # the cached prefix the request started from, held
 
 
 _TPS_WINDOW_S = 5.0
@@ -118,12 +122,15 @@ class Engine:
         self.runner = runner
         self.vocab = vocab
         self.slots = SlotTable(config.n_slots, config.ctx_per_slot, runner.release)
+        self.prefix = PrefixReuse(runner, config.prefix_cache_bytes, config.prefix_stride)
         self.scheduler = Scheduler(
             self.slots,
             config.max_batch_tokens,
             config.prefill_policy,
             config.max_prefill_tokens,
             long_turns=config.hot_blocks > 0,  # each chunk stages its stream's history
+            snapshot_stride=config.prefix_stride if self.prefix.enabled else 0,
+            on_admit=self._start_from_prefix,
         )
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}
@@ -141,6 +148,7 @@ class Engine:
         self._paging_layers: dict[int, tuple[int, int]] | None = None
         self._paging_due = float("-inf")  # time.monotonic() from which they may be read again
         self._paging_stale = False  # forward passes ran since they were read (when it pages)
+        self._prefix_stats: PrefixStats | None = None
         self._steps_run = 0
         self._step_seconds = {"forward": 0.0, "host": 0.0, "launch": 0.0}
         self._launched: float | None = None  # perf_counter() when the pass in flight got going
@@ -181,8 +189,11 @@ class Engine:
         params: SamplingParams,
         sink: EventSink,
         request_id: str | None = None,
+        snapshot_at: int | None = None,
     ) -> str:
-        """Queue a request; its events go to `sink`. Raises an AdmissionError when refused."""
+        """Queue a request; its events go to `sink`. Raises an AdmissionError when refused.
+        `snapshot_at`: a prompt length where the prefix cache also takes a snapshot (the chat
+        server's: the conversation before the reply's generation prompt)."""
         cap = self.config.ctx_per_slot
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -209,7 +220,16 @@ class Engine:
                 grammar.close()
             raise
         rid = request_id or f"req-{n}"
-        req = Request(rid, list(prompt), params, sink, max_len=max_len, arrival=n, grammar=grammar)
+        req = Request(
+            rid,
+            list(prompt),
+            params,
+            sink,
+            max_len=max_len,
+            arrival=n,
+            grammar=grammar,
+            snapshot_at=snapshot_at,
+        )
         self._inbox.put(("submit", req))
         return rid
 
@@ -227,6 +247,13 @@ class Engine:
                 if not uncancelled:
                     self.runner.request_abort()
         self._inbox.put(("cancel", request_id))
+
+    def clear_prefix_cache(self) -> Future[None]:
+        """Drop the prefix cache's entries that no running request holds; the future is done
+        once they are gone (the held ones go when evicted after their requests end)."""
+        done: Future[None] = Future()
+        self._inbox.put(("clear_prefix", done))
+        return done
 
     def stats(self) -> EngineStats:
         now = time.monotonic()
@@ -250,6 +277,7 @@ class Engine:
                 paging_layers=dict(self._paging_layers)
                 if self._paging_layers is not None
                 else None,
+                prefix=self._prefix_stats,
             )
 
     # -- engine thread ---------------------------------------------------------------------
@@ -344,6 +372,11 @@ class Engine:
             if cmd == "submit":
                 assert isinstance(arg, Request)
                 self._admit(arg)
+            elif cmd == "clear_prefix":
+                assert isinstance(arg, Future)
+                self.prefix.clear()
+                self._publish()
+                arg.set_result(None)
             elif cmd == "cancel":
                 live = self._live.get(str(arg))
                 if live is not None:
@@ -354,6 +387,14 @@ class Engine:
         detok = Detokenizer(self.vocab.token_bytes, req.params.stop)
         self._live[req.request_id] = _Live(req, Sampler(req.params, seed, req.grammar), detok)
         self.scheduler.add(req)
+
+    def _next_arrival(self) -> int:
+        with self._lock:
+            return next(self._ids)
+
+    def _start_from_prefix(self, req: Request) -> None:
+        """The scheduler leased `req` a slot: start it from the longest cached prefix."""
+        self._live[req.request_id].prefix = self.prefix.start(req)
 
     def _device_draws(self, chunks: list[Chunk]) -> list[dict | None] | None:
         """Per chunk, the parameters of a draw the runner makes where the logits are, or None
@@ -386,9 +427,11 @@ class Engine:
             if req.num_computed_tokens < len(req.prompt):
                 prompt += min(len(c.tokens), len(req.prompt) - req.num_computed_tokens)
             req.num_computed_tokens += len(c.tokens)
+            if self.prefix.due(req, c.start):  # the slot holds exactly the tokens computed
+                self.prefix.snapshot(req)
             if row is None:
                 continue
-            generated += 1
+            generated += req.reply_of is None
             sampled.append((self._live[req.request_id], row))
         for (live, _), drawn in zip(sampled, self._sample(sampled), strict=True):
             if isinstance(drawn, Exception):  # e.g. a logit_bias id outside the vocabulary
@@ -426,6 +469,9 @@ class Engine:
     def _advance(self, live: _Live, token: int, lp: TokenLogprob | None) -> None:
         """Append a running request's next token and emit it."""
         req, params = live.req, live.req.params
+        if req.reply_of is not None:  # its prompt is in, and snapshotted: all it was for
+            self._finish(req, FinishReason.LENGTH)
+            return
         req.tokens.append(token)
         if (not params.ignore_eos and self.vocab.is_eog(token)) or token in params.stop_token_ids:
             self._finish(req, FinishReason.STOP, text=live.detok.flush())
@@ -442,13 +488,29 @@ class Engine:
     ) -> None:
         if req.state is RequestState.FINISHED:
             return
+        replied = reason in (FinishReason.STOP, FinishReason.LENGTH)
         self.scheduler.finish(req)
-        self._live.pop(req.request_id).sampler.close()
+        live = self._live.pop(req.request_id)
+        live.sampler.close()
+        self.prefix.end(live.prefix)
+        if req.reply_of is not None:
+            return  # the engine's own request: nothing to count or tell
+        # the reply's state as a prompt's, for the next turn; not while clients wait for a slot
+        # (theirs next turns then start after their prompts)
+        if replied and not self.scheduler.waiting:
+            if again := self.prefix.reply_request(req, self._next_arrival()):
+                self._admit(again)
         with self._lock:
             self._in_flight -= 1
             self._finished[reason.value] += 1
         ev = Finished(
-            req.request_id, reason, len(req.prompt), req.num_output_tokens, text=text, error=error
+            req.request_id,
+            reason,
+            len(req.prompt),
+            req.num_output_tokens,
+            text=text,
+            error=error,
+            cached_tokens=req.cached_tokens,
         )
         self._emit(req, ev)
 
@@ -503,10 +565,14 @@ class Engine:
                 self._paging_stale = False
             else:
                 self._paging_stale = paging is not None
+        # NOTE: not in the ledger, whose every figure is back at its start once requests end:
+        # the cache holds its bytes on purpose (EngineStats.prefix, until cleared or evicted)
+        prefix = self.prefix.stats()
         with self._lock:
             self._busy = self.slots.busy
             self._waiting = len(self.scheduler.waiting)
             self._ledger = ledger
+            self._prefix_stats = prefix
             self._paging = paging
             self._paging_layers = layers
 

@@ -122,6 +122,7 @@ class Finished:
     completion_tokens: int
     text: str = ""  # final text not yet sent as a Delta (held back for stop strings)
     error: str | None = None
+    cached_tokens: int = 0  # prompt tokens whose state came from the prefix cache
 
 
 Event = Delta | Finished
@@ -143,6 +144,11 @@ class Request:
     lease: SlotLease | None = None
     arrival: int = 0  # submission order, for FCFS
     grammar: Grammar | None = None  # params.grammar's state, made at submission
+    cached_tokens: int = 0  # prompt tokens whose state the slot took from the prefix cache
+    # a request of the engine's own that computes the finished request of this id's prompt and
+    # reply as a prompt, for the prefix cache (prefix_reuse.py); None for a client's request
+    reply_of: str | None = None
+    snapshot_at: int | None = None  # a prompt length the prefix cache also snapshots
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt)

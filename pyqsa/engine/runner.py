@@ -62,6 +62,15 @@ class Runner(Protocol):
         """Forget everything the slot's sequence holds (KV cells and recurrent state)."""
         ...
 
+    def snapshot(self, slot: int) -> bytes | bytearray:
+        """The state of every position the slot's sequence holds, for `restore`."""
+        ...
+
+    def restore(self, slot: int, state: bytes | bytearray) -> None:
+        """Make the slot's sequence the one `snapshot` saved (RunnerError, the slot left empty,
+        when it does not load)."""
+        ...
+
     def request_abort(self) -> None:
         """Stop the forward pass in flight early (any thread): `run` then raises RunnerAborted,
         and every sequence in that pass is left half-computed, to be released. The request
@@ -335,6 +344,18 @@ class LlamaRunner:
         _llama().llama_memory_seq_rm(self.mem, slot, -1, -1)
         if self.samples_on_device and self._attached[slot] is None:
             self._attach(slot)  # a host draw took it: idle slots keep the same graphs
+
+    def snapshot(self, slot: int) -> bytearray:
+        try:
+            return native.seq_state_save(self.ctx, slot)
+        except native.NativeError as e:
+            raise RunnerError(str(e)) from None
+
+    def restore(self, slot: int, state: bytes | bytearray) -> None:
+        try:
+            native.seq_state_load(self.ctx, slot, state)
+        except native.NativeError as e:
+            raise RunnerError(str(e)) from None
 
     def ledger(self) -> dict[str, int]:
         return native.ledger(self.ctx)

@@ -118,6 +118,8 @@ class Scheduler:
         policy: str = "fair",
         max_prefill_tokens: int | None = None,
         long_turns: bool = False,
+        snapshot_stride: int = 0,
+        on_admit: Callable[[Request], None] | None = None,
     ) -> None:
         # NOTE: every running slot must be able to decode one token per step (EngineConfig
         # checks it for users): then decode never waits and every prompt gets >= 1 token.
@@ -135,6 +137,11 @@ class Scheduler:
         # index among them
         self.long_turns = long_turns and policy == "fair"
         self._turn = 0
+        # > 0: prompt chunks end on every multiple of it, where the prefix cache takes snapshots
+        self.snapshot_stride = snapshot_stride
+        # called with each request as it gets its slot, before its first chunk: it may start the
+        # request further on (num_computed_tokens: a prefix whose state the slot was given)
+        self.on_admit = on_admit
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # oldest first
 
@@ -161,6 +168,8 @@ class Scheduler:
             req = self.waiting.popleft()
             req.lease, req.state = lease, RequestState.RUNNING
             self.running.append(req)
+            if self.on_admit is not None:
+                self.on_admit(req)
 
         decode = [r for r in self.running if r.num_pending == 1]
         prompts = [r for r in self.running if r.num_pending > 1]
@@ -171,6 +180,9 @@ class Scheduler:
             shares = self._long_ones_take_turns(remaining, budget)
         else:
             shares = self.policy(remaining, budget)
+        shares = self._no_lone_last_tokens(
+            prompts, [self._to_stride(r, n) for r, n in zip(prompts, shares, strict=True)], budget
+        )
         chunks = [self._chunk(r, 1) for r in decode]
         chunks += [self._chunk(r, n) for r, n in zip(prompts, shares, strict=True) if n > 0]
         chunks.sort(key=lambda c: c.lease.slot)
@@ -191,6 +203,39 @@ class Scheduler:
         shares[long[self._turn % len(long)]] = group[-1]  # < its remaining: it goes on later
         self._turn += 1
         return shares
+
+    def _to_stride(self, req: Request, n: int) -> int:
+        """A prompt chunk of up to n tokens cut at the next multiple of the snapshot stride and
+        at the request's own snapshot point."""
+        if not self.snapshot_stride:
+            return n
+        start = req.num_computed_tokens
+        n = min(n, self.snapshot_stride - start % self.snapshot_stride)
+        if req.snapshot_at is not None and start < req.snapshot_at:
+            n = min(n, req.snapshot_at - start)
+        return n
+
+    @staticmethod
+    def _no_lone_last_tokens(prompts: list[Request], shares: list[int], budget: int) -> list[int]:
+        """Shares that leave no prompt a last token on its own: such a chunk takes one more token
+        where the step has one to spare, else one fewer (if it keeps one).
+
+        NOTE: a forward pass of one token takes other kernels than a chunk's (ggml's CPU matrix
+        products: the vector path below two columns, llamafile's tiles from two on; on CUDA the
+        matrix-vector kernels), which round differently. A last prompt token left alone would
+        make a prompt's state depend on where its chunks happened to end; without it, a prompt's
+        state is the same however it was split (tests/unit/test_prefix_exact.py), so a prefix
+        restored from the prefix cache continues exactly as the prompt computed from its start."""
+        out = list(shares)
+        spare = budget - sum(out)
+        for i, (req, n) in enumerate(zip(prompts, out, strict=True)):
+            if n < 1 or req.num_pending - n != 1:
+                continue
+            if spare > 0:
+                out[i], spare = n + 1, spare - 1
+            elif n >= 2:
+                out[i], spare = n - 1, spare + 1
+        return out
 
     @staticmethod
     def _chunk(req: Request, n: int) -> Chunk:

@@ -33,6 +33,7 @@ class FakeRunner:
         self.cached: dict[int, int] = {}  # slot -> tokens in its cache
         self.abort = threading.Event()  # set by request_abort, cleared by clear_abort
         self.aborted = 0  # passes that ended in RunnerAborted
+        self.restored: list[tuple[int, int]] = []  # (slot, tokens) of each restore
 
     def run(self, chunks: Sequence[Chunk], draws=None, on_launch=None) -> np.ndarray:
         if on_launch:
@@ -56,6 +57,14 @@ class FakeRunner:
     def release(self, slot: int) -> None:
         self.released.append(slot)
         self.cached.pop(slot, None)
+
+    def snapshot(self, slot: int) -> bytes:
+        """BYTES_PER_TOKEN bytes per cached token: the state's length says what it holds."""
+        return bytes(BYTES_PER_TOKEN * self.cached.get(slot, 0))
+
+    def restore(self, slot: int, state: bytes) -> None:
+        self.cached[slot] = len(state) // BYTES_PER_TOKEN
+        self.restored.append((slot, self.cached[slot]))
 
     def request_abort(self) -> None:
         self.abort.set()

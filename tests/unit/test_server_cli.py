@@ -118,3 +118,20 @@ def test_engine_settings_that_do_not_fit_together_are_one_line_errors():
     ):
         r = CliRunner().invoke(main, ["serve", *args], env=NO_ENV_KEY)
         assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output, r.output
+
+
+def test_prefix_cache_flags_refuse_what_is_no_size():
+    for cmd, (flag, value) in itertools.product(
+        ("serve", "chat"),
+        (
+            ("--prefix-cache-gib", "-1"),
+            ("--prefix-cache-gib", "-0.5"),
+            ("--prefix-cache-gib", "lots"),
+            ("--prefix-cache-gib", "nan"),
+            ("--prefix-cache-gib", "inf"),
+            ("--prefix-cache-stride", "0"),
+            ("--prefix-cache-stride", "4K"),
+        ),
+    ):
+        r = CliRunner().invoke(main, [cmd, flag, value], env=NO_ENV_KEY)
+        assert r.exit_code == 2 and f"Invalid value for '{flag}'" in r.output, r.output
