@@ -7,7 +7,7 @@
 # Phases, in order; each fits one device call (--wait S, default 540: the seconds it waits at
 # most); a server, a load and decode.py outlive the call that started them (setsid), and the
 # next call's phase waits for them or collects their results. State: .build/mission/.
-#   start-paged     serve --kv-offload host --gpu-memory 24 (plus nvidia-smi every second);
+#   start-paged     serve --kv-offload host, plus $MISSION_BUDGET's flags (plus nvidia-smi every second);
 #                   returns once it listens and its baseline (ledger, nvidia-smi) is taken
 #   load-paged      8 x 255,000-token prompts, 256 tokens each, then a prompt cancelled during
 #                   its prefill and one during its decode, then the figures against the baseline
@@ -21,7 +21,7 @@
 # Exit status: 0 done, 75 still running (run the same phase again), else a failure.
 # --small: 8 x 2000-token prompts, 32 tokens each, cancellations of 16000-token prompts,
 # decode.py at 8 x 16384, same model and serve flags; on a machine without nvidia-smi (the CPU
-# check) the embedded demo model, small slots, no --gpu-memory. Its state is .build/mission-small/
+# check) the embedded demo model, small slots. Its state is .build/mission-small/
 # ($MISSION_STATE names another folder). Servers listen on free ports (their URLs in the state).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -49,9 +49,8 @@ if command -v nvidia-smi > /dev/null; then
     model=$(ls .build/bench/flash-next-synth-*.gguf 2> /dev/null | grep -v -- -synth-small- | head -n 1)
     [ -n "$model" ] || { echo "mission.sh: no .build/bench/flash-next-synth-*.gguf: run bench/gpu_run.sh first" >&2; exit 2; }
     common=("$model" "${common[@]}" --ctx 262144)
-    # the device budget of a consumer card; MISSION_BUDGET="" leaves it out (a build whose serve
-    # has no --gpu-memory), or names other flags
-    read -r -a budget <<< "${MISSION_BUDGET---gpu-memory 24}"
+    # extra flags of the paged server (a device budget once serve has one), from MISSION_BUDGET
+    read -r -a budget <<< "${MISSION_BUDGET-}"
     paged=("${common[@]}" --kv-offload host ${budget[@]+"${budget[@]}"})
     unpaged=("${common[@]}" --kv-offload none)
     decode_model=$model decode_ctx=262144 decode_extra=(--ubatch 2048)
