@@ -7,6 +7,7 @@
 #include "ggml-backend.h"
 #include "ggml.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -89,6 +90,19 @@ inline double time_graph(ggml_backend_t be, ggml_cgraph * gf, int iters) {
     for (int it = 0; it < iters; ++it) compute();
     ggml_backend_synchronize(be);
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+}
+
+// the microseconds of 5 computes of gf on be, sorted, after one untimed run
+inline std::vector<double> sorted_runs_us(ggml_backend_t be, ggml_cgraph * gf) {
+    std::vector<double> us;
+    for (int rep = -1; rep < 5; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        ggml_backend_graph_compute(be, gf);
+        ggml_backend_synchronize(be);
+        if (rep >= 0) us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(us.begin(), us.end());
+    return us;
 }
 
 // one op's context, graph and buffer, freed together (a graph kept to run or time it)

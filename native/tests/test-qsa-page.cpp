@@ -811,14 +811,7 @@ void perf_prefill_attention(ggml_backend_t be, const char * dev_name, int64_t ho
         for (ggml_tensor * out : { paged, whole }) {
             ggml_cgraph * gf = ggml_new_graph(ctx);
             ggml_build_forward_expand(gf, out);
-            std::vector<double> us;
-            for (int rep = -1; rep < 5; ++rep) {
-                const auto t0 = std::chrono::steady_clock::now();
-                ggml_backend_graph_compute(be, gf);
-                ggml_backend_synchronize(be);
-                if (rep >= 0) us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-            }
-            std::sort(us.begin(), us.end());
+            const std::vector<double> us = sorted_runs_us(be, gf);
             const double bytes = out == paged ? (double) n_blocks * r * 2 * row : 0.0;  // every block is selected
             const std::string what = out == paged ? "paged: " + std::to_string(n_windows) + " staged windows of " +
                                                         std::to_string(hot) + " blocks + ring"
@@ -880,15 +873,7 @@ void perf_prefetch(ggml_backend_t be, const char * dev_name) {
     const auto time_of = [&](std::initializer_list<ggml_tensor *> outs) {
         ggml_cgraph * gf = ggml_new_graph(ctx);
         for (ggml_tensor * t : outs) ggml_build_forward_expand(gf, t);
-        std::vector<double> us;
-        for (int rep = -1; rep < 5; ++rep) {
-            const auto t0 = std::chrono::steady_clock::now();
-            ggml_backend_graph_compute(be, gf);
-            ggml_backend_synchronize(be);
-            if (rep >= 0) us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-        }
-        std::sort(us.begin(), us.end());
-        return us;
+        return sorted_runs_us(be, gf);
     };
     const std::vector<double> copy = time_of({ joined }), work = time_of({ attn }), both = time_of({ fetch, attn, joined });
     const double bytes = 2.0 * row * n_kv;
