@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .errors import ConvertError
+from .quantize import TYPES
 from .writer import OUTTYPES
 
 
@@ -28,7 +29,11 @@ def _read_text(path: Path | None) -> str | None:
 @click.command()
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="GGUF file to write.")
-@click.option("--outtype", type=click.Choice(list(OUTTYPES)), help="Tensor type [default: f32].")
+@click.option(
+    "--outtype",
+    type=click.Choice([*OUTTYPES, *TYPES], case_sensitive=False),
+    help="Tensor type, or a quantization type as `pyqsa quantize` takes [default: f32].",
+)
 @click.option(
     "--calibrate",
     "calib",
@@ -62,7 +67,14 @@ def convert(
             return
         if output is None:
             raise ConvertError("missing -o/--output")
-        pipeline.convert_checkpoint(source, output, outtype or "f32", text, progress=not quiet)
+        if outtype and outtype.upper() in TYPES:
+            from .quantize import convert_quantized
+
+            convert_quantized(source, output, outtype, text, progress=not quiet)
+        else:
+            pipeline.convert_checkpoint(
+                source, output, (outtype or "f32").lower(), text, progress=not quiet
+            )
         click.echo(f"wrote {output}")
     except ConvertError as e:
         _fail(e)
@@ -81,3 +93,21 @@ def inspect_cmd(path: Path, as_json: bool) -> None:
         _fail(e)
         return
     click.echo(json.dumps(s.to_dict()) if as_json else render(s))
+
+
+@click.command(name="quantize")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("output", type=click.Path(path_type=Path))
+@click.argument("qtype", metavar="TYPE", type=click.Choice(list(TYPES), case_sensitive=False))
+@click.option("--threads", type=int, default=0, help="Threads [default: all cores].")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def quantize_cmd(source: Path, output: Path, qtype: str, threads: int, quiet: bool) -> None:
+    """Quantize a qwen4exp GGUF (f32/f16/bf16) to TYPE, keeping QSA's tensors at f32."""
+    from .quantize import quantize
+
+    try:
+        quantize(source, output, qtype, threads=threads, progress=not quiet)
+    except ConvertError as e:
+        _fail(e)
+        return
+    click.echo(f"wrote {output}")

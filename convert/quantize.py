@@ -1,0 +1,220 @@
+"""`pyqsa quantize`: a qwen4exp GGUF to a quantized one through libllama's quantize API.
+
+llama.cpp chooses each tensor's type from the file type (the _M mixtures give attn_v, ffn_down
+and output more bits) and already keeps norms, the router, the GDN conv and the indexer
+projections at their input type. On top of that `KEEP_F32` holds the small tensors QSA's
+selections and the residual streams depend on at f32 (README.md "Quantized weights" has the
+measurements). Every other key of the input, pyqsa.* included, is copied by the API.
+
+The output is written to a hidden temp file beside it and renamed over it when complete.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from gguf import GGMLQuantizationType as Q
+
+from . import names as N
+from .errors import ConvertError
+from .gguf_file import GGUFFile
+from .writer import temp_path
+
+
+@dataclass(frozen=True)
+class QuantType:
+    ftype: int  # llama_ftype (llama.h)
+    base: Q  # the type most tensors get
+
+
+# the file types libllama writes without an importance matrix (llama.h's llama_ftype)
+TYPES = {
+    "Q8_0": QuantType(7, Q.Q8_0),
+    "Q6_K": QuantType(18, Q.Q6_K),
+    "Q5_K_M": QuantType(17, Q.Q5_K),
+    "Q5_K_S": QuantType(16, Q.Q5_K),
+    "Q5_0": QuantType(8, Q.Q5_0),
+    "Q4_K_M": QuantType(15, Q.Q4_K),
+    "Q4_K_S": QuantType(14, Q.Q4_K),
+    "Q4_0": QuantType(2, Q.Q4_0),
+    "IQ4_NL": QuantType(25, Q.IQ4_NL),
+    "IQ4_XS": QuantType(30, Q.IQ4_XS),
+    "Q3_K_M": QuantType(12, Q.Q3_K),
+}
+
+# regex (searched in the tensor name) -> why the tensor stays f32
+KEEP_F32 = {
+    r"hc_(attn|ffn)_(down|up|inject)\.weight$": "hyper-connection mixers (every residual stream)",
+    r"^output_hc_(down|up)\.weight$": "the output hyper-connection mixer",
+    r"ssm_(alpha|beta)\.weight$": "GDN decay and write gates (through exp and sigmoid)",
+    r"ple_conv1d\.weight$": "PLE conv (rows of 4: would fall back to f16)",
+}
+
+_PROGRESS = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]")
+_FAILED = "failed to quantize: "
+_SLACK = 16 << 20
+
+
+def parse_type(name: str) -> QuantType:
+    t = TYPES.get(name.upper())
+    if t is None:
+        raise ConvertError(f"unknown quantization type {name!r} (choose {', '.join(TYPES)})")
+    return t
+
+
+def _check_input(src: Path) -> GGUFFile:
+    if not src.exists():
+        raise ConvertError(f"{src}: not found")
+    g = GGUFFile(src)
+    arch = g.get("general.architecture")
+    if arch != N.ARCH:
+        raise ConvertError(f"{src}: architecture {arch!r}, pyqsa quantizes {N.ARCH} models only")
+    return g
+
+
+def size_bound(g: GGUFFile) -> int:
+    """Bytes the output can take at most: no tensor grows, except f16 ones KEEP_F32 names."""
+    keep = [re.compile(p) for p in KEEP_F32]
+    total = 0
+    for t in g.tensors:
+        grows = t.qtype != Q.F32 and any(p.search(t.name) for p in keep)
+        total += t.nbytes * 2 if grows else t.nbytes
+    return total
+
+
+def _check_room(out: Path, need: int) -> None:
+    if out.is_dir():
+        raise ConvertError(f"cannot write {out}: it is a directory")
+    if not out.parent.is_dir():
+        raise ConvertError(f"cannot write {out}: {out.parent} does not exist")
+    free = shutil.disk_usage(out.parent).free
+    if free < need + _SLACK:
+        raise ConvertError(
+            f"not enough disk space in {out.parent}: need up to {(need + _SLACK) / 2**30:.2f} "
+            f"GiB, {free / 2**30:.2f} GiB free"
+        )
+
+
+@contextmanager
+def _llama_log(on_line) -> Iterator[None]:
+    """Route libllama's log to `on_line(level, text)` for the duration, then restore it."""
+    import llama_cpp as L
+
+    old_cb, old_data = L.llama_log_callback(), ctypes.c_void_p()
+    L.llama_log_get(ctypes.byref(old_cb), ctypes.byref(old_data))
+    cb = L.llama_log_callback(
+        lambda level, text, data: on_line(level, text.decode(errors="replace"))
+    )
+    L.llama_log_set(cb, None)
+    try:
+        yield
+    finally:
+        L.llama_log_set(old_cb, old_data)
+
+
+def _params(qt: QuantType, threads: int, keep_f32: bool):
+    import llama_cpp as L
+
+    p = L.llama_model_quantize_default_params()
+    p.ftype = qt.ftype
+    p.nthread = threads
+    overrides = []
+    if keep_f32:
+        items = [(pat.encode(), int(Q.F32)) for pat in KEEP_F32]
+        arr = (L.llama_model_tensor_override * (len(items) + 1))()
+        for i, (pat, ty) in enumerate(items):
+            arr[i].pattern, arr[i].type = pat, ty
+        arr[len(items)].pattern = None  # the list ends at a null pattern
+        p.tt_overrides = ctypes.cast(arr, type(p.tt_overrides))
+        overrides.append(arr)  # the array must outlive the call
+    return p, overrides
+
+
+def quantize(
+    src: str | Path,
+    out: str | Path,
+    type_name: str,
+    *,
+    threads: int = 0,
+    keep_f32: bool = True,
+    progress: bool = True,
+) -> Path:
+    """Quantize the qwen4exp GGUF `src` to `out` as `type_name` (a key of TYPES).
+
+    `keep_f32=False` leaves every tensor to llama.cpp's own choice (for measurements)."""
+    from tqdm import tqdm
+
+    from pyqsa.engine.runner import _init_backend
+
+    qt = parse_type(type_name)
+    src, out = Path(src), Path(out)
+    g = _check_input(src)
+    need = size_bound(g)
+    _check_room(out, need)
+    _init_backend()
+    import llama_cpp as L
+
+    tmp = temp_path(out)
+    errors: list[str] = []
+    bar = tqdm(total=len(g.tensors), unit="tensor", desc="quantizing", disable=not progress)
+
+    def on_line(level: int, text: str) -> None:
+        m = _PROGRESS.match(text)
+        if m:
+            bar.update(int(m.group(1)) - bar.n)
+        elif _FAILED in text:
+            errors.append(text.split(_FAILED, 1)[1].strip())
+
+    params, keep_alive = _params(qt, threads, keep_f32)
+    try:
+        with _llama_log(on_line):
+            rc = L.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
+        if rc != 0:
+            raise ConvertError(_failure(out, errors))
+        os.replace(tmp, out)
+    except BaseException:  # Ctrl-C included: never leave the temp file behind
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        bar.close()
+        del keep_alive
+    return out
+
+
+def _failure(out: Path, errors: list[str]) -> str:
+    """One line: a full disk named as such (the API reports only a failed stream write)."""
+    free = shutil.disk_usage(out.parent).free
+    if free < _SLACK:
+        return f"writing {out} failed: no space left on device ({free / 2**20:.0f} MiB free)"
+    why = errors[-1] if errors else "see PYQSA_LLAMA_LOG=1"
+    return f"quantizing to {out} failed: {why.splitlines()[0]}"
+
+
+def convert_quantized(
+    hf_dir: str | Path,
+    out: str | Path,
+    type_name: str,
+    calibrate_text: str | None = None,
+    progress: bool = True,
+) -> Path:
+    """`pyqsa convert --outtype Q4_K_M`: an f32 staging file beside `out`, then quantize it.
+
+    f32, not f16, so the tensors llama.cpp keeps at their input type (the indexer projections)
+    stay f32; the staging file takes 4 bytes a weight of disk until it is removed."""
+    from .pipeline import convert_checkpoint
+
+    parse_type(type_name)
+    out = Path(out)
+    staging = temp_path(out).with_suffix(".f32")
+    try:
+        convert_checkpoint(hf_dir, staging, "f32", calibrate_text, progress=progress)
+        return quantize(staging, out, type_name, progress=progress)
+    finally:
+        staging.unlink(missing_ok=True)

@@ -1,0 +1,121 @@
+"""`pyqsa quantize` on the tiny PLE model: the per-tensor policy, the keys kept, bad input."""
+
+import re
+import shutil
+from collections import namedtuple
+
+import gguf
+import pytest
+from click.testing import CliRunner
+from gguf import GGMLQuantizationType as Q
+from pyqsa.convert import ConvertError
+from pyqsa.convert import quantize as qz
+from pyqsa.convert.gguf_file import GGUFFile
+from pyqsa.convert.quantize import KEEP_F32, quantize
+
+from pyqsa.cli import main
+
+# kept by llama.cpp itself (norms, router, conv, indexer projections) and by KEEP_F32
+KEPT = [r"_norm\.weight$", r"ffn_gate_inp", r"ssm_conv1d", r"indexer\.(q|k)_proj", *KEEP_F32]
+
+
+def types(path) -> dict[str, Q]:
+    r = gguf.GGUFReader(path)
+    return {t.name: Q(t.tensor_type) for t in r.tensors}
+
+
+def pyqsa_keys(path) -> dict[str, object]:
+    g = GGUFFile(path)
+    return {k: g.get(k) for k in g.fields if k.startswith("pyqsa.")}
+
+
+@pytest.fixture(scope="module")
+def q4(tiny_ple_gguf, tmp_path_factory):
+    return quantize(
+        tiny_ple_gguf, tmp_path_factory.mktemp("q") / "q4_0.gguf", "Q4_0", progress=False
+    )
+
+
+def test_policy_keeps_qsa_tensors_f32(q4):
+    got = types(q4)
+    kept = {n for n in got if any(re.search(p, n) for p in KEPT)}
+    assert {n for n in kept if "indexer" in n} and {n for n in kept if "hc_" in n}
+    assert {n: got[n].name for n in kept if got[n] != Q.F32} == {}
+    # the rest really was quantized
+    assert sum(t == Q.Q4_0 for t in got.values()) > 50
+
+
+def test_without_policy_the_mixers_are_quantized(tiny_ple_gguf, tmp_path):
+    got = types(
+        quantize(tiny_ple_gguf, tmp_path / "o.gguf", "Q4_0", keep_f32=False, progress=False)
+    )
+    assert got["blk.0.hc_attn_down.weight"] != Q.F32
+    assert got["blk.0.ssm_alpha.weight"] != Q.F32
+
+
+def test_pyqsa_keys_survive(tiny_ple_gguf, q4):
+    before = pyqsa_keys(tiny_ple_gguf)
+    assert "pyqsa.kv_scales.k" in before and "pyqsa.qsa.layers" in before
+    assert pyqsa_keys(q4) == before
+    assert GGUFFile(q4).get("general.file_type") == qz.TYPES["Q4_0"].ftype
+
+
+def test_cli_writes_the_file(tiny_ple_gguf, tmp_path):
+    out = tmp_path / "o.gguf"
+    r = CliRunner().invoke(main, ["quantize", str(tiny_ple_gguf), str(out), "q8_0", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert Q.Q8_0 in types(out).values()
+    assert [p.name for p in tmp_path.iterdir()] == ["o.gguf"]  # no temp file left
+
+
+@pytest.mark.parametrize("qtype", ["Q9_K", "f16", ""])
+def test_wrong_type_is_one_line(tiny_ple_gguf, tmp_path, qtype):
+    with pytest.raises(ConvertError, match="unknown quantization type"):
+        quantize(tiny_ple_gguf, tmp_path / "o.gguf", qtype)
+    r = CliRunner().invoke(main, ["quantize", str(tiny_ple_gguf), str(tmp_path / "o"), qtype])
+    assert r.exit_code == 2 and "TYPE" in r.output
+
+
+def test_missing_and_foreign_inputs(tmp_path):
+    from pyqsa.convert import qwen_vocab_gguf
+
+    r = CliRunner().invoke(
+        main, ["quantize", str(tmp_path / "no.gguf"), str(tmp_path / "o"), "Q8_0"]
+    )
+    assert r.exit_code == 2 and r.output.strip().endswith("no.gguf: not found")
+    with pytest.raises(ConvertError, match="architecture 'qwen2', pyqsa quantizes qwen4exp"):
+        quantize(qwen_vocab_gguf(), tmp_path / "o.gguf", "Q8_0")
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF" + b"\0" * 8)
+    with pytest.raises(ConvertError, match="not a valid GGUF"):
+        quantize(tmp_path / "junk.gguf", tmp_path / "o.gguf", "Q8_0")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["junk.gguf"]
+
+
+Usage = namedtuple("Usage", "total used free")
+
+
+def test_full_disk_before_writing(tiny_ple_gguf, tmp_path, monkeypatch):
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(1 << 30, 1 << 30, 1 << 20))
+    with pytest.raises(ConvertError, match=r"not enough disk space .* need up to 0\.\d+ GiB"):
+        quantize(tiny_ple_gguf, tmp_path / "o.gguf", "Q8_0")
+
+
+def test_full_disk_while_writing(tiny_ple_gguf, tmp_path, monkeypatch):
+    # the library's write fails (its temp file cannot be opened), and by then the disk is full
+    monkeypatch.setattr(qz, "temp_path", lambda out: tmp_path / "gone" / "o.tmp")
+    free = iter([1 << 40, 0])
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(1 << 40, 0, next(free)))
+    with pytest.raises(ConvertError, match=r"writing .*o\.gguf failed: no space left on device"):
+        quantize(tiny_ple_gguf, tmp_path / "o.gguf", "Q8_0", progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_library_failure_is_one_line(tiny_ple_gguf, tmp_path, monkeypatch):
+    monkeypatch.setattr(qz, "temp_path", lambda out: tmp_path / "gone" / "o.tmp")
+    with pytest.raises(ConvertError, match=r"quantizing to .*o\.gguf failed: \S") as e:
+        quantize(tiny_ple_gguf, tmp_path / "o.gguf", "Q8_0", progress=False)
+    assert "\n" not in str(e.value)
+
+
+def test_size_bound_covers_the_output(tiny_ple_gguf, q4):
+    assert q4.stat().st_size <= qz.size_bound(GGUFFile(tiny_ple_gguf)) + (16 << 20)
