@@ -156,7 +156,9 @@ def open_context(model: int, cfg: ContextConfig, cb_eval=None, upstream: bool = 
             raise ContextError(f"llama.cpp could not create {what} (out of memory?)")
     else:
         try:
-            hot_type = KV_TYPES[cfg.kv_hot_type] if cfg.kv_hot_type not in (None, cfg.kv_type) else -1
+            hot_type = (
+                KV_TYPES[cfg.kv_hot_type] if cfg.kv_hot_type not in (None, cfg.kv_type) else -1
+            )
             ctx = native.init_from_model(
                 model, ctypes.addressof(p), cfg.qsa_mode, cfg.hot_blocks, hot_type
             )

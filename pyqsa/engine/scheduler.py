@@ -19,17 +19,17 @@ prompt chunks, by the prefill policy:
 
 With host-backed KV paging (`long_turns`, set by the engine when it pages), `fair` counts the
 prompts longer than the step budget as one prompt, whose share goes to one of them at a time, in
-turn, instead of an equal share each: every chunk of a prompt brings its stream's history from
-host memory, once per QSA layer (native/PAGING.md: a bulk copy into a prefetch area that holds one
-stream's context, overlapping the layers before it; 512 MiB a layer at 256K, ~10 ms at PCIe
-speed), so many small chunks pay the history many times over, and chunks of several long prompts
-in one ubatch would not fit the area (they fall back to staging windows, 16 ms a QSA layer for a
-512-token chunk at 256K against ~1 ms of unpaged attention). Shorter prompts share the step with the long ones' turn as with any
-other prompt; the long ones still reach decode together, and each gets a chunk every so many steps
-(as many as there are long prompts). `bench/prefill_sim.py --paged` models the cost (8 x 256K
-prompts, random selections: all first tokens at 2387 s with equal shares, at 992-997 s taking turns;
-fcfs 125-1001 s; a 64-token request behind 7 x 64K still gets its first at 0.2 s. A model, not a
-measurement).
+turn, instead of an equal share each: every chunk of a prompt brings its stream's history from host
+memory, once per QSA layer (native/PAGING.md: a bulk copy into a prefetch area that holds one
+stream's context, overlapping the layers before it; 512 MiB a layer at 256K, ~10 ms at PCIe speed),
+so many small chunks pay the history many times over, and chunks of several long prompts in one
+ubatch would not fit the area (they fall back to staging windows, 16 ms a QSA layer for a 512-token
+chunk at 256K against ~1 ms of unpaged attention). Shorter prompts share the step with the long
+ones' turn as with any other prompt; the long ones still reach decode together, and each gets a
+chunk every so many steps (as many as there are long prompts). `bench/prefill_sim.py --paged`
+models the cost (8 x 256K prompts, random selections: all first tokens at 2387 s with equal shares,
+at 992-997 s taking turns; fcfs 125-1001 s; a 64-token request behind 7 x 64K still gets its first
+at 0.2 s. A model, not a measurement).
 
 `bench/prefill_sim.py` measures both on the issue's workloads with a model of llama.cpp's
 batch splitting (below) and the H200's step costs (8 slots, 512-token steps). A 64-token

@@ -42,7 +42,9 @@ def model(tmp_path_factory):
 class Session:
     """One context; feed() decodes chunks of (seq, tokens) and returns each chunk's last logits."""
 
-    def __init__(self, model: LlamaModel, kv_type: str, hot_blocks: int, kv_hot_type: str | None = None):
+    def __init__(
+        self, model: LlamaModel, kv_type: str, hot_blocks: int, kv_hot_type: str | None = None
+    ):
         cfg = ContextConfig(
             n_seqs=N_SEQS,
             ctx_per_seq=1024,
@@ -238,7 +240,10 @@ def test_f16_hot_cache_over_q8_store(model, prefetch, monkeypatch):
         finally:
             q8_stats.close()
         # the same selections' misses, each bringing a q8_0 block, as the all-q8_0 context's do
-        assert stats["misses"] > 0 and stats["bytes_to_device"] == ref["bytes_to_device"], (stats, ref)
+        assert stats["misses"] > 0 and stats["bytes_to_device"] == ref["bytes_to_device"], (
+            stats,
+            ref,
+        )
     finally:
         for sess in (paged, whole, f16):
             sess.close()
