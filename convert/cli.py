@@ -11,6 +11,9 @@ from .errors import ConvertError
 from .quantize import TYPES
 from .writer import OUTTYPES
 
+# the quantization types `convert --outtype` reaches through `quantize` (q8_0 is written directly)
+QUANTIZED = [t for t in TYPES if t.lower() not in OUTTYPES]
+
 
 def _fail(e: ConvertError) -> None:
     click.echo(f"pyqsa: error: {e}", err=True)
@@ -31,7 +34,7 @@ def _read_text(path: Path | None) -> str | None:
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="GGUF file to write.")
 @click.option(
     "--outtype",
-    type=click.Choice([*OUTTYPES, *TYPES], case_sensitive=False),
+    type=click.Choice([*OUTTYPES, *QUANTIZED], case_sensitive=False),
     help="Tensor type, or a quantization type as `pyqsa quantize` takes [default: f32].",
 )
 @click.option(
@@ -67,7 +70,7 @@ def convert(
             return
         if output is None:
             raise ConvertError("missing -o/--output")
-        if outtype and outtype.upper() in TYPES:
+        if outtype in QUANTIZED:
             from .quantize import convert_quantized
 
             convert_quantized(source, output, outtype, text, progress=not quiet)
@@ -83,16 +86,28 @@ def convert(
 @click.command(name="inspect")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def inspect_cmd(path: Path, as_json: bool) -> None:
-    """Show a qwen4exp GGUF's layer map, QSA parameters, KV scales and tensor sizes."""
+@click.option("--slots", type=click.IntRange(min=1), default=8, help="As serve's [default: 8].")
+@click.option("--ctx", type=click.IntRange(min=1), default=4096, help="As serve's [default: 4096].")
+@click.option(
+    "--kv-type", type=click.Choice(["f16", "q8_0", "f32"]), default="f16", help="As serve's."
+)
+def inspect_cmd(path: Path, as_json: bool, slots: int, ctx: int, kv_type: str) -> None:
+    """Show a qwen4exp GGUF's layer map, QSA parameters, KV scales, tensor sizes by type and
+    the device memory `serve --slots N --ctx C` needs for it, with and without paging."""
     from .inspect import render, summarize
+    from .memory import render_memory, serve_memory
 
     try:
         s = summarize(path)
+        m = serve_memory(path, s.n_bytes, slots, ctx, kv_type)
     except ConvertError as e:
         _fail(e)
         return
-    click.echo(json.dumps(s.to_dict()) if as_json else render(s))
+    if as_json:
+        click.echo(json.dumps({**s.to_dict(), "serve_memory": m.to_dict()}))
+        return
+    click.echo(render(s))
+    click.echo(render_memory(m))
 
 
 @click.command(name="quantize")

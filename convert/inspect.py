@@ -86,7 +86,7 @@ def summarize(path: str | Path) -> Summary:
     )
 
 
-def _mb(n: int) -> str:
+def size_text(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 
 
@@ -123,8 +123,8 @@ def render(s: Summary) -> str:
         f"converter:     {'pyqsa ' + s.converter_version if s.converter_version else 'not pyqsa'}",
         f"output gate:   {s.output_gate or 'absent (upstream assumes sigmoid)'}",
         f"PLE layers:    {', '.join(map(str, s.ple_layers)) or 'none'}",
-        f"tensors:       {s.n_tensors}, {_mb(s.n_bytes)}",
+        f"tensors:       {s.n_tensors}, {size_text(s.n_bytes)}",
     ]
     for t in sorted(s.bytes_by_type, key=lambda t: -s.bytes_by_type[t]):
-        lines.append(f"  {t:6s} {s.tensors_by_type[t]:5d} tensors  {_mb(s.bytes_by_type[t])}")
+        lines.append(f"  {t:6s} {s.tensors_by_type[t]:5d} tensors  {size_text(s.bytes_by_type[t])}")
     return "\n".join(lines)

@@ -119,3 +119,35 @@ def test_library_failure_is_one_line(tiny_ple_gguf, tmp_path, monkeypatch):
 
 def test_size_bound_covers_the_output(tiny_ple_gguf, q4):
     assert q4.stat().st_size <= qz.size_bound(GGUFFile(tiny_ple_gguf)) + (16 << 20)
+
+
+def test_inspect_shows_types_and_serve_memory(q4):
+    import json
+
+    r = CliRunner().invoke(main, ["inspect", str(q4), "--slots", "8", "--ctx", "4096", "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output)
+    m = s["serve_memory"]
+    # 2 QSA layers x K and V x 2 KV heads x 32 dims x 2 bytes (f16) = 512 bytes a token
+    assert m["kv"] == 512 * 8 * 4096
+    # the hot cache: 2 x (budget 16 / ratio 4) blocks of 4 tokens a slot
+    assert (m["hot_blocks"], m["hot"]) == (8, 512 * 8 * 8 * 4)
+    assert m["weights"] == sum(s["bytes_by_type"].values()) and s["bytes_by_type"]["Q4_0"] > 0
+    assert m["device_unpaged"] == m["weights"] + m["kv"]
+    assert m["device_paged"] == m["weights"] + m["hot"]
+    text = CliRunner().invoke(main, ["inspect", str(q4), "--ctx", "262144"]).output
+    assert "Q4_0" in text and "unpaged: " in text and "paged: " in text
+
+
+def test_convert_outtype_quantizes(tiny_ple_hf_dir, tmp_path):
+    out = tmp_path / "m.gguf"
+    args = ["convert", str(tiny_ple_hf_dir), "-o", str(out), "--outtype", "Q4_K_M", "--quiet"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    g = GGUFFile(out)
+    assert g.get("general.file_type") == qz.TYPES["Q4_K_M"].ftype
+    assert g.get("pyqsa.qsa.layers") == [3, 7]
+    got = types(out)
+    # rows of 64: Q4_K falls back to Q5_0; the indexer projections stay f32
+    assert got["blk.3.attn_q.weight"] == Q.Q5_0 and got["blk.3.indexer.q_proj.weight"] == Q.F32
+    assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]  # the f32 staging file is gone
