@@ -267,8 +267,7 @@ struct ggml_tensor * pyqsa_ggml_qsa_page_write(struct ggml_context * ctx, struct
     return result;
 }
 
-// the device rows of a page node: what a resolve or stage fills, what a write reads
-static const ggml_tensor * page_rows(const struct ggml_tensor * op) {
+const struct ggml_tensor * pyqsa_ggml_qsa_page_rows(const struct ggml_tensor * op) {
     switch (ggml_get_op_params_i32(op, 0)) {
         case PYQSA_GGML_OP_QSA_PAGE_RESOLVE:
             return op->src[7];
@@ -284,7 +283,7 @@ static const ggml_tensor * page_rows(const struct ggml_tensor * op) {
 // op param 7: the store's type + 1, 0 for the device rows' own
 void pyqsa_ggml_qsa_page_set_store_type(struct ggml_tensor * op, enum ggml_type type) {
     const int32_t       sub  = ggml_get_op_params_i32(op, 0);
-    const ggml_tensor * rows = page_rows(op);
+    const ggml_tensor * rows = pyqsa_ggml_qsa_page_rows(op);
     if (type != rows->type) {
         // the one conversion each way: f16 rows of a q8_0 store, and f32 rows written into one
         GGML_ASSERT(type == GGML_TYPE_Q8_0 && rows->ne[0] % 32 == 0);
@@ -295,11 +294,11 @@ void pyqsa_ggml_qsa_page_set_store_type(struct ggml_tensor * op, enum ggml_type 
 
 enum ggml_type pyqsa_ggml_qsa_page_store_type(const struct ggml_tensor * op) {
     const int32_t t = ggml_get_op_params_i32(op, 7);
-    return t > 0 ? (enum ggml_type) (t - 1) : page_rows(op)->type;
+    return t > 0 ? (enum ggml_type) (t - 1) : pyqsa_ggml_qsa_page_rows(op)->type;
 }
 
 size_t pyqsa_ggml_qsa_page_store_row(const struct ggml_tensor * op) {
-    return ggml_row_size(pyqsa_ggml_qsa_page_store_type(op), page_rows(op)->ne[0]);
+    return ggml_row_size(pyqsa_ggml_qsa_page_store_type(op), pyqsa_ggml_qsa_page_rows(op)->ne[0]);
 }
 
 struct ggml_tensor * pyqsa_ggml_qsa_page_fetch(struct ggml_context * ctx, struct ggml_tensor * dst,

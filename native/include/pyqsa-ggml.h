@@ -244,6 +244,9 @@ GGML_API void pyqsa_ggml_qsa_page_set_store_type(struct ggml_tensor * op, enum g
 // The type of a page node's host stores: its device rows' type unless set otherwise.
 GGML_API enum ggml_type pyqsa_ggml_qsa_page_store_type(const struct ggml_tensor * op);
 
+// The device rows of a page node: what a resolve or stage fills, what a write reads.
+GGML_API const struct ggml_tensor * pyqsa_ggml_qsa_page_rows(const struct ggml_tensor * op);
+
 // Bytes of one row of a page node's host store: for resolve and stage a block (the device rows'
 // ne[0] elements), for the write a row of k.
 GGML_API size_t pyqsa_ggml_qsa_page_store_row(const struct ggml_tensor * op);

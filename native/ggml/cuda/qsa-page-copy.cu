@@ -35,8 +35,7 @@ void pyqsa_cuda_page_fetch(cudaStream_t stream, const char * store0, char * dev0
 }
 
 int pyqsa_cuda_page_q8_elems(const ggml_tensor * op) {
-    const bool          resolve = ggml_get_op_params_i32(op, 0) == PYQSA_GGML_OP_QSA_PAGE_RESOLVE;
-    const ggml_tensor * rows    = op->src[resolve ? 7 : 2];
+    const ggml_tensor * rows = pyqsa_ggml_qsa_page_rows(op);
     const bool dequant = pyqsa_ggml_qsa_page_store_type(op) == GGML_TYPE_Q8_0 && rows->type == GGML_TYPE_F16;
     return dequant ? (int) rows->ne[0] : 0;
 }
