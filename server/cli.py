@@ -36,24 +36,46 @@ def _load(
     kv_offload: str,
     hot_blocks: int | None,
     kv_host_type: str | None,
+    kv_hot_type: str | None,
+    gpu_memory: float | None,
     sampling: str,
     prefix_cache_gib: float | None,
     prefix_cache_stride: int,
 ):
     """Start an engine on MODEL (the embedded demo model when None)."""
     from pyqsa.demo_model import demo_model_path
-    from pyqsa.engine import EngineConfig, load_engine, paging
+    from pyqsa.engine import EngineConfig, device_budget, load_engine, paging
     from pyqsa.engine.runner import RunnerError
 
-    for flag, value in (("--hot-blocks", hot_blocks), ("--kv-host-type", kv_host_type)):
+    paging_flags = (
+        ("--hot-blocks", hot_blocks),
+        ("--kv-host-type", kv_host_type),
+        ("--kv-hot-type", kv_hot_type),
+    )
+    for flag, value in paging_flags:
         if kv_offload == "none" and value is not None:
             raise click.UsageError(f"{flag} needs paging: --kv-offload host or auto, not none")
     # with paging every QSA layer's K/V is in the host store, and the hot cache holds copies of
     # its blocks, so the store's type is the K/V type
     paged_type = kv_host_type or kv_type
+    if kv_hot_type is not None and paged_type != "q8_0":
+        raise click.UsageError(
+            f"--kv-hot-type {kv_hot_type} needs a q8_0 host store (--kv-host-type q8_0), "
+            f"not {paged_type}"
+        )
     if device is not None:
         _check_device(device)
-    gpu = paging.device_free(gpu_layers, device) is not None  # a GPU build, layers on a GPU
+    free_at_start = paging.device_free(gpu_layers, device)
+    gpu = free_at_start is not None  # a GPU build, layers on a GPU
+    if gpu_memory is not None and not gpu:
+        raise click.UsageError("--gpu-memory needs a GPU build with layers on a GPU")
+    budget = None
+    if gpu:
+        n_devices = 1 if device is not None else len(paging.gpu_devices())
+        try:
+            budget = device_budget.DeviceBudget.of(gpu_memory, free_at_start, n_devices)
+        except device_budget.BudgetError as e:
+            raise click.BadParameter(str(e), param_hint="'--gpu-memory'") from None
     # the sample op's per-sequence draws cost a GPU less than the logits' round trip, and a CPU
     # more than drawing rows in parallel on the host (bench/README.md, 2026-12-01)
     on_device = sampling == "device" or (sampling == "auto" and gpu)
@@ -98,12 +120,15 @@ def _load(
         plan = paging.PagingPlan(0, 0)
     try:
         llama_model = _load_model(path, gpu_layers, device)
+        room = None
+        if budget is not None:
+            weights = free_at_start - paging.device_free(gpu_layers, device)
+            budget.check_weights(weights)
+            room = budget.kv_room(weights)
         if plan is None:
-            free = paging.device_free(gpu_layers, device)
+            free = min(paging.device_free(gpu_layers, device), room)
             plan = _paging_plan(kv, "auto", hot_blocks, slots * ctx, paged_type, free)
-        unused = [
-            f for f, v in (("--hot-blocks", hot_blocks), ("--kv-host-type", kv_host_type)) if v
-        ]
+        unused = [f for f, v in paging_flags if v]
         if unused and not plan.hot_blocks:
             click.echo(
                 "pyqsa: --kv-offload auto keeps the K/V on the device (no GPU, or they fit): "
@@ -114,10 +139,22 @@ def _load(
             config,
             hot_blocks=plan.hot_blocks,
             kv_type=paged_type if plan.hot_blocks else kv_type,
+            kv_hot_type=kv_hot_type if plan.hot_blocks else None,
             prefix_cache_bytes=_prefix_budget(prefix_cache_gib, plan),
         )
+        if budget is not None and plan.hot_blocks and hot_blocks is None:
+            most = min(paging.MAX_HOT_BLOCKS_GPU, -(-ctx // kv.ratio))
+            config = _grow_hot_cache(llama_model, config, budget, most)
         engine, llama_model = load_engine(config, llama_model)
+        if budget is not None:
+            try:
+                budget.check(engine.stats().ledger)
+            except device_budget.BudgetError:
+                engine.stop()
+                raise
     except RunnerError as e:
+        raise click.ClickException(str(e)) from None
+    except device_budget.BudgetError as e:
         raise click.ClickException(str(e)) from None
     stats = engine.stats()
     click.echo(f"pyqsa: memory {_ledger_line(stats.ledger)}", err=True)
@@ -149,6 +186,29 @@ def _load(
             f"pyqsa: sampling: host ({chosen}each sampled row's logits copied out)", err=True
         )
     return engine, llama_model, name
+
+
+def _grow_hot_cache(llama_model, config, budget, most: int):
+    """config with the hot cache grown into the device memory a first context of its
+    hot_blocks leaves of the budget (engine/device_budget.py), said on stderr; that context is
+    freed before the engine's is made."""
+    from pyqsa.engine.runner import LlamaRunner
+
+    probe = LlamaRunner(llama_model, config)
+    try:
+        ledger = probe.ledger()
+    finally:
+        probe.close()
+    budget.check(ledger)
+    grown = budget.grown_hot_blocks(ledger, config.hot_blocks, most)
+    if grown > config.hot_blocks:
+        click.echo(
+            f"pyqsa: paging: the hot cache grows from {config.hot_blocks} to {grown} blocks per "
+            f"slot and QSA layer, into the room {budget.flag} leaves (--hot-blocks sets it)",
+            err=True,
+        )
+        config = dataclasses.replace(config, hot_blocks=grown)
+    return config
 
 
 def _check_device(device: int) -> None:
@@ -303,6 +363,8 @@ _ENGINE_KEYS = (
     "kv_offload",
     "hot_blocks",
     "kv_host_type",
+    "kv_hot_type",
+    "gpu_memory",
     "sampling",
     "prefix_cache_gib",
     "prefix_cache_stride",
@@ -393,19 +455,34 @@ def _engine_options(f):
             show_default=True,
             help="Where the QSA layers' K/V live: host pages them (pinned host memory plus a "
             "device hot cache), none keeps them on the device, auto pages when they would take "
-            "over 80% of the free device memory.",
+            "over 80% of what the weights leave of --gpu-memory.",
         ),
         click.option(
             "--hot-blocks",
             type=click.IntRange(min=1),
             help="With paging: hot cache blocks per slot and QSA layer on the device (default: "
-            "twice the blocks one query selects, from the model).",
+            "twice the blocks one query selects, from the model, and on a GPU grown into the "
+            "room --gpu-memory leaves, up to a slot's whole context).",
         ),
         click.option(
             "--kv-host-type",
             type=click.Choice(list(KV_TYPES)),
             help="With paging: the host store's K/V type (default: --kv-type). The hot cache "
             "holds the store's blocks as they are, so it has this type too.",
+        ),
+        click.option(
+            "--kv-hot-type",
+            type=click.Choice(["f16"]),
+            help="With paging and --kv-host-type q8_0: the hot cache's type (default: the host "
+            "store's). f16 halves the bytes a miss moves against an all-f16 cache and keeps "
+            "f16 attention; each fetched block is dequantized on the device.",
+        ),
+        click.option(
+            "--gpu-memory",
+            type=float,
+            help="Device memory (GiB per GPU) the server may hold (default: what the GPU has "
+            "free at start). Decides auto paging, sizes the hot cache when --hot-blocks is not "
+            "given, and start refuses a setting that does not fit, naming the figures.",
         ),
         click.option(
             "--sampling",

@@ -55,7 +55,8 @@ def test_bad_engine_flags_are_one_line_errors():
 
 def test_paging_flags_without_paging_are_usage_errors():
     for cmd, (flag, value) in itertools.product(
-        ("serve", "chat"), (("--hot-blocks", "8"), ("--kv-host-type", "q8_0"))
+        ("serve", "chat"),
+        (("--hot-blocks", "8"), ("--kv-host-type", "q8_0"), ("--kv-hot-type", "f16")),
     ):
         r = CliRunner().invoke(main, [cmd, "--kv-offload", "none", flag, value], env=NO_ENV_KEY)
         assert r.exit_code == 2, r.output
@@ -72,6 +73,57 @@ def test_device_on_a_cpu_only_build_is_a_usage_error():
         errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
         assert errors == ["Error: --device 0: there is no GPU (a CPU-only build)"]
         assert "demo model" not in r.output  # refused before anything loads
+
+
+def test_f16_hot_cache_needs_a_q8_0_store():
+    for args in ([], ["--kv-type", "q8_0", "--kv-host-type", "f32"]):
+        r = CliRunner().invoke(main, ["serve", "--kv-hot-type", "f16", *args], env=NO_ENV_KEY)
+        assert r.exit_code == 2, r.output
+        errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
+        assert len(errors) == 1 and "needs a q8_0 host store" in errors[0], r.output
+
+
+def test_gpu_memory_without_a_gpu_is_a_usage_error():
+    if native.build_info().backend != "CPU":
+        pytest.skip("a GPU build")
+    r = CliRunner().invoke(main, ["serve", "--gpu-memory", "24"], env=NO_ENV_KEY)
+    assert r.exit_code == 2, r.output
+    errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
+    assert errors == ["Error: --gpu-memory needs a GPU build with layers on a GPU"]
+
+
+def test_gpu_memory_refusals_on_a_fake_device(monkeypatch, tmp_path):
+    """A fake GPU with 8 GiB free: a budget above it is refused before the weights load; weights
+    that take 7 GiB of it (free drops to 1 GiB) do not fit a 6 GiB budget with the runtime's
+    reserve, and the engine is never made."""
+    import pyqsa.engine.paging
+
+    free = [8 * 2**30]
+    monkeypatch.setattr(pyqsa.engine.paging, "device_free", lambda layers, device=None: free[0])
+    monkeypatch.setattr(pyqsa.engine.paging, "gpu_devices", lambda: [_gpu("GPU0")])
+
+    def load(path, gpu_layers=None, device=None, progress=None):
+        free[0] = 2**30
+        return object()
+
+    monkeypatch.setattr(pyqsa.engine.runner, "LlamaModel", load)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"")
+    args = ["serve", str(gguf), "--kv-offload", "none", "--gpu-memory"]
+    r = CliRunner().invoke(main, [*args, "24"], env=NO_ENV_KEY)
+    assert r.exit_code == 2, r.output
+    assert (
+        "Error: Invalid value for '--gpu-memory': --gpu-memory 24 GiB: the GPU has only "
+        "8.00 GiB free" in r.output
+    )
+    assert free == [8 * 2**30]  # nothing loaded
+    r = CliRunner().invoke(main, [*args, "6"], env=NO_ENV_KEY)
+    assert r.exit_code == 1, r.output
+    errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
+    assert errors == [
+        "Error: the weights take 7.00 GiB of the device; with the CUDA runtime's 1.00 GiB that "
+        "exceeds --gpu-memory 6.00 GiB (try --gpu-layers, or a quantized model: pyqsa quantize)"
+    ]
 
 
 def _gpu(name: str, type: str = "GPU") -> native.DeviceInfo:

@@ -1,0 +1,106 @@
+"""The device-memory budget of `pyqsa serve --gpu-memory GiB`: what the process may hold on its
+GPUs (per device; default: what they have free at start).
+
+The budget decides three things. `auto` pages the QSA K/V when they would take over
+AUTO_DEVICE_SHARE of what the weights leave of it (engine/paging.py's rule, on the budget instead
+of the card). With paging and no --hot-blocks, the hot cache grows into what a first context
+leaves of it (a larger hot cache misses less). And start refuses, naming the figures, when the
+weights, or the context's categories of the ledger, do not fit.
+
+The ledger (pyqsa.h's pyqsa_ledger) counts pyqsa's and llama.cpp's buffers. What it cannot
+see (the CUDA context, cuBLAS workspaces, ggml's CUDA memory pool, graph instances) is
+RUNTIME_RESERVE: nvidia-smi's figure minus the ledger's was 0.78 GiB for a paged server of
+8 x 262144 on the H200.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RUNTIME_RESERVE = 1 << 30
+# the share of the room a first context leaves that the hot cache grows into: the rest is margin
+# for compute buffers that grow with it (page state) and for the pool's peaks
+HOT_FILL = 0.9
+LEDGER_NAMES = {  # ledger field -> what a refusal calls it
+    "weights": "weights",
+    "kv": "K/V",
+    "indexer": "block keys",
+    "recurrent": "recurrent state",
+    "compute": "compute",
+    "hot": "hot cache",
+    "staging": "staging",
+    "tail": "tail",
+}
+
+
+class BudgetError(ValueError):
+    """A setting that does not fit the device budget (a one-line message naming the figures)."""
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def device_bytes(ledger: dict[str, int]) -> dict[str, int]:
+    """The ledger's device categories that hold bytes, by field name, in the ledger's order."""
+    return {f: ledger[f"device.{f}"] for f in LEDGER_NAMES if ledger.get(f"device.{f}")}
+
+
+@dataclass(frozen=True)
+class DeviceBudget:
+    limit: int  # bytes the process may hold on the GPUs it uses
+    flag: str  # how a message names the budget: "--gpu-memory 24.00 GiB" or "the free ..."
+
+    @classmethod
+    def of(cls, gpu_memory_gib: float | None, free: int, n_devices: int = 1) -> DeviceBudget:
+        """--gpu-memory (GiB per device, None: `free`, the bytes free on the GPUs now)."""
+        if gpu_memory_gib is None:
+            return cls(free, f"the {gib(free)} free on the device")
+        if gpu_memory_gib <= 0:
+            raise BudgetError(f"--gpu-memory must be above 0 GiB, got {gpu_memory_gib}")
+        limit = int(gpu_memory_gib * 2**30) * n_devices
+        if limit > free:
+            raise BudgetError(
+                f"--gpu-memory {gpu_memory_gib:g} GiB: the GPU has only {gib(free)} free"
+            )
+        return cls(limit, f"--gpu-memory {gib(limit)}")
+
+    @property
+    def usable(self) -> int:
+        """What the ledger may hold: the limit less the runtime's own."""
+        return self.limit - RUNTIME_RESERVE
+
+    def check_weights(self, weights: int) -> None:
+        if weights > self.usable:
+            raise BudgetError(
+                f"the weights take {gib(weights)} of the device; with the CUDA runtime's "
+                f"{gib(RUNTIME_RESERVE)} that exceeds {self.flag} (try --gpu-layers, or a "
+                "quantized model: pyqsa quantize)"
+            )
+
+    def kv_room(self, weights: int) -> int:
+        """Device bytes the weights leave for a context: what `auto` weighs the K/V against."""
+        return max(0, self.usable - weights)
+
+    def check(self, ledger: dict[str, int]) -> None:
+        """Refuses a context whose device ledger (with the runtime reserve) exceeds the limit."""
+        held = device_bytes(ledger)
+        total = sum(held.values()) + RUNTIME_RESERVE
+        if total > self.limit:
+            parts = " + ".join(f"{LEDGER_NAMES.get(k, k)} {gib(v)}" for k, v in held.items())
+            raise BudgetError(
+                f"this setting needs {gib(total)} of the device ({parts} + CUDA runtime "
+                f"{gib(RUNTIME_RESERVE)}), over {self.flag}: try fewer --slots, a smaller --ctx "
+                "or --prefill-batch-tokens, paging (--kv-offload host) or fewer --hot-blocks"
+            )
+
+    def grown_hot_blocks(self, ledger: dict[str, int], hot_blocks: int, most: int) -> int:
+        """The hot cache's blocks per slot and layer that fill HOT_FILL of the room a context
+        of `hot_blocks` (whose device ledger this is) leaves, at most `most`, at least
+        `hot_blocks`. A block's bytes are measured: the ledger's hot bytes over `hot_blocks`."""
+        held = device_bytes(ledger)
+        per_block = held.get("hot", 0) / hot_blocks
+        room = self.usable - sum(held.values())
+        if per_block <= 0 or room <= 0:
+            return hot_blocks
+        return max(hot_blocks, min(most, hot_blocks + int(HOT_FILL * room / per_block)))

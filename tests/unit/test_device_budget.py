@@ -1,0 +1,54 @@
+"""The device budget's arithmetic (engine/device_budget.py) on fake figures: the limit, the
+refusals naming each category, and the hot cache grown into the room a first context leaves."""
+
+import pytest
+
+from pyqsa.engine.device_budget import RUNTIME_RESERVE, BudgetError, DeviceBudget
+
+GiB = 2**30
+
+
+def _ledger(**device: int) -> dict[str, int]:
+    return {f"device.{k}": v for k, v in device.items()} | {"host.kv": 48 * GiB}
+
+
+def test_the_limit_is_the_flag_per_device_or_what_is_free():
+    assert DeviceBudget.of(None, 30 * GiB).limit == 30 * GiB
+    assert DeviceBudget.of(24, 139 * GiB).limit == 24 * GiB
+    assert DeviceBudget.of(24, 100 * GiB, n_devices=2).limit == 48 * GiB
+    assert DeviceBudget.of(24, 139 * GiB).usable == 24 * GiB - RUNTIME_RESERVE
+    for value in (0, -1):
+        with pytest.raises(BudgetError, match="must be above 0"):
+            DeviceBudget.of(value, 139 * GiB)
+    with pytest.raises(BudgetError, match="has only 20.00 GiB free"):
+        DeviceBudget.of(24, 20 * GiB)
+
+
+def test_weights_and_a_context_that_do_not_fit_are_refused_with_their_figures():
+    budget = DeviceBudget.of(24, 139 * GiB)
+    budget.check_weights(23 * GiB - RUNTIME_RESERVE)
+    with pytest.raises(BudgetError, match="the weights take 23.50 GiB"):
+        budget.check_weights(int(23.5 * GiB))
+    assert budget.kv_room(9 * GiB) == 14 * GiB
+    assert budget.kv_room(30 * GiB) == 0
+    fits = _ledger(weights=9 * GiB, indexer=3 * GiB, compute=3 * GiB, hot=GiB, kv=0)
+    budget.check(fits)
+    over = _ledger(weights=9 * GiB, indexer=3 * GiB, compute=3 * GiB, hot=GiB, kv=8 * GiB)
+    with pytest.raises(BudgetError) as e:
+        budget.check(over)
+    assert str(e.value).startswith(
+        "this setting needs 25.00 GiB of the device (weights 9.00 GiB + K/V 8.00 GiB + block "
+        "keys 3.00 GiB + compute 3.00 GiB + hot cache 1.00 GiB + CUDA runtime 1.00 GiB), over "
+        "--gpu-memory 24.00 GiB"
+    )
+
+
+def test_the_hot_cache_grows_into_the_room_left_within_its_cap():
+    budget = DeviceBudget.of(24, 139 * GiB)
+    # 17 GiB held, 64 blocks of 16 MiB each: 6 GiB of room, 0.9 of it is 345 more blocks
+    first = _ledger(weights=9 * GiB, indexer=3 * GiB, compute=4 * GiB, hot=GiB)
+    assert budget.grown_hot_blocks(first, 64, 8192) == 64 + int(0.9 * 6 * GiB / (16 * 2**20))
+    assert budget.grown_hot_blocks(first, 64, 100) == 100
+    full = _ledger(weights=9 * GiB, indexer=3 * GiB, compute=10 * GiB, hot=GiB)
+    assert budget.grown_hot_blocks(full, 64, 8192) == 64
+    assert budget.grown_hot_blocks(_ledger(weights=9 * GiB), 64, 8192) == 64
