@@ -141,6 +141,7 @@ def _load(
             kv_type=paged_type if plan.hot_blocks else kv_type,
             kv_hot_type=kv_hot_type if plan.hot_blocks else None,
             prefix_cache_bytes=_prefix_budget(prefix_cache_gib, plan),
+            device_memory_limit=budget.limit if budget is not None else 0,
         )
         if budget is not None and plan.hot_blocks and hot_blocks is None:
             most = min(paging.MAX_HOT_BLOCKS_GPU, -(-ctx // kv.ratio))
@@ -158,6 +159,14 @@ def _load(
         raise click.ClickException(str(e)) from None
     stats = engine.stats()
     click.echo(f"pyqsa: memory {_ledger_line(stats.ledger)}", err=True)
+    if budget is not None:
+        held = sum(device_budget.device_bytes(stats.ledger).values())
+        click.echo(
+            f"pyqsa: device budget {_size(budget.limit)} ({budget.flag.split(' ', 1)[0]}): the "
+            f"ledger holds {_size(held)}, the CUDA runtime's reserve "
+            f"{_size(device_budget.RUNTIME_RESERVE)}",
+            err=True,
+        )
     if stats.paging is not None:
         store = stats.ledger.get("host.kv") or plan.kv_bytes
         click.echo(

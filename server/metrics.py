@@ -49,6 +49,12 @@ class _EngineCollector(Collector):
         for part, seconds in s.step_seconds.items():
             step_seconds.add_metric([part], seconds)
         yield step_seconds
+        if limit := self.engine.config.device_memory_limit:
+            yield GaugeMetricFamily(
+                "pyqsa_device_memory_limit_bytes",
+                "Device memory the server may hold (serve --gpu-memory, or what was free)",
+                limit,
+            )
         if s.ledger:
             ledger = GaugeMetricFamily(
                 "pyqsa_ledger_bytes", "Memory held by category (paging ledger)", labels=["category"]

@@ -49,6 +49,9 @@ class EngineConfig:
     # with the cache on, a snapshot every this many tokens inside a prompt (besides those where
     # prompts and replies end), so a prompt that diverges from a cached one midway reuses most
     prefix_stride: int = 16384
+    # the device memory (bytes) the process may hold, `serve --gpu-memory` (device_budget.py):
+    # reported in /metrics; 0: no budget (a CPU build)
+    device_memory_limit: int = 0
 
     def __post_init__(self) -> None:
         if not self.model_path:

@@ -7,7 +7,8 @@
 # Phases, in order; each fits one device call (--wait S, default 540: the seconds it waits at
 # most); a server, a load and decode.py outlive the call that started them (setsid), and the
 # next call's phase waits for them or collects their results. State: .build/mission/.
-#   start-paged     serve --kv-offload host, plus $MISSION_BUDGET's flags (plus nvidia-smi every second);
+#   start-paged     serve --kv-offload host plus $MISSION_BUDGET's flags (default --gpu-memory 24),
+#                   and nvidia-smi every second;
 #                   returns once it listens and its baseline (ledger, nvidia-smi) is taken
 #   load-paged      8 x 255,000-token prompts, 256 tokens each, then a prompt cancelled during
 #                   its prefill and one during its decode, then the figures against the baseline
@@ -35,7 +36,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-[ -n "$phase" ] || { sed -n '2,27p' "$0"; exit 2; }
+[ -n "$phase" ] || { sed -n '2,26p' "$0"; exit 2; }
 t_end=$(( $(date +%s) + wait_s ))
 state=${MISSION_STATE:-.build/mission${small:+-small}}
 mkdir -p "$state"
@@ -48,9 +49,11 @@ common=(--slots 8 --batch-tokens 512 --prefill-batch-tokens 2048)
 if command -v nvidia-smi > /dev/null; then
     model=$(ls .build/bench/flash-next-synth-*.gguf 2> /dev/null | grep -v -- -synth-small- | head -n 1)
     [ -n "$model" ] || { echo "mission.sh: no .build/bench/flash-next-synth-*.gguf: run bench/gpu_run.sh first" >&2; exit 2; }
-    common=("$model" "${common[@]}" --ctx 262144)
-    # extra flags of the paged server (a device budget once serve has one), from MISSION_BUDGET
-    read -r -a budget <<< "${MISSION_BUDGET-}"
+    # the prefix cache off on both: its snapshots (every 16K prompt tokens, each a copy of the
+    # stream's state, K/V included) are not what this load measures
+    common=("$model" "${common[@]}" --ctx 262144 --prefix-cache-gib 0)
+    # the paged server's device budget (a consumer card's memory), from MISSION_BUDGET
+    read -r -a budget <<< "${MISSION_BUDGET---gpu-memory 24}"
     paged=("${common[@]}" --kv-offload host ${budget[@]+"${budget[@]}"})
     unpaged=("${common[@]}" --kv-offload none)
     decode_model=$model decode_ctx=262144 decode_extra=(--ubatch 2048)
