@@ -271,11 +271,17 @@ ggml_tensor * as_heads(ggml_context * ctx, ggml_tensor * rows2d, const ggml_tens
                         rows2d->nb[1], n_rows * rows2d->nb[1], 0);
 }
 
+// The first of the ubatch's streams (they are consecutive), as llama.cpp's cache views of layer il
+// have it: the index of its rows in the pager's per-stream tensors.
+int64_t first_stream(const pyqsa_qsa_graph & g, const pyqsa_kv_pager_layer & l, int32_t il) {
+    return g.mctx->get_attn()->get_k(g.ctx, il)->view_offs / l.host_k->nb[2];
+}
+
 // Queues the bulk copy of paged layer il's stored rows [0, n_kv) of the ubatch's streams into
 // its prefetch area, after `after` (the last reader of that area in this graph, if any).
 void fetch_layer(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input * inp, int32_t il, ggml_tensor * after) {
     const pyqsa_kv_pager_layer & l  = *inp->pager->layer(il);
-    const int64_t                s0 = g.mctx->get_attn()->get_k(g.ctx, il)->view_offs / l.host_k->nb[2];
+    const int64_t                s0 = first_stream(g, l, il);
     const int64_t                ns = stream_span(g.ubatch), n_kv = inp->n_kv_attn;
     ggml_tensor * area[2];
     int           j = 0;
@@ -302,8 +308,7 @@ ggml_tensor * attend_paged(const pyqsa_qsa_graph & g, pyqsa_qsa_positional_input
     const int64_t n_rows = S * r + pager.ring();
     const int64_t ns     = blocks->ne[2];
     const int64_t n_tok  = k_cur->ne[2];
-    // the ubatch's streams are consecutive; their first one, as llama.cpp's cache views have it
-    const int64_t s0 = g.mctx->get_attn()->get_k(ctx, il)->view_offs / l.host_k->nb[2];
+    const int64_t s0     = first_stream(g, l, il);
 
     // the ubatch's K/V: into the ring, and from there to the host store
     ggml_tensor * dev[2]  = { l.dev_k, l.dev_v };
