@@ -21,7 +21,7 @@
 #                 gdnup: pyqsa's with PYQSA_CUDA_GDN_UPSTREAM=1, upstream's gated-delta-rule kernel;
 #                 moemmf: pyqsa's with PYQSA_CUDA_MOE_MMF=1, MoE products of every batch on MMF)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024 --repeats 3")
-#                 --serve "SERVE FLAGS" (after the decode runs: bench/serve_run.sh, issue 11's server
+#                 --serve "SERVE FLAGS" (after the decode runs: bench/serve_run.sh, the server
 #                 benchmark, with these extra serve flags, e.g. "--sampling device"; "" for none)
 #                 --checks (after the builds: test-qsa-ops, test-qsa-page and test-sample CUDA vs CPU and
 #                 their timings, tests/gpu/paging.sh, tests/gpu/sampling.sh, tests/gpu/serve_paged.sh (serve --slots 8

@@ -3,10 +3,11 @@
 No model runs: each step's chunks are split into ubatches as llama_decode would split them
 (`split_equal`, a mirror of upstream's `llama_batch_allocr::split_equal` for one KV stream per
 sequence), and each ubatch costs the time the H200 took for that shape with the full-shape
-synthetic model (issue 11's measurements): at least one decode pass, or its tokens at the
-prefill rate. The figures are a model for comparing policies, not a benchmark.
+synthetic model (the H200 figures below, DECODE_1_S, DECODE_8_S and PREFILL_TOKENS_S): at least
+one decode pass, or its tokens at the prefill rate. The figures are a model for comparing
+policies, not a benchmark.
 
-    python bench/prefill_sim.py            # the issue's workloads, both policies
+    python bench/prefill_sim.py            # the serving workloads, both policies
     python bench/prefill_sim.py --paged    # long prompts with host-backed KV paging
 
 With --paged each prompt chunk also stages, in each of the 12 QSA layers, the history blocks its

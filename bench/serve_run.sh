@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU machine, after bench/gpu_run.sh built pyqsa and wrote the synthetic model: issue 11's server
+# GPU machine, after bench/gpu_run.sh built pyqsa and wrote the synthetic model: the server
 # benchmark through HTTP, on `pyqsa serve MODEL --slots 8 --ctx 36000 --batch-tokens 512` (more
 # serve flags may follow on the command line, e.g. --sampling host; the default, auto, draws on
 # the device of a GPU build):
@@ -60,7 +60,7 @@ record short_behind_long python3 bench/serve_load.py $url --requests 7 --prompt-
     --max-tokens 32 --short-after 2 --short-prompt-tokens 64 --repeats "$repeats"
 curl -s $url/metrics | grep -E "^pyqsa_engine_step" || true
 # the together rate over decode.py's 8-sequence rate at 32K from the same call (gpu_run.sh's
-# decode runs: the median of its unpaged, host-copy runs), the issue's >= 0.95x
+# decode runs: the median of its unpaged, host-copy runs), the target >= 0.95x
 python3 - "$out" <<'PY' || true
 import json, statistics, sys
 from pathlib import Path

@@ -596,10 +596,11 @@ def warm_up(runner: Runner, token: int, n_prompt: int = 1) -> None:
     matrix products and attention use and a one-token step does not). On CPU with the demo
     model its engine time to first token went from 42 to 25 ms (medians of 5 starts), as for
     later requests; its time to its first pass from 13 to 1 ms. On the H200 the first request
-    after a one-token warm-up still took 207-226 ms against 19 ms later (issue 11's server
-    runs), and that warm-up detached slot 0's device sampler, which the first draw attached
-    again (llama.cpp then sets up its compute buffers again); whether this warm-up removes that
-    is for the next GPU run (bench/serve_ttft.py's `first_ms`)."""
+    after a one-token warm-up still took 207-226 ms against 19 ms later (the server runs at
+    cecbeed and 1bf8640, bench/results/*-serve.json), and that warm-up detached slot 0's device
+    sampler, which the first draw attached again (llama.cpp then sets up its compute buffers
+    again); whether this warm-up removes that is for the next GPU run (bench/serve_ttft.py's
+    `first_ms`)."""
     req = Request("warm-up", [token] * n_prompt, SamplingParams(), lambda ev: None, n_prompt + 2)
     sampler = Sampler(req.params, seed=0)
     lease = SlotLease(0, 0, 2)

@@ -31,7 +31,7 @@ models the cost (8 x 256K prompts, random selections: all first tokens at 2387 s
 at 992-997 s taking turns; fcfs 125-1001 s; a 64-token request behind 7 x 64K still gets its first
 at 0.2 s. A model, not a measurement).
 
-`bench/prefill_sim.py` measures both on the issue's workloads with a model of llama.cpp's
+`bench/prefill_sim.py` measures both on the serving workloads with a model of llama.cpp's
 batch splitting (below) and the H200's step costs (8 slots, 512-token steps). A 64-token
 request sent 2 s after 7 x 32K prompts: first token after 0.19 s (fair) against 66.8 s (fcfs).
 8 x 32K prompts: all first tokens at 73 s, then 191 steps with all 8 decoding (fair), against

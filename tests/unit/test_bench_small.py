@@ -288,12 +288,13 @@ def test_prefill_estimates_for_the_budget():
     # the full-shape model's size: records of it under any name (the name follows synth_model.py)
     meta = {"gpu": "NVIDIA H200", "model": "flash-next-synth-locality-0.gguf"}
     meta["model_bytes"] = 10518055040 + 32  # the locality model's metadata: a longer name
-    found = decode.known_prefills(meta, 512)  # session 9's file holds upstream at 256K
+    # bench/results/2026-12-01-cecbeed-decode.json holds upstream at 256K
+    found = decode.known_prefills(meta, 512)
     assert any(r["variant"] == "upstream" and r["context"] == 262144 for r in found)
     assert {r["model"] for r in found} == {"flash-next-synth-bb6a59d2fe27.gguf"}
     assert decode.known_prefills({**meta, "model_bytes": 87777792}, 512) == []  # --small
     assert all(r["flags"]["n_batch"] == 512 and r["gpu"] == "NVIDIA H200" for r in found)
-    # a larger prefill batch: the smaller batch's times bound its own (session 9's upstream at
+    # a larger prefill batch: the smaller batch's times bound its own (cecbeed's upstream at
     # 128K, 47 s at 512, instead of 8K's 1.5 s at 2048 scaled up quadratically to 384 s)
     found = decode.known_prefills(meta, 2048)
     assert all(r["flags"]["n_batch"] in (512, 2048) for r in found)

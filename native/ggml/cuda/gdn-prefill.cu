@@ -3,7 +3,8 @@
 // The columns of S are independent: a CTA of 256 threads takes 256 / LANES of them, a column on
 // LANES lanes holding 128 / LANES rows each in registers. grid (H, 128 / COLS, n_seqs).
 // At Flash-Next's shape (32 heads, 16 q/k heads, 2048 tokens) on the H200 a call took 900 us
-// with 16 lanes a column against 1290 us for upstream's kernel (native/dev study, session 14).
+// with 16 lanes a column against 1290 us for upstream's kernel (native/dev/README.md's
+// gdn-chunked.cu study).
 #include "gdn-prefill.cuh"
 
 #include "ggml-cuda/common.cuh"
