@@ -239,11 +239,11 @@ def test_f16_hot_cache_over_q8_store(model, prefetch, monkeypatch):
             ref = native.paging_stats(q8_stats.ctx)
         finally:
             q8_stats.close()
-        # the same selections' misses, each bringing a q8_0 block, as the all-q8_0 context's do
-        assert stats["misses"] > 0 and stats["bytes_to_device"] == ref["bytes_to_device"], (
-            stats,
-            ref,
-        )
+        # every block over the link is a q8_0 block, as in the all-q8_0 context: the bytes per
+        # fetched or staged block agree (the counts themselves do on the CPU; on CUDA f16 and
+        # q8_0 decode attention round apart, and a later step may select a block or two apart)
+        per_block = lambda s: s["bytes_to_device"] / (s["misses"] + s["staged"])  # noqa: E731
+        assert stats["misses"] > 0 and per_block(stats) == per_block(ref), (stats, ref)
     finally:
         for sess in (paged, whole, f16):
             sess.close()

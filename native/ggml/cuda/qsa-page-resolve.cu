@@ -246,9 +246,12 @@ void launch_resolve(ggml_backend_cuda_context & ctx, ggml_tensor * dst, int cap,
     const ggml_tensor * blocks = dst->src[0];
     const ggml_tensor * hot    = dst->src[7];
     const size_t        smem   = (size_t) cap * (sizeof(unsigned long long) + sizeof(int32_t));
-    // past 48 KiB (over 4096 keys) a kernel must opt in to more shared memory, once per device
+    // past 48 KiB of shared memory, dynamic and static together (the select's histogram), a
+    // kernel must opt in to more: done on its first launch on each device, whatever it asks then,
+    // since a later launch may ask more (4096 keys of dynamic memory plus the static part was past
+    // the limit)
     static bool opted_in[GGML_CUDA_MAX_DEVICES] = {};
-    if (smem > 48 * 1024 && !opted_in[ctx.device]) {
+    if (!opted_in[ctx.device]) {
         const int most = (int) (PYQSA_PAGE_MAX_SLOTS * (sizeof(unsigned long long) + sizeof(int32_t)));
         CUDA_CHECK(cudaFuncSetAttribute(page_resolve<SELECT>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
         opted_in[ctx.device] = true;
