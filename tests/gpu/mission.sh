@@ -3,7 +3,9 @@
 # mission load, eight ~255K-token completions at once through `pyqsa serve` on a 24 GiB device
 # budget with the K/V paged, then the same load on the unpaged server and bench/decode.py's paged
 # step at the same shape (bench/mission.py measures; this script runs the servers and the phases).
-#   tests/gpu/mission.sh [--small] PHASE [--wait S]
+#   tests/gpu/mission.sh [--small] [--commit SHA] PHASE [--wait S]
+# --commit names the commit the records carry (PYQSA_BENCH_COMMIT: the device machine's git
+# folder is not the tree sent); give it to every phase.
 # Phases, in order; each fits one device call (--wait S, default 540: the seconds it waits at
 # most); a server, a load and decode.py outlive the call that started them (setsid), and the
 # next call's phase waits for them or collects their results. State: .build/mission/.
@@ -31,12 +33,13 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --small) small=1 ;;
         --wait) wait_s=$2; shift ;;
+        --commit) export PYQSA_BENCH_COMMIT=$2; shift ;;
         -*) echo "mission.sh: unknown option $1" >&2; exit 2 ;;
         *) phase=$1 ;;
     esac
     shift
 done
-[ -n "$phase" ] || { sed -n '2,26p' "$0"; exit 2; }
+[ -n "$phase" ] || { sed -n '2,28p' "$0"; exit 2; }
 t_end=$(( $(date +%s) + wait_s ))
 state=${MISSION_STATE:-.build/mission${small:+-small}}
 mkdir -p "$state"
