@@ -162,8 +162,9 @@ def _load(
     if budget is not None:
         held = sum(device_budget.device_bytes(stats.ledger).values())
         click.echo(
-            f"pyqsa: device budget {_size(budget.limit)} ({budget.flag.split(' ', 1)[0]}): the "
-            f"ledger holds {_size(held)}, the CUDA runtime's reserve "
+            f"pyqsa: device budget {_size(budget.limit)} "
+            f"({'--gpu-memory' if gpu_memory is not None else 'free at start'}): the ledger "
+            f"holds {_size(held)}, the CUDA runtime's reserve "
             f"{_size(device_budget.RUNTIME_RESERVE)}",
             err=True,
         )
