@@ -10,6 +10,10 @@
 #                 --locality (the model of synth_model.py --locality, whose indexer prefers stable
 #                 blocks as trained models do: the paged variants' hit rate of a trained model, not
 #                 random weights' worst case; a model of its own beside the default one)
+#                 --real-moe (the model of synth_model.py --real-moe: the real 512 experts top-10 and
+#                 vocab 248320, 8 layers (2 QSA) instead of 48, 33.3 GiB: MoE products at the
+#                 shape users run; a model of its own, which first removes the other full-shape
+#                 models of .build/bench for disk; combines with --small and --locality)
 #                 --variants pyqsa,upstream (which libraries run, in this order, per context;
 #                 paged: pyqsa's with host-backed KV paging, --hot-blocks N, default 1024;
 #                 pagedq8: the same with q8_0 K/V (host store and hot cache);
@@ -45,12 +49,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
 invocation="bench/gpu_run.sh $*"
-budget=540 contexts=8192,32768,131072,262144 seqs=1,8 steps=32 warmup=4 small= locality= decode_args=
-variants=pyqsa,upstream checks= op_checks= dev= hot_blocks=1024 serve=
+budget=540 contexts=8192,32768,131072,262144 seqs=1,8 steps=32 warmup=4 small= locality= realmoe=
+variants=pyqsa,upstream checks= op_checks= dev= hot_blocks=1024 serve= decode_args=
 while [ $# -gt 0 ]; do
     case "$1" in
         --small) small=--small; shift; continue ;;
         --locality) locality=--locality; shift; continue ;;
+        --real-moe) realmoe=--real-moe; shift; continue ;;
         --checks) checks=1; shift; continue ;;
         --op-checks) op_checks=1; shift; continue ;;
         --dev) dev=1; shift; continue ;;
@@ -145,13 +150,18 @@ pid_upstream=
 ) > "$logs/build-upstream.log" 2>&1 &
 [[ ,$variants, == *,upstream,* ]] && pid_upstream=$!
 # the model's name follows the generator and vocab, so a changed generator writes a new one; each
-# kind (default, small, locality) replaces only its own older files
+# kind (default, small, realmoe, locality and their combinations) replaces only its own older
+# files, but the full-shape real-MoE one (33.3 GiB on a 64 GiB disk) replaces all full-shape ones
 mhash=$(cat bench/synth_model.py .gpu-carry/ggml-vocab-qwen35.gguf | sha256sum | cut -c1-12)
-kind=${small:+-small}${locality:+-locality}
+kind=${small:+-small}${realmoe:+-realmoe}${locality:+-locality}
 model="$work/flash-next-synth$kind-$mhash.gguf"
 if [ ! -f "$model" ]; then
     rm -f "$work"/flash-next-synth"$kind"-????????????.gguf
-    python3 bench/synth_model.py "$model" $small $locality --vocab .gpu-carry/ggml-vocab-qwen35.gguf \
+    if [ -n "$realmoe" ] && [ -z "$small" ]; then
+        rm -f "$work"/flash-next-synth{,-locality,-realmoe,-realmoe-locality}-????????????.gguf
+    fi
+    python3 bench/synth_model.py "$model" $small $realmoe $locality \
+        --vocab .gpu-carry/ggml-vocab-qwen35.gguf \
         > "$logs/synth.log" 2>&1 &
     pid_model=$!
 else

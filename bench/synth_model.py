@@ -3,12 +3,13 @@
     python bench/synth_model.py out.gguf                # Flash-Next shape, f16, ~10 GB
     python bench/synth_model.py out.gguf --small        # same structure, tiny dims (CPU checks)
     python bench/synth_model.py out.gguf --locality     # the indexer prefers stable blocks
+    python bench/synth_model.py out.gguf --real-moe     # the real MoE and vocab, 8 layers: 33.3 GiB
 
 Shape: 48 layers (every 4th one QSA: 12), hidden 2560, 24 query / 2 KV heads x 256, indexer
 4 heads x 128, budget 2048, ratio 4, Gated DeltaNet 16 key / 32 value heads x 128 with conv
 kernel 4 (transformers' Qwen4ExpTextConfig defaults), hc_count 4 / hc_lowrank 320 (defaults),
-8 experts top-2 instead of 512 top-10, no PLE, the Qwen vocab (151936 tokens). For speed
-benchmarks only: the weights are noise.
+8 experts top-2 instead of 512 top-10, no PLE, the Qwen vocab (151936 tokens; --real-moe, below,
+has the real experts and vocab). For speed benchmarks only: the weights are noise.
 
 --locality models what a trained sparse-attention model does and random weights do not: reuse
 much of a decode step's selection at the next step. With random weights every query scores the
@@ -31,14 +32,34 @@ alone (same names, shapes, kernels and cost per step; nothing but the selection 
 RMSNorm leaves at most sqrt(d) in one dim, so |q.k| <= d G and a score (heads x sqrt(d) x G at
 most: 4 x 11.3 x 128 < 6000 at Flash-Next dims) stays finite even in f16.
 
+--real-moe gives the MoE and the vocabulary the real model's shape, so MoE products and the
+output matmul are measured at the sizes users run: 512 experts, top-10 (512 wide, as the
+default), and vocab_size 248320; every other dimension is the default's. Its experts take
+512 x 3 x 2560 x 512 x 2 bytes = 3.75 GiB a layer in f16, so 48 layers (188 GiB) cannot be
+written: `--layers N` (a multiple of 4, every 4th layer QSA) defaults for --real-moe to the
+largest count whose f16 tensors stay under REAL_MOE_MAX_BYTES = 40 GiB (the GPU machine's 64 GiB
+disk also holds the builds): 8 layers (2 QSA, 6 Gated DeltaNet), 33.34 GiB (35.80 GB) of
+tensors, 17.9 G parameters (computed from the config and printed before writing; 12 layers
+would be 48.8 GiB). Every figure measured on it must say so: 8 layers, not 48, so a step's
+time is not the full model's. The vocab file's tokenizer (the Qwen one: 151936 tokens) is kept,
+its token list padded to 248320 with "[PAD<id>]" entries of type UNUSED, as the converter pads
+the ids of an HF checkpoint that have no token (convert/tokenizer.py, from_hf_dir): llama.cpp
+takes n_vocab from the token list, and the converter checks that the list and vocab_size agree,
+so embedding and output rows cannot outnumber the tokens. Tokenization is unchanged (same
+tokens, ids, merges, specials); only sampling or random-token prompts reach the padded ids.
+--small --real-moe: the small dims with 512 experts top-10 and the padded vocab, SMALL's 8
+layers (0.31 GiB, seconds to write on a CPU).
+
 Weights are made on the fly as the writer asks for them, each tensor from its own seeded
 generator (so the file does not depend on thread timing), split in row chunks over a thread
-pool that works a bounded window ahead of the writer: RAM stays at a few GiB.
+pool that works a bounded window ahead of the writer: RAM stays at a few GiB (about 10 with
+--real-moe, whose expert tensors are 2.5 GiB each in f32 as the converter stacks them).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -59,6 +80,11 @@ CHUNK = 1 << 24  # elements per generation task
 # with the step before: gain 16: 0.42 (0.27), 64: 0.82 (0.62), 128: 0.89 (0.74), 256: 0.95 (0.83);
 # random weights 0.03 (0.05)
 LOCALITY_GAIN = 128.0
+# --real-moe: the real model's MoE routing and vocabulary; its default layer count keeps the f16
+# file under this many bytes (the GPU machine's disk is 64 GiB, with the builds on it too)
+REAL_MOE: dict[str, Any] = {"num_experts": 512, "num_experts_per_tok": 10}
+REAL_VOCAB = 248320
+REAL_MOE_MAX_BYTES = 40 << 30
 # HF initialises these zero-centred RMSNorm gammas to 0 (the graph computes x * (1 + w))
 ZERO_CENTRED = ("norm.weight", "layernorm.weight", "norm_key.weight", "norm_query.weight")
 
@@ -126,12 +152,79 @@ SMALL: dict[str, Any] = {
 }
 
 
-def model_config(small: bool, vocab_size: int, eos_token_id: int | None) -> dict[str, Any]:
-    return {
+def model_config(
+    small: bool,
+    vocab_size: int,
+    eos_token_id: int | None,
+    real_moe: bool = False,
+    layers: int | None = None,
+) -> dict[str, Any]:
+    """The HF config: FLASH_NEXT or SMALL, with REAL_MOE's routing when real_moe, and
+    `layers` hidden layers when given (else the base's)."""
+    config = {
         **(SMALL if small else FLASH_NEXT),
+        **(REAL_MOE if real_moe else {}),
         "vocab_size": vocab_size,
         "eos_token_id": eos_token_id,
     }
+    if layers is not None:
+        interval = config["full_attention_interval"]
+        if layers <= 0 or layers % interval:
+            raise SystemExit(f"--layers must be a positive multiple of {interval}, got {layers}")
+        config["num_hidden_layers"] = layers
+    return config
+
+
+class _Shapes:
+    """A TensorSource with shapes only: enough for the converter's plan, never loaded."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        self._shapes = shapes
+
+    def names(self) -> list[str]:
+        return list(self._shapes)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._shapes[name]
+
+    def load(self, name: str) -> np.ndarray:
+        raise AssertionError(f"{name}: a shapes-only source has no data")
+
+
+def tensor_bytes(config: dict[str, Any], outtype: str = "f16") -> tuple[int, int]:
+    """(bytes, parameters) of the GGUF tensors the converter writes for the config (the file
+    adds its metadata, a few MiB with a 248320-token vocab, and alignment padding)."""
+    conv = converter()
+    cfg = conv.hf_config.parse_config(config)
+    plan = conv.tensors.plan_tensors(cfg, _Shapes(conv.hf_tensor_shapes(config)))
+    items = [conv.writer.encode(t, outtype) for t in plan.tensors]
+    return sum(i.nbytes for i in items), sum(int(np.prod(i.shape)) for i in items)
+
+
+def real_moe_layers(config: dict[str, Any], outtype: str = "f16") -> int:
+    """The largest multiple of full_attention_interval layers (at least one group) whose
+    tensors stay under REAL_MOE_MAX_BYTES."""
+    step = config["full_attention_interval"]
+    n = step
+    while tensor_bytes({**config, "num_hidden_layers": n + step}, outtype)[0] < REAL_MOE_MAX_BYTES:
+        n += step
+    return n
+
+
+def pad_tokens(tok: Any, n: int) -> Any:
+    """The tokenizer with its token list padded to n by UNUSED "[PAD<id>]" entries (what the
+    converter gives ids of an HF checkpoint without a token); tokens, ids, merges unchanged."""
+    have = len(tok.tokens)
+    if have >= n:
+        return tok
+    from gguf import TokenType
+
+    unused = int(TokenType.UNUSED)
+    return dataclasses.replace(
+        tok,
+        tokens=[*tok.tokens, *(f"[PAD{i}]" for i in range(have, n))],
+        token_types=[*tok.token_types, *[unused] * (n - have)],
+    )
 
 
 def _fill(name: str, out: np.ndarray, seed: int, part: int) -> None:
@@ -253,17 +346,33 @@ def write(
     threads: int | None = None,
     progress: bool = False,
     locality: bool = False,
+    real_moe: bool = False,
+    layers: int | None = None,
 ) -> Path:
     conv = converter()
     tok = conv.from_vocab_gguf(vocab)
-    config = model_config(small, len(tok.tokens), tok.special_ids.get("eos"))
+    if real_moe:
+        tok = pad_tokens(tok, REAL_VOCAB)
+    config = model_config(small, len(tok.tokens), tok.special_ids.get("eos"), real_moe, layers)
+    if real_moe and layers is None and not small:
+        config["num_hidden_layers"] = real_moe_layers(config, outtype)
+    nbytes, params = tensor_bytes(config, outtype)
+    n_layer = config["num_hidden_layers"]
+    print(
+        f"{n_layer} layers ({n_layer // config['full_attention_interval']} QSA), "
+        f"{config['num_experts']} experts top-{config['num_experts_per_tok']}, vocab "
+        f"{config['vocab_size']} ({len(tok.tokens)} tokens): {params / 1e9:.2f} G parameters, "
+        f"{nbytes / 2**30:.2f} GiB of {outtype} tensors",
+        flush=True,
+    )
     src = RandomSource(
         conv.hf_tensor_shapes(config),
         seed,
         threads or os.cpu_count() or 2,
         adjust=stable_blocks(config) if locality else None,
     )
-    name = "flash-next-synthetic" + ("-locality" if locality else "")
+    name = "flash-next-synthetic" + ("-realmoe" if real_moe else "")
+    name += "-locality" if locality else ""
     try:
         return conv.write_model(config, src, tok, out, outtype, name=name, progress=progress)
     finally:
@@ -279,6 +388,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the indexer prefers stable blocks: consecutive decode steps share most of their "
         "selections, as trained sparse-attention models do (see the docstring)",
+    )
+    ap.add_argument(
+        "--real-moe",
+        action="store_true",
+        help=f"the real model's MoE and vocab: {REAL_MOE['num_experts']} experts, top-"
+        f"{REAL_MOE['num_experts_per_tok']}, vocab_size {REAL_VOCAB} (tokens padded); fewer "
+        "layers to fit the disk (see the docstring)",
+    )
+    ap.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="hidden layers, a multiple of 4 (every 4th QSA); default 48, --small 8, "
+        "--real-moe the most whose f16 file stays under 40 GiB (8)",
     )
     ap.add_argument(
         "--vocab", type=Path, help="vocab-only GGUF (default: the Qwen one upstream ships)"
@@ -299,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
         args.threads,
         progress=sys.stderr.isatty(),
         locality=args.locality,
+        real_moe=args.real_moe,
+        layers=args.layers,
     )
     size = path.stat().st_size
     print(f"wrote {path} ({size / 2**30:.2f} GiB) in {time.perf_counter() - t0:.1f} s", flush=True)
