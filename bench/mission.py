@@ -215,6 +215,8 @@ def compare(baseline: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
         "nvidia_smi": baseline["nvidia_smi_mib"] == end["nvidia_smi_mib"],
     }
     changed = {k: [a.get(k), b.get(k)] for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+    if not checks["nvidia_smi"]:  # the device memory outside the ledger, in MiB
+        changed["nvidia_smi_mib"] = [baseline["nvidia_smi_mib"], end["nvidia_smi_mib"]]
     return {**checks, "all": all(checks.values()), "changed": changed}
 
 

@@ -52,4 +52,4 @@ def test_the_end_state_names_what_did_not_come_back():
     got = mission.compare(base, grown)
     assert got["ledger"] is False and got["host_store"] is True and got["host_buffers"] is False
     assert got["nvidia_smi"] is False and got["all"] is False
-    assert got["changed"] == {"host.compute": [5, 6]}
+    assert got["changed"] == {"host.compute": [5, 6], "nvidia_smi_mib": [900, 950]}
