@@ -187,3 +187,37 @@ def test_prefix_cache_flags_refuse_what_is_no_size():
     ):
         r = CliRunner().invoke(main, [cmd, flag, value], env=NO_ENV_KEY)
         assert r.exit_code == 2 and f"Invalid value for '{flag}'" in r.output, r.output
+
+
+def test_the_hot_cache_grows_into_the_budget_on_a_fake_device(monkeypatch, capsys):
+    """With paging and no --hot-blocks, serve grows the hot cache into the room a first context
+    leaves of --gpu-memory, up to a slot's whole context. A fake GPU: 8 GiB free, and a ledger
+    that puts 4 GiB of compute and 1 MiB a hot block on the device (the CPU build's own ledger
+    holds no device bytes)."""
+    from pyqsa.server.cli import _load
+
+    import pyqsa.engine.paging
+
+    monkeypatch.setattr(pyqsa.engine.paging, "device_free", lambda layers, device=None: 8 * 2**30)
+    monkeypatch.setattr(pyqsa.engine.paging, "gpu_devices", lambda: [_gpu("GPU0")])
+    real_ledger = native.ledger
+
+    def ledger(ctx):
+        hot = native.paging_stats(ctx)["hot_blocks"]
+        return real_ledger(ctx) | {"device.compute": 4 * 2**30, "device.hot": hot * 2**20}
+
+    monkeypatch.setattr(native, "ledger", ledger)
+    engine, _, _ = _load(
+        None, 2, 512, 64, None, "fair", 4, 1, "f16", None, None, "host", None, None, None, 6.0,
+        "host", 0.0, 16384,
+    )  # fmt: skip
+    try:
+        # 6 GiB less the 1 GiB reserve leaves ~1 GiB of room at 8 blocks: far more than the 128
+        # blocks of a 512-token slot (the demo model's blocks hold 4 tokens)
+        assert engine.stats().paging["hot_blocks"] == 128
+        assert engine.config.device_memory_limit == 6 * 2**30
+    finally:
+        engine.stop()
+    err = capsys.readouterr().err
+    assert "the hot cache grows from 8 to 128 blocks per slot and QSA layer" in err
+    assert "device budget 6.00 GiB (--gpu-memory)" in err
