@@ -1,0 +1,58 @@
+"""bench/agents.py (the prefix cache's agent scenario) against two demo-model servers, one with
+the cache and paging, one without: every follow-up finds its previous prompt cached and
+answers as the cold server does, and the record carries the cache's figures."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import start_server, stop_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import agents  # noqa: E402
+
+COMMON = ["--slots", "2", "--ctx", "2048", "--sampling", "host", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def servers(demo_gguf, cache_dir):
+    warm = start_server(
+        [str(demo_gguf), *COMMON, "--prefix-cache-gib", "0.25", "--kv-offload", "host"], cache_dir
+    )
+    cold = start_server([str(demo_gguf), *COMMON, "--prefix-cache-gib", "0"], cache_dir)
+    yield warm, cold
+    stop_server(warm)
+    stop_server(cold)
+
+
+def test_follow_ups_reuse_their_history_and_answer_as_cold(servers, tmp_path):
+    warm, cold = servers
+    out = tmp_path / "agents.json"
+    args = ["--agents", "2", "--history-tokens", "1200", "--shared-tokens", "400", "--turns", "2"]
+    args += ["--turn-tokens", "60", "--max-tokens", "8", "--cold-url", cold.url, "--out", str(out)]
+    assert agents.main([warm.url, *args]) == 0
+    record = json.loads(out.read_text())
+    assert record["scenario"] == "prefix" and record["agents"] == 2
+    turns = record["turn_records"]
+    assert sorted((t["agent"], t["turn"]) for t in turns) == [
+        (a, k) for a in (0, 1) for k in (0, 1, 2)
+    ]
+    assert record["same_as_cold"] is True
+    for t in turns:
+        assert t["completion_tokens"] == 8 and t["ttft_s"] > 0
+        if t["turn"] > 0:  # all but the new tokens (and at most a block of the history) cached
+            assert t["cached_tokens"] >= t["prompt_tokens"] - 60 - 8, t
+    assert record["follow_up_cached_share"] > 0.9
+    assert record["after"]["pyqsa_prefix_cache_bytes"] > 0
+    hits = record["after"]["pyqsa_prefix_cache_hit_tokens_total"]
+    assert hits - (record["before"]["pyqsa_prefix_cache_hit_tokens_total"] or 0) > 2 * 2 * 1000
+
+
+def test_bad_counts_are_usage_errors():
+    for args in (["--shared-tokens", "10", "--history-tokens", "5"], ["--agents", "0"]):
+        with pytest.raises(SystemExit) as e:
+            agents.main(["http://127.0.0.1:1", *args])
+        assert e.value.code == 2
