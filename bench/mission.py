@@ -510,6 +510,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     commit = git_commit()
     record: dict[str, Any] = {
         "scenario": "mission",
+        "model_kind": args.kind or "random",  # random weights, or the locality model
         "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **commit,
         "source_digest": source_digest(),
@@ -551,7 +552,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             round(last[0] / last[1], 3) if last[0] and last[1] else None
         )
     sha = (commit["commit"] or "unknown")[:7]
-    name = f"{time.strftime('%Y-%m-%d', time.gmtime())}-{sha}-mission.json"
+    kind = f"-{args.kind}" if args.kind else ""
+    name = f"{time.strftime('%Y-%m-%d', time.gmtime())}-{sha}-mission{kind}.json"
     for folder in filter(None, (args.results, args.copy_to)):
         folder.mkdir(parents=True, exist_ok=True)
         write_json(folder / name, record)
@@ -594,6 +596,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     report.add_argument("--decode", type=Path, help="bench/decode.py's JSON lines")
     report.add_argument("--results", type=Path, help="folder of the record (bench/results)")
     report.add_argument("--copy-to", type=Path, help="a second folder for the record")
+    report.add_argument(
+        "--kind", default="", help="the model's kind (locality): in the record and its file name"
+    )
     return ap.parse_args(argv)
 
 

@@ -3,7 +3,9 @@
 # mission load, eight ~255K-token completions at once through `pyqsa serve` on a 24 GiB device
 # budget with the K/V paged, then the same load on the unpaged server and bench/decode.py's paged
 # step at the same shape (bench/mission.py measures; this script runs the servers and the phases).
-#   tests/gpu/mission.sh [--small] [--commit SHA] PHASE [--wait S]
+#   tests/gpu/mission.sh [--small] [--locality] [--commit SHA] PHASE [--wait S]
+# --locality: the model of `bench/gpu_run.sh --locality` (an indexer that prefers stable blocks),
+# state in .build/mission-locality/.
 # --commit names the commit the records carry (PYQSA_BENCH_COMMIT: the device machine's git
 # folder is not the tree sent); give it to every phase.
 # Phases, in order; each fits one device call (--wait S, default 540: the seconds it waits at
@@ -28,10 +30,11 @@
 # ($MISSION_STATE names another folder). Servers listen on free ports (their URLs in the state).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-small= wait_s=540 phase=
+small= locality= wait_s=540 phase=
 while [ $# -gt 0 ]; do
     case "$1" in
         --small) small=1 ;;
+        --locality) locality=1 ;;
         --wait) wait_s=$2; shift ;;
         --commit) export PYQSA_BENCH_COMMIT=$2; shift ;;
         -*) echo "mission.sh: unknown option $1" >&2; exit 2 ;;
@@ -39,9 +42,9 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-[ -n "$phase" ] || { sed -n '2,28p' "$0"; exit 2; }
+[ -n "$phase" ] || { sed -n '2,30p' "$0"; exit 2; }
 t_end=$(( $(date +%s) + wait_s ))
-state=${MISSION_STATE:-.build/mission${small:+-small}}
+state=${MISSION_STATE:-.build/mission${small:+-small}${locality:+-locality}}
 mkdir -p "$state"
 out=${OUT:-$state/out}
 mkdir -p "$out"
@@ -50,8 +53,9 @@ py=${PYTHON:-python3}
 
 common=(--slots 8 --batch-tokens 512 --prefill-batch-tokens 2048)
 if command -v nvidia-smi > /dev/null; then
-    model=$(ls .build/bench/flash-next-synth-*.gguf 2> /dev/null | grep -v -- -synth-small- | head -n 1)
-    [ -n "$model" ] || { echo "mission.sh: no .build/bench/flash-next-synth-*.gguf: run bench/gpu_run.sh first" >&2; exit 2; }
+    kind=${locality:+locality-}  # the default model's name has no kind; the others are left out
+    model=$(ls .build/bench/flash-next-synth-"$kind"????????????.gguf 2> /dev/null | head -n 1)
+    [ -n "$model" ] || { echo "mission.sh: no .build/bench/flash-next-synth-$kind*.gguf: run bench/gpu_run.sh ${locality:+--locality }first" >&2; exit 2; }
     # the prefix cache off on both: its snapshots (every 16K prompt tokens, each a copy of the
     # stream's state, K/V included) are not what this load measures
     common=("$model" "${common[@]}" --ctx 262144 --prefix-cache-gib 0)
@@ -168,7 +172,7 @@ report() {  # a --small run's record stays out of bench/results
     local results=()
     [ -n "$small" ] || results=(--results bench/results)
     "$py" bench/mission.py report --state "$state" --decode "$state/decode.jsonl" "${results[@]}" \
-        --copy-to "$out"
+        --copy-to "$out" ${locality:+--kind locality}
 }
 
 case "$phase" in
