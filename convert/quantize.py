@@ -3,8 +3,9 @@
 llama.cpp chooses each tensor's type from the file type (the _M mixtures give attn_v, ffn_down
 and output more bits) and already keeps norms, the router, the GDN conv and the indexer
 projections at their input type. On top of that `KEEP_F32` holds the small tensors QSA's
-selections and the residual streams depend on at f32 (README.md "Quantized weights" has the
-measurements). Every other key of the input, pyqsa.* included, is copied by the API.
+selections and the residual streams depend on at f32 (docs/convert.md, "What quantization
+costs", has the measurements). Every other key of the input, pyqsa.* included, is copied by the
+API.
 
 The output is written to a hidden temp file beside it and renamed over it when complete.
 """

@@ -1,6 +1,6 @@
 """What a quantized GGUF costs against HF and against the f32 file: KL per token and the first
-position where a QSA layer's selection differs (parity and quantization tests, and the README's
-table through `python -m tests.parity.quant_measure`)."""
+position where a QSA layer's selection differs (parity and quantization tests, and the table
+of docs/convert.md through `python -m tests.parity.quant_measure`)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 against the f32 file: KL per token within each type's bound, QSA selections at Q8_0.
 
 Random weights give nearly flat logits, so KL here is small in absolute terms; the bounds are
-about 3x what was measured on the CPU (README.md "Quantized weights"), below the next coarser
-type's figure, so a file quantized coarser than asked fails.
+about 3x what was measured on the CPU (docs/convert.md, "What quantization costs"), below the
+next coarser type's figure, so a file quantized coarser than asked fails.
 """
 
 import pytest

@@ -70,3 +70,42 @@ def test_no_round_references():
     assert not found, "numbered work rounds or tracker items in tracked files:\n" + "\n".join(
         found[:50]
     )
+
+
+# Relative links of the user docs (`[text](path)` or `](path#anchor)`) name files that exist. A
+# link leaving the checkout (the design notes beside it) cannot be checked from a clean clone and
+# is skipped; so are web addresses and in-page anchors.
+_LINK_RE = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _doc_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _broken_links(doc: Path, text: str) -> list[str]:
+    broken = []
+    for m in _LINK_RE.finditer(text):
+        target = m.group(1).split("#", 1)[0]
+        if not target or re.match(r"[a-z][a-z0-9+.-]*:", target, re.IGNORECASE):
+            continue
+        path = (doc.parent / target).resolve()
+        if not path.is_relative_to(ROOT):
+            continue
+        if not path.exists():
+            line = text.count("\n", 0, m.start()) + 1
+            broken.append(f"{doc.relative_to(ROOT)}:{line}: {m.group(1)}")
+    return broken
+
+
+def test_link_pattern():
+    doc = ROOT / "docs" / "x.md"
+    text = "[a](serve.md) [b](../README.md#top) [c](https://x.org/y) [d](#flags) [e](nope.md)"
+    assert _broken_links(doc, text) == ["docs/x.md:1: nope.md"]
+    assert not _broken_links(ROOT / "README.md", "[design](../../outside/DESIGN.md)")
+
+
+def test_doc_links_exist():
+    docs = _doc_files()
+    assert len(docs) > 1, "docs/*.md is missing"
+    broken = [b for doc in docs for b in _broken_links(doc, doc.read_text())]
+    assert not broken, "relative links to missing files:\n" + "\n".join(broken)
