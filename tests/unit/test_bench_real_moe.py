@@ -3,31 +3,20 @@ top-10) and the real vocab_size (248320, the tokenizer's list padded with UNUSED
 metadata, tokenization, and a short decode through decode.py; the full-shape layer count and
 file size, from the config alone."""
 
-import json
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from bench_scripts import BENCH, decode_records, run
 from pyqsa.convert.gguf_file import GGUFFile
 
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench"
-LIB = ROOT / ".build" / "py" / "llama_cpp" / "lib"
 sys.path.insert(0, str(BENCH))
 import synth_model  # noqa: E402
-
-
-def _run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc
 
 
 @pytest.fixture(scope="module")
 def real_moe_gguf(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "small-realmoe.gguf"
-    proc = _run(str(BENCH / "synth_model.py"), str(out), "--small", "--real-moe", "--threads", "2")
+    proc = run(str(BENCH / "synth_model.py"), str(out), "--small", "--real-moe", "--threads", "2")
     assert "8 layers (2 QSA), 512 experts top-10, vocab 248320 (248320 tokens)" in proc.stdout
     return out
 
@@ -72,17 +61,7 @@ def test_real_moe_tokenizes_as_the_vocab(real_moe_gguf):
 
 
 def test_real_moe_decode_records(real_moe_gguf, tmp_path):
-    out = tmp_path / "decode.jsonl"
-    # one thread and no CPU weight repacking: as tests/unit/test_bench_small.py says why
-    args = ["--contexts", "256", "--seqs", "1,8", "--steps", "2", "--warmup", "1"]
-    args += ["--threads", "1", "--no-extra-bufts", "--lib", str(LIB), "--out", str(out)]
-    _run(str(BENCH / "decode.py"), str(real_moe_gguf), "--variant", "pyqsa", *args)
-    recs = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["kind"], r.get("n_seq")) for r in recs] == [
-        ("prefill", None),
-        ("decode", 1),
-        ("decode", 8),
-    ]
+    recs = decode_records(real_moe_gguf, tmp_path / "decode.jsonl")
     pre = recs[0]
     assert pre["tokens"] == 256 - 3 * 2 and pre["tok_s"] > 0
     assert pre["model_bytes"] == real_moe_gguf.stat().st_size

@@ -4,25 +4,15 @@ context (1 and 8 sequences, through LLAMA_CPP_LIB_PATH), report.py over its reco
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench"
-LIB = ROOT / ".build" / "py" / "llama_cpp" / "lib"
-
-
-def _run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc
+from bench_scripts import BENCH, DECODE_ARGS, LIB, decode_records, run
 
 
 @pytest.fixture(scope="module")
 def small_gguf(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "small.gguf"
-    _run(str(BENCH / "synth_model.py"), str(out), "--small", "--threads", "2")
+    run(str(BENCH / "synth_model.py"), str(out), "--small", "--threads", "2")
     return out
 
 
@@ -40,17 +30,7 @@ def test_small_model_shape(small_gguf):
 
 def test_decode_records(small_gguf, tmp_path):
     out = tmp_path / "decode.jsonl"
-    # NOTE: one thread (this machine's cores are shared: OpenMP spin-waits when oversubscribed)
-    # and no CPU weight repacking (the pinned AMX f16 kernel crashes with 8 streams)
-    args = ["--contexts", "256", "--seqs", "1,8", "--steps", "2", "--warmup", "1"]
-    args += ["--threads", "1", "--no-extra-bufts", "--lib", str(LIB), "--out", str(out)]
-    _run(str(BENCH / "decode.py"), str(small_gguf), "--variant", "pyqsa", *args)
-    recs = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["kind"], r.get("n_seq")) for r in recs] == [
-        ("prefill", None),
-        ("decode", 1),
-        ("decode", 8),
-    ]
+    recs = decode_records(small_gguf, out)
     pre, one, eight = recs
     assert pre["context"] == 256 and pre["tokens"] == 256 - 3 * 2 and pre["tok_s"] > 0
     assert pre["warmup_batches"] == 1  # untimed, removed again: the copies below still match
@@ -69,6 +49,7 @@ def test_decode_records(small_gguf, tmp_path):
     assert one["pos_start"] == 250 and eight["pos_start"] == 253
 
     # the library folder decides the variant: pyqsa's build is refused as "upstream"
+    args = [*DECODE_ARGS, "--out", str(out)]
     proc = subprocess.run(
         [sys.executable, str(BENCH / "decode.py"), str(small_gguf), "--variant", "upstream", *args],
         capture_output=True,
@@ -77,7 +58,7 @@ def test_decode_records(small_gguf, tmp_path):
     )
     assert proc.returncode != 0 and "is a pyqsa build" in proc.stderr
 
-    rep = _run(str(BENCH / "report.py"), str(out), "--no-save")
+    rep = run(str(BENCH / "report.py"), str(out), "--no-save")
     assert "## Decode" in rep.stdout and "## Prefill" in rep.stdout
 
 
@@ -87,7 +68,7 @@ def test_decode_repeats_and_their_median(small_gguf, tmp_path):
     out = tmp_path / "decode.jsonl"
     args = ["--contexts", "256", "--seqs", "2", "--steps", "2", "--warmup", "1", "--repeats", "3"]
     args += ["--threads", "1", "--no-extra-bufts", "--lib", str(LIB), "--out", str(out)]
-    _run(str(BENCH / "decode.py"), str(small_gguf), "--variant", "pyqsa", *args)
+    run(str(BENCH / "decode.py"), str(small_gguf), "--variant", "pyqsa", *args)
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["kind"], r.get("repeat")) for r in recs] == [
         ("prefill", None),
@@ -100,7 +81,7 @@ def test_decode_repeats_and_their_median(small_gguf, tmp_path):
     # only the first run decodes fresh copies of sequence 0; later ones hold diverged sequences
     assert recs[1]["copy_max_abs_diff"] == 0.0
     assert all("copy_max_abs_diff" not in r for r in recs[2:])
-    rep = _run(str(BENCH / "report.py"), str(out), "--no-save")
+    rep = run(str(BENCH / "report.py"), str(out), "--no-save")
     ms = sorted(r["step_ms_median"] for r in recs[1:])
     assert f"pyqsa 256 x 2: 3 runs, {ms[0]:.2f}-{ms[2]:.2f} ms/step" in rep.stdout
     assert f"{2e3 / ms[1]:>11.1f} {ms[1]:>8.2f}" in rep.stdout  # the median run's row
@@ -137,7 +118,7 @@ def test_decode_with_device_sampling(small_gguf, tmp_path):
     out = tmp_path / "decode.jsonl"
     args = ["--contexts", "256", "--seqs", "4", "--steps", "2", "--warmup", "1"]
     args += ["--threads", "1", "--no-extra-bufts", "--lib", str(LIB), "--out", str(out)]
-    _run(
+    run(
         str(BENCH / "decode.py"),
         str(small_gguf),
         "--variant",
@@ -151,7 +132,7 @@ def test_decode_with_device_sampling(small_gguf, tmp_path):
     dec = recs[1]
     assert dec["flags"]["sampling"] == "device" and dec["step_ms_median"] > 0
     assert dec["drawn_in_vocab"] and dec["copy_tokens_equal"] and "logits_finite" not in dec
-    rep = _run(str(BENCH / "report.py"), str(out), "--no-save")
+    rep = run(str(BENCH / "report.py"), str(out), "--no-save")
     assert "smpld tok/s" in rep.stdout
     assert "tokens in the vocabulary: True; copies drew sequence 0's token: True" in rep.stdout
     proc = subprocess.run(
@@ -180,8 +161,8 @@ def test_decode_paged_with_q8_0(small_gguf, tmp_path):
     args = ["--contexts", "512", "--seqs", "2", "--steps", "2", "--warmup", "1"]
     args += ["--threads", "1", "--no-extra-bufts", "--lib", str(LIB), "--out", str(out)]
     decode = [str(BENCH / "decode.py"), str(small_gguf), "--variant", "pyqsa"]
-    _run(*decode, *args)
-    _run(*decode, "--hot-blocks", "512", "--kv-type", "q8_0", *args)
+    run(*decode, *args)
+    run(*decode, "--hot-blocks", "512", "--kv-type", "q8_0", *args)
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["variant"], r["kind"]) for r in recs] == [
         ("pyqsa", "prefill"),
@@ -193,7 +174,7 @@ def test_decode_paged_with_q8_0(small_gguf, tmp_path):
     assert dec["flags"]["type_k"] == "q8_0" and dec["flags"]["hot_blocks"] == 512
     assert dec["paging_per_step"]["hits"] + dec["paging_per_step"]["misses"] > 0
     assert recs[1]["flags"]["type_k"] == "f16"
-    rep = _run(str(BENCH / "report.py"), str(out), "--no-save")
+    rep = run(str(BENCH / "report.py"), str(out), "--no-save")
     assert "pgdq8 tok/s" in rep.stdout and "pgdq8/pyqsa" in rep.stdout
     assert "paged/pyqsa" not in rep.stdout  # no f16 paged run to compare
     ratio = recs[3]["tok_s"] / recs[1]["tok_s"]
@@ -232,7 +213,7 @@ def test_decode_profile_writes_kernel_tables_and_no_records(small_gguf, tmp_path
     args = ["--contexts", "256", "--seqs", "1,2", "--steps", "2", "--warmup", "1"]
     args += ["--threads", "1", "--no-extra-bufts", "--lib", str(LIB), "--out", str(out)]
     args += ["--ubatch", "64", "--profile", str(kernels)]
-    _run("-c", FAKE_PROFILER, str(BENCH), str(small_gguf), "--variant", "pyqsa", *args)
+    run("-c", FAKE_PROFILER, str(BENCH), str(small_gguf), "--variant", "pyqsa", *args)
     assert not out.exists()  # a profiling run's timings are not measurements
     text = kernels.read_text()
     assert text.startswith("# commit ") and "variant pyqsa" in text and "ubatch 64" in text
@@ -347,7 +328,7 @@ def test_decode_under_a_library_switch_is_a_variant_of_its_own(
     flipped, so decode.py records each as a variant and report.py gives it a column."""
     monkeypatch.setenv(env, value)
     out = tmp_path / "decode.jsonl"
-    _run(
+    run(
         str(BENCH / "decode.py"),
         str(small_gguf),
         "--variant",
@@ -357,4 +338,4 @@ def test_decode_under_a_library_switch_is_a_variant_of_its_own(
     )
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["variant"] for r in recs] == [variant] * 2
-    assert f"{column} tok/s" in _run(str(BENCH / "report.py"), str(out), "--no-save").stdout
+    assert f"{column} tok/s" in run(str(BENCH / "report.py"), str(out), "--no-save").stdout
