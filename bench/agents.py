@@ -31,7 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from meta import git_commit, gpu_name, source_digest  # noqa: E402
-from serve_load import scrape  # noqa: E402
+from serve_load import completion_body, scrape  # noqa: E402
 
 FIRST_ID = 100  # prompt token ids from here (below --vocab): clear of the special tokens
 PREFIX_METRICS = (
@@ -44,15 +44,7 @@ PREFIX_METRICS = (
 
 def turn(url: str, model: str, prompt: list[int], max_tokens: int) -> dict:
     """One streamed greedy completion: its time to first token, reply and usage."""
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "ignore_eos": True,
-        "temperature": 0,
-    }
+    body = completion_body(model, prompt, max_tokens)
     t0 = time.perf_counter()
     ttft, text, usage = None, [], None
     with httpx.Client(timeout=3600) as c, c.stream("POST", f"{url}/v1/completions", json=body) as r:
