@@ -120,14 +120,14 @@ def _load(
         plan = paging.PagingPlan(0, 0)
     try:
         llama_model = _load_model(path, gpu_layers, device)
-        room = None
+        room = None  # the device memory free now that the budget leaves the K/V
         if budget is not None:
-            weights = free_at_start - paging.device_free(gpu_layers, device)
+            free_now = paging.device_free(gpu_layers, device)
+            weights = free_at_start - free_now
             budget.check_weights(weights)
-            room = budget.kv_room(weights)
-        if plan is None:
-            free = min(paging.device_free(gpu_layers, device), room)
-            plan = _paging_plan(kv, "auto", hot_blocks, slots * ctx, paged_type, free)
+            room = min(free_now, budget.kv_room(weights))
+        if plan is None:  # auto on a GPU, so with a budget
+            plan = _paging_plan(kv, "auto", hot_blocks, slots * ctx, paged_type, room)
         unused = [f for f, v in paging_flags if v]
         if unused and not plan.hot_blocks:
             click.echo(

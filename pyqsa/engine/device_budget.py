@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .paging import gib
+
 RUNTIME_RESERVE = 1 << 30
 # the share of the room a first context leaves that the hot cache grows into: the rest is margin
 # for compute buffers that grow with it (page state) and for the pool's peaks
@@ -35,10 +37,6 @@ LEDGER_NAMES = {  # ledger field -> what a refusal calls it
 
 class BudgetError(ValueError):
     """A setting that does not fit the device budget (a one-line message naming the figures)."""
-
-
-def gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
 
 
 def device_bytes(ledger: dict[str, int]) -> dict[str, int]:
