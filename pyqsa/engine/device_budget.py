@@ -15,6 +15,7 @@ RUNTIME_RESERVE: nvidia-smi's figure minus the ledger's was 0.78 GiB for a paged
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .paging import gib
@@ -54,7 +55,7 @@ class DeviceBudget:
         """--gpu-memory (GiB per device, None: `free`, the bytes free on the GPUs now)."""
         if gpu_memory_gib is None:
             return cls(free, f"the {gib(free)} free on the device")
-        if gpu_memory_gib <= 0:
+        if not math.isfinite(gpu_memory_gib) or gpu_memory_gib <= 0:
             raise BudgetError(f"--gpu-memory must be above 0 GiB, got {gpu_memory_gib}")
         limit = int(gpu_memory_gib * 2**30) * n_devices
         if limit > free:

@@ -17,7 +17,7 @@ def test_the_limit_is_the_flag_per_device_or_what_is_free():
     assert DeviceBudget.of(24, 139 * GiB).limit == 24 * GiB
     assert DeviceBudget.of(24, 100 * GiB, n_devices=2).limit == 48 * GiB
     assert DeviceBudget.of(24, 139 * GiB).usable == 24 * GiB - RUNTIME_RESERVE
-    for value in (0, -1):
+    for value in (0, -1, float("nan"), float("inf")):
         with pytest.raises(BudgetError, match="must be above 0"):
             DeviceBudget.of(value, 139 * GiB)
     with pytest.raises(BudgetError, match="has only 20.00 GiB free"):

@@ -48,6 +48,9 @@ def test_bad_engine_flags_are_one_line_errors():
         (["--device", ""], "'--device'"),
         (["--prefill-batch-tokens", "0"], "'--prefill-batch-tokens'"),
         (["--sampling", "gpu"], "'--sampling'"),
+        (["--gpu-memory", "lots"], "'--gpu-memory'"),
+        (["--gpu-memory", ""], "'--gpu-memory'"),
+        (["--kv-hot-type", "q4_0"], "'--kv-hot-type'"),
     ):
         r = CliRunner().invoke(main, ["serve", *args], env=NO_ENV_KEY)
         assert r.exit_code == 2 and f"Invalid value for {what}" in r.output, r.output
@@ -116,6 +119,10 @@ def test_gpu_memory_refusals_on_a_fake_device(monkeypatch, tmp_path):
         "Error: Invalid value for '--gpu-memory': --gpu-memory 24 GiB: the GPU has only "
         "8.00 GiB free" in r.output
     )
+    for value in ("0", "-1", "nan", "inf"):
+        r = CliRunner().invoke(main, [*args, value], env=NO_ENV_KEY)
+        assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+        assert "Invalid value for '--gpu-memory'" in r.output, r.output
     assert free == [8 * 2**30]  # nothing loaded
     r = CliRunner().invoke(main, [*args, "6"], env=NO_ENV_KEY)
     assert r.exit_code == 1, r.output
