@@ -32,6 +32,7 @@ setup(
     packages=[
         "pyqsa",
         "pyqsa._build",
+        "pyqsa.bench",
         "pyqsa.engine",
         "pyqsa.convert",
         "pyqsa.server",

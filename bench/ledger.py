@@ -1,54 +1,10 @@
-"""Device and host bytes by category (pyqsa_ledger_get) of a context opened at a shape, with
-and without host-backed KV paging; no prefill is needed to size a context. One JSON line each.
+"""bench/ledger.py: device and host bytes by category of a context opened at a shape.
 
-    python bench/ledger.py model.gguf --seqs 8 --ctx 262144 --hot-blocks 0,1024
-"""
+The code is pyqsa.bench.ledger (its docstring has the options), which `pyqsa bench` runs too."""
 
-from __future__ import annotations
-
-import argparse
-import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from decode import _ints  # noqa: E402
-
-from pyqsa import native  # noqa: E402
-from pyqsa.engine.context import ContextConfig, ContextError, load_model, open_context  # noqa: E402
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", type=Path)
-    ap.add_argument("--seqs", type=int, default=8)
-    ap.add_argument("--ctx", type=int, default=262144)
-    ap.add_argument("--ubatch", type=int, default=512)
-    ap.add_argument(
-        "--hot-blocks", type=_ints, default=[0, 1024], help="comma-separated; 0: no paging"
-    )
-    args = ap.parse_args(argv)
-    import llama_cpp as L
-
-    try:
-        model = load_model(str(args.model), gpu_layers=999)
-    except (FileNotFoundError, ContextError) as e:
-        ap.error(str(e))
-    for hot in args.hot_blocks:
-        try:
-            cfg = ContextConfig(
-                n_seqs=args.seqs, ctx_per_seq=args.ctx, n_batch=args.ubatch, hot_blocks=hot
-            )
-            ctx = open_context(model, cfg)
-        except (ValueError, ContextError) as e:
-            ap.error(f"hot_blocks {hot}: {e}")
-        rec = {"seqs": args.seqs, "ctx": args.ctx, "hot_blocks": hot, "ledger": native.ledger(ctx)}
-        print(json.dumps(rec), flush=True)
-        L.llama_free(ctx)
-    L.llama_model_free(model)
-    return 0
-
+from pyqsa.bench.ledger import main
 
 if __name__ == "__main__":
     sys.exit(main())

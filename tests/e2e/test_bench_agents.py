@@ -5,14 +5,11 @@ answers as the cold server does, and the record carries the cache's figures."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from conftest import start_server, stop_server
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import agents  # noqa: E402
+from pyqsa.bench import agents
 
 COMMON = ["--slots", "2", "--ctx", "2048", "--sampling", "host", "--threads", "1"]
 

@@ -3,17 +3,10 @@ nvidia-smi) and the end-state comparison."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-_spec = importlib.util.spec_from_file_location("mission", BENCH / "mission.py")
-mission = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mission)
+from pyqsa.bench import mission
 
 FAKE_SMI = """#!/bin/sh
 case "$*" in

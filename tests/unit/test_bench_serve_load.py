@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "serve_load", Path(__file__).resolve().parents[2] / "bench" / "serve_load.py"
-)
-serve_load = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(serve_load)
+from pyqsa.bench import serve_load
 
 
 def run(times: list[float], tokens: int | None = None) -> dict:

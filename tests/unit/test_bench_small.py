@@ -192,8 +192,7 @@ def test_decode_paged_with_q8_0(small_gguf, tmp_path):
 # every profiled stretch "records" 3 calls of one kernel, 120 us in all
 FAKE_PROFILER = """
 import sys
-sys.path.insert(0, sys.argv[1])
-import decode
+from pyqsa.bench import decode, decode_bench
 
 class Recording:
     def __enter__(self):
@@ -202,9 +201,9 @@ class Recording:
     def __exit__(self, *exc):
         self.rows = [("qsa_attn_kernel", 3, 120.0)]
 
-decode.KernelProfile = Recording
+decode_bench.KernelProfile = Recording
 decode.require_kernel_profiler = lambda: None
-sys.exit(decode.main(sys.argv[2:]))
+sys.exit(decode.main(sys.argv[1:]))
 """
 
 
@@ -213,7 +212,7 @@ def test_decode_profile_writes_kernel_tables_and_no_records(small_gguf, tmp_path
     args = ["--contexts", "256", "--seqs", "1,2", "--steps", "2", "--warmup", "1"]
     args += ["--threads", "1", "--no-extra-bufts", "--lib", str(LIB), "--out", str(out)]
     args += ["--ubatch", "64", "--profile", str(kernels)]
-    run("-c", FAKE_PROFILER, str(BENCH), str(small_gguf), "--variant", "pyqsa", *args)
+    run("-c", FAKE_PROFILER, str(small_gguf), "--variant", "pyqsa", *args)
     assert not out.exists()  # a profiling run's timings are not measurements
     text = kernels.read_text()
     assert text.startswith("# commit ") and "variant pyqsa" in text and "ubatch 64" in text
@@ -228,8 +227,7 @@ def test_decode_profile_writes_kernel_tables_and_no_records(small_gguf, tmp_path
 
 
 def test_kernel_totals_and_table():
-    sys.path.insert(0, str(BENCH))
-    from kernels import kernel_totals, table
+    from pyqsa.bench.kernels import kernel_totals, table
 
     trace = {
         "traceEvents": [
@@ -253,8 +251,7 @@ def test_prefill_estimates_for_the_budget():
     same context as measured, a smaller one scaled down linearly from the nearest larger, a
     larger one scaled up quadratically; records of bench/results/ count when their GPU and model
     size match and their prefill batch is no larger."""
-    sys.path.insert(0, str(BENCH))
-    import decode
+    from pyqsa.bench import decode
 
     def pre(variant, context, seconds):
         return {"kind": "prefill", "variant": variant, "context": context, "seconds": seconds}

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (git, UPSTREAM, bench/results)
+RESULTS = ROOT / "bench" / "results"  # the recorded result files
 
 
 def _cmd(*cmd: str) -> str | None:
@@ -40,10 +41,10 @@ def git_commit() -> dict[str, Any]:
 
 
 def source_digest() -> str:
-    """sha256 over what decides the measured code (patches, native code, build, bench scripts):
+    """sha256 over what decides the measured code (patches, native code, build, benchmarks):
     ties a record to a tree whose git state is unknown or dirty."""
     h = hashlib.sha256()
-    for d in ("ggml_patches", "native", "pyqsa/_build", "bench"):
+    for d in ("ggml_patches", "native", "pyqsa/_build", "pyqsa/bench", "bench"):
         for f in sorted((ROOT / d).rglob("*")):
             if f.is_file() and not {"__pycache__", "results"} & set(f.parts):
                 h.update(f.relative_to(ROOT).as_posix().encode() + b"\0" + f.read_bytes())
@@ -51,7 +52,10 @@ def source_digest() -> str:
 
 
 def upstream_commit() -> str | None:
-    for line in (ROOT / "UPSTREAM").read_text().splitlines():
+    path = ROOT / "UPSTREAM"
+    if not path.exists():  # an installed package, not a checkout
+        return None
+    for line in path.read_text().splitlines():
         key, _, value = line.partition("=")
         if key.strip() == "llama_cpp_commit":
             return value.strip()

@@ -1,0 +1,274 @@
+"""Concurrent completions against a running `pyqsa serve`, over HTTP: N requests with token-id
+prompts (no template, no tokenizer), each generating exactly --max-tokens tokens (ignore_eos),
+and optionally a short request sent --short-after seconds later (an agent's call arriving behind
+other users' documents). Per run: each request's time to first token, the short request's, and
+the aggregate decode rate while every long request decodes together (tokens streamed between
+the last long request's first token and the first one's last token, over that window), with
+the engine's step time in that window split into forward pass and host work (its /metrics
+counters, read every 0.25 s). One JSON line per run, then a summary line with medians over the
+runs.
+
+    pyqsa serve MODEL --slots 8 --ctx 36000 &
+    python bench/serve_load.py http://127.0.0.1:8000 --requests 8 --prompt-tokens 32000 \\
+        --max-tokens 256 --repeats 3
+    python bench/serve_load.py http://127.0.0.1:8000 --requests 7 --prompt-tokens 32000 \\
+        --max-tokens 32 --short-after 2 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+
+def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict:
+    """A streamed greedy completion of exactly `max_tokens` tokens (ignore_eos), with usage."""
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+        "temperature": 0,
+    }
+
+
+def stream_event(line: str) -> tuple[bool, int | None] | None:
+    """One SSE line of a completion stream: (whether it carries text, completion tokens when it
+    carries the usage); None for a line that is no event."""
+    if not line.startswith("data: {"):
+        return None
+    event = json.loads(line[len("data: ") :])
+    usage = event["usage"]["completion_tokens"] if event.get("usage") else None
+    return bool(event["choices"] and event["choices"][0].get("text")), usage
+
+
+def one(url: str, model: str, prompt: list[int], max_tokens: int) -> dict:
+    """Streams one completion; the times (perf_counter) of its token chunks and its usage."""
+    body = completion_body(model, prompt, max_tokens)
+    t0 = time.perf_counter()
+    times, usage = [], None
+    with httpx.Client(timeout=3600) as c, c.stream("POST", f"{url}/v1/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            event = stream_event(line)
+            if event is None:
+                continue
+            text, tokens = event
+            usage = tokens if tokens is not None else usage
+            if text:
+                times.append(time.perf_counter())
+    return {"t0": t0, "times": times, "completion_tokens": usage}
+
+
+def together_window(runs: list[dict]) -> tuple[float, float] | None:
+    """(start, end) while every run decoded: from the last first token to the first last token;
+    None when the runs never all decoded at once."""
+    if not runs or any(not r["times"] for r in runs):
+        return None
+    start = max(r["times"][0] for r in runs)
+    end = min(r["times"][-1] for r in runs)
+    return (start, end) if end > start else None
+
+
+def together_rate(runs: list[dict]) -> float | None:
+    """Tokens per second streamed in the together window (None without one).
+
+    A token whose text is held back (an incomplete UTF-8 sequence) comes in the next chunk, so
+    each run's chunks in the window count as tokens in its ratio of tokens to chunks."""
+    window = together_window(runs)
+    if window is None:
+        return None
+    start, end = window
+    n = 0.0
+    for r in runs:
+        per_chunk = (r["completion_tokens"] or len(r["times"])) / len(r["times"])
+        n += per_chunk * sum(start < t <= end for t in r["times"])
+    return n / (end - start)
+
+
+ENGINE_COUNTERS = {
+    "pyqsa_engine_steps_total": "steps",
+    'pyqsa_engine_step_seconds_total{part="forward"}': "forward",
+    'pyqsa_engine_step_seconds_total{part="host"}': "host",
+    'pyqsa_engine_step_seconds_total{part="launch"}': "launch",
+}
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Every sample of a /metrics page, by name with its labels as written there."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The server's /metrics samples (parse_metrics)."""
+    return parse_metrics(httpx.get(f"{url}/metrics").text)
+
+
+def engine_counters(url: str) -> dict[str, float]:
+    """The engine's step counters from the server's /metrics."""
+    samples = scrape(url)
+    return {short: samples[name] for name, short in ENGINE_COUNTERS.items() if name in samples}
+
+
+class CounterPoller:
+    """(perf_counter time, read(url)) every `every` seconds while running; `read` defaults to
+    engine_counters."""
+
+    def __init__(self, url: str, every: float = 0.25, read=engine_counters) -> None:
+        self.url, self.every, self.read = url, every, read
+        self.snapshots: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.snapshots.append((time.perf_counter(), self.read(self.url)))
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> CounterPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def engine_in_window(snapshots: list[tuple[float, dict]], window: tuple[float, float] | None):
+    """ms per step, its forward and host parts and the launch part of forward (until the pass
+    got under way), between the first and last snapshots inside `window`; None without two such
+    snapshots a step apart."""
+    if window is None:
+        return None
+    inside = [c for t, c in snapshots if window[0] <= t <= window[1]]
+    if len(inside) < 2 or inside[-1]["steps"] <= inside[0]["steps"]:
+        return None
+    a, b = inside[0], inside[-1]
+    steps = b["steps"] - a["steps"]
+    forward, host, launch = (1e3 * (b[k] - a[k]) / steps for k in ("forward", "host", "launch"))
+    return {
+        "steps": int(steps),
+        "forward_ms_per_step": round(forward, 3),
+        "host_ms_per_step": round(host, 3),
+        "launch_ms_per_step": round(launch, 3),
+        "host_share": round(host / (forward + host), 3) if forward + host else None,
+    }
+
+
+def scenario(args: argparse.Namespace, model: str, rng: random.Random) -> dict:
+    def prompt(n: int) -> list[int]:
+        return [rng.randrange(100, 5000) for _ in range(n)]
+
+    prompts = [prompt(args.prompt_tokens) for _ in range(args.requests)]
+    short_prompt = prompt(args.short_prompt_tokens)
+    short: dict = {}
+
+    def send_short() -> None:
+        time.sleep(args.short_after)
+        short.update(one(args.url, model, short_prompt, args.short_max_tokens))
+
+    t0 = time.perf_counter()
+    waiter = None
+    with CounterPoller(args.url) as poller:
+        if args.short_after is not None:
+            waiter = threading.Thread(target=send_short)
+            waiter.start()
+        with ThreadPoolExecutor(args.requests) as pool:
+            runs = list(pool.map(lambda p: one(args.url, model, p, args.max_tokens), prompts))
+        if waiter is not None:
+            waiter.join()
+    wall = time.perf_counter() - t0
+
+    ttft = [r["times"][0] - r["t0"] for r in runs if r["times"]]
+    rate = together_rate(runs)
+    tokens = sum(r["completion_tokens"] or 0 for r in runs)
+    result = {
+        "answered": sum(bool(r["times"]) for r in runs),
+        "wall_s": round(wall, 2),
+        "ttft_s": sorted(round(t, 3) for t in ttft),
+        "together_tok_s": round(rate, 1) if rate is not None else None,
+        "together_engine": engine_in_window(poller.snapshots, together_window(runs)),
+        # 1.0: each streamed chunk was one token, so the window's count is exact
+        "tokens_per_chunk": round(tokens / max(1, sum(len(r["times"]) for r in runs)), 3),
+    }
+    if short:
+        first = short["times"][0] if short["times"] else None
+        result["short_ttft_s"] = round(first - short["t0"], 3) if first is not None else None
+        # long requests whose first token came after the short one's
+        result["short_first_before_long"] = sum(
+            first is not None and bool(r["times"]) and first < r["times"][0] for r in runs
+        )
+    return result
+
+
+def median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 3) if values else None
+
+
+def spread(values: list) -> list:
+    values = [v for v in values if v is not None]
+    return [min(values), max(values)] if values else []
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("url")
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--prompt-tokens", type=int, default=2000)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--short-after", type=float, help="seconds until the short request is sent")
+    ap.add_argument("--short-prompt-tokens", type=int, default=64)
+    ap.add_argument("--short-max-tokens", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=1)
+    args = ap.parse_args()
+    model = httpx.get(f"{args.url}/v1/models").json()["data"][0]["id"]
+    rng = random.Random(0)  # every run's prompts differ: nothing is reused between runs
+    runs = []
+    for i in range(args.repeats):
+        runs.append(scenario(args, model, rng))
+        print(json.dumps({"run": i, **runs[-1]}), flush=True)
+    summary = {
+        "requests": args.requests,
+        "prompt_tokens": args.prompt_tokens,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "answered": min(r["answered"] for r in runs),
+        "ttft_median_s": median([statistics.median(r["ttft_s"]) for r in runs if r["ttft_s"]]),
+        "ttft_max_s": median([max(r["ttft_s"]) for r in runs if r["ttft_s"]]),
+        "together_tok_s": median([r["together_tok_s"] for r in runs]),
+        "together_spread": spread([r["together_tok_s"] for r in runs]),
+        "tokens_per_chunk": max(r["tokens_per_chunk"] for r in runs),
+        "together_host_ms_per_step": median(
+            [(r["together_engine"] or {}).get("host_ms_per_step") for r in runs]
+        ),
+        "together_forward_ms_per_step": median(
+            [(r["together_engine"] or {}).get("forward_ms_per_step") for r in runs]
+        ),
+        "together_launch_ms_per_step": median(
+            [(r["together_engine"] or {}).get("launch_ms_per_step") for r in runs]
+        ),
+    }
+    if args.short_after is not None:
+        summary["short"] = {"after_s": args.short_after, "prompt_tokens": args.short_prompt_tokens}
+        summary["short_ttft_s"] = median([r["short_ttft_s"] for r in runs])
+        summary["short_ttft_spread"] = spread([r["short_ttft_s"] for r in runs])
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
