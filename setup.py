@@ -33,6 +33,7 @@ setup(
         "pyqsa",
         "pyqsa._build",
         "pyqsa.bench",
+        "pyqsa.bench.scenarios",
         "pyqsa.engine",
         "pyqsa.convert",
         "pyqsa.server",

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from pyqsa.bench.cli import bench
 from pyqsa.convert.cli import convert, inspect_cmd, quantize_cmd
 from pyqsa.server.cli import chat, serve
 
@@ -49,6 +50,7 @@ main.add_command(inspect_cmd)
 main.add_command(quantize_cmd)
 main.add_command(serve)
 main.add_command(chat)
+main.add_command(bench)
 
 if __name__ == "__main__":
     main()

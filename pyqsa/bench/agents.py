@@ -24,7 +24,9 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import httpx
@@ -67,11 +69,27 @@ def turn(url: str, model: str, prompt: list[int], max_tokens: int) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class Agents:
+    """The scenario's shape (the options of main, which the module docstring describes)."""
+
+    url: str
+    agents: int = 4
+    history_tokens: int = 200_000
+    shared_tokens: int = 0
+    turns: int = 5
+    turn_tokens: int = 500
+    max_tokens: int = 32
+    vocab: int = 1000
+    seed: int = 0
+    cold_url: str | None = None
+
+
 def model_of(url: str) -> str:
     return httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
 
 
-def histories(args: argparse.Namespace, vocab: int) -> list[list[int]]:
+def histories(args: Agents, vocab: int) -> list[list[int]]:
     rng = random.Random(args.seed)
     shared = [rng.randrange(FIRST_ID, vocab) for _ in range(args.shared_tokens)]
     own = args.history_tokens - args.shared_tokens
@@ -80,18 +98,21 @@ def histories(args: argparse.Namespace, vocab: int) -> list[list[int]]:
     ]
 
 
-def agent(args: argparse.Namespace, model: str, index: int, history: list[int], vocab: int) -> list:
+def agent(
+    args: Agents, model: str, index: int, history: list[int], on_turn: Callable[[], None]
+) -> list:
     rng = random.Random(args.seed * 1000 + index + 1)
     prompt, turns = list(history), []
     for k in range(args.turns + 1):
         if k:
-            prompt += [rng.randrange(FIRST_ID, vocab) for _ in range(args.turn_tokens)]
+            prompt += [rng.randrange(FIRST_ID, args.vocab) for _ in range(args.turn_tokens)]
         t = turn(args.url, model, prompt, args.max_tokens)
         if args.cold_url:
             t["same_as_cold"] = (
                 turn(args.cold_url, model, prompt, args.max_tokens)["reply"] == t["reply"]
             )
         turns.append({"agent": index, "turn": k, **{n: v for n, v in t.items() if n != "reply"}})
+        on_turn()
     return turns
 
 
@@ -104,13 +125,14 @@ def prefix_figures(url: str) -> dict:
     }
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: Agents, on_turn: Callable[[], None] = lambda: None) -> dict:
+    """Every agent's turns and the record (`on_turn()` after each turn, from its agent's thread)."""
     model = model_of(args.url)
     before = prefix_figures(args.url)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(args.agents) as pool:
         jobs = [
-            pool.submit(agent, args, model, i, h, args.vocab)
+            pool.submit(agent, args, model, i, h, on_turn)
             for i, h in enumerate(histories(args, args.vocab))
         ]
         turns = [t for j in jobs for t in j.result()]
@@ -159,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 0 <= args.shared_tokens <= args.history_tokens or args.agents < 1 or args.turns < 0:
         ap.error("need agents >= 1, turns >= 0 and 0 <= shared-tokens <= history-tokens")
-    record = run(args)
+    spec = Agents(**{f.name: getattr(args, f.name) for f in fields(Agents)})
+    record = run(spec)
     text = json.dumps(record, indent=1)
     print(text)
     if args.out:

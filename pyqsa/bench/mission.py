@@ -36,7 +36,9 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -295,8 +297,36 @@ def decode_window(runs: list[dict], snapshots: list[tuple[float, dict]]) -> dict
     return out
 
 
-def run_load(args: argparse.Namespace, model: str) -> dict[str, Any]:
-    """The concurrent requests and their figures."""
+@dataclass(frozen=True)
+class LongLoad:
+    """The load of the `load` subcommand (its options say what each field is)."""
+
+    url: str
+    requests: int = 8
+    prompt_tokens: int = 255000
+    max_tokens: int = 256
+    seed: int = 0
+    serve_flags: str = ""
+    cancel_checks: bool = False
+    cancel_prompt_tokens: int | None = None
+    poll: float = 0.5
+    cancel_poll: float = 0.05
+    progress_every: float = 30.0
+
+
+def print_progress(seconds: float, prompt_in: float, total: int, busy: float) -> None:
+    print(
+        f"load: {seconds:.0f} s, prompt tokens {prompt_in:.0f} of {total}, busy slots {busy:.0f}",
+        flush=True,
+    )
+
+
+Progress = Callable[[float, float, int, float], None]
+
+
+def run_load(args: LongLoad, model: str, progress: Progress = print_progress) -> dict[str, Any]:
+    """The concurrent requests and their figures; `progress(seconds, prompt tokens in, of all,
+    busy slots)` every `progress_every` seconds."""
     url = args.url
     batch = prompts(args.requests, args.prompt_tokens, args.seed)
     before = serve_load.scrape(url)
@@ -307,12 +337,11 @@ def run_load(args: argparse.Namespace, model: str) -> dict[str, Any]:
             while wait(futures, timeout=args.progress_every).not_done:
                 if poller.snapshots:
                     s = poller.snapshots[-1][1]
-                    print(
-                        f"load: {time.perf_counter() - perf0:.0f} s, prompt tokens "
-                        f"{s.get(PROMPT_TOKENS, 0) - before.get(PROMPT_TOKENS, 0):.0f} of "
-                        f"{args.requests * args.prompt_tokens}, busy slots "
-                        f"{s.get('pyqsa_busy_slots', 0):.0f}",
-                        flush=True,
+                    progress(
+                        time.perf_counter() - perf0,
+                        s.get(PROMPT_TOKENS, 0) - before.get(PROMPT_TOKENS, 0),
+                        args.requests * args.prompt_tokens,
+                        s.get("pyqsa_busy_slots", 0),
                     )
             runs = [f.result() for f in futures]
     after = serve_load.scrape(url)
@@ -430,35 +459,47 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_load(args: argparse.Namespace) -> int:
-    baseline = json.loads(args.baseline.read_text())
-    model = httpx.get(f"{args.url}/v1/models").json()["data"][0]["id"]
+def load_record(
+    load: LongLoad,
+    baseline: dict[str, Any],
+    smi: Path | None,
+    progress: Progress = print_progress,
+) -> dict[str, Any]:
+    """The load, then with `cancel_checks` the cancellations, then the end state against
+    `baseline` (a `snapshot` right after the server started)."""
+    model = httpx.get(f"{load.url}/v1/models").json()["data"][0]["id"]
     record: dict[str, Any] = {
         "kind": "load",
-        "serve_flags": args.serve_flags,
-        "requests": args.requests,
-        "prompt_tokens": args.prompt_tokens,
-        "max_tokens": args.max_tokens,
-        **run_load(args, model),
+        "serve_flags": load.serve_flags,
+        "requests": load.requests,
+        "prompt_tokens": load.prompt_tokens,
+        "max_tokens": load.max_tokens,
+        **run_load(load, model, progress),
     }
     print(f"load: done in {record['wall_s']} s, {record['answered']} answered", flush=True)
-    if args.cancel_checks:
-        n = args.cancel_prompt_tokens or args.prompt_tokens
-        cancel_prompt = prompts(1, n, args.seed + 1)[0]
+    if load.cancel_checks:
+        n = load.cancel_prompt_tokens or load.prompt_tokens
+        cancel_prompt = prompts(1, n, load.seed + 1)[0]
         record["cancel_prompt_tokens"] = n
         record["cancel"] = [
-            asyncio.run(cancel_check(args.url, model, cancel_prompt, when, args.cancel_poll))
+            asyncio.run(cancel_check(load.url, model, cancel_prompt, when, load.cancel_poll))
             for when in ("prefill", "decode")
         ]
         print(f"load: cancellations {json.dumps(record['cancel'])}", flush=True)
-    wait_idle(args.url)
-    end = snapshot(args.url, args.smi)
+    wait_idle(load.url)
+    end = snapshot(load.url, smi)
     record["baseline"] = baseline
     record["end"] = end
     record["back_to_baseline"] = compare(baseline, end)
-    record["peak_nvidia_smi_mib"] = smi_peak(args.smi, since=0.0)  # over the server's life
-    write_json(args.out, record)
+    record["peak_nvidia_smi_mib"] = smi_peak(smi, since=0.0)  # over the server's life
     print(f"load: back to baseline {json.dumps(record['back_to_baseline'])}", flush=True)
+    return record
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    load = LongLoad(**{f.name: getattr(args, f.name) for f in fields(LongLoad)})
+    record = load_record(load, json.loads(args.baseline.read_text()), args.smi)
+    write_json(args.out, record)
     return 0
 
 
@@ -499,27 +540,12 @@ def figures(load: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    def read(name: str) -> dict[str, Any] | None:
-        p = args.state / name
-        return json.loads(p.read_text()) if p.exists() else None
-
-    paged, unpaged = read("paged-load.json"), read("unpaged-load.json")
-    decode_rate = decode_py_rate(args.decode)
-    commit = git_commit()
-    record: dict[str, Any] = {
-        "scenario": "mission",
-        "model_kind": args.kind or "random",  # random weights, or the locality model
-        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **commit,
-        "source_digest": source_digest(),
-        "gpu": gpu_name(),
-        "missing": [
-            name
-            for name, v in (("paged", paged), ("unpaged", unpaged), ("decode_py", decode_rate))
-            if v is None
-        ],
-    }
+def loads_figures(
+    paged: dict[str, Any] | None, unpaged: dict[str, Any] | None, decode_rate: float | None
+) -> dict[str, Any]:
+    """The paged and unpaged loads' records (load_record) and decode.py's paged rate as the
+    figures of one record: the paged server's at the top, the unpaged one's under "unpaged"."""
+    record: dict[str, Any] = {}
     if paged is not None:
         window = paged["decode_window"]
         limit = paged["baseline"].get("device_memory_limit_bytes")
@@ -550,6 +576,31 @@ def cmd_report(args: argparse.Namespace) -> int:
         record["last_ttft_over_unpaged"] = (
             round(last[0] / last[1], 3) if last[0] and last[1] else None
         )
+    return record
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    def read(name: str) -> dict[str, Any] | None:
+        p = args.state / name
+        return json.loads(p.read_text()) if p.exists() else None
+
+    paged, unpaged = read("paged-load.json"), read("unpaged-load.json")
+    decode_rate = decode_py_rate(args.decode)
+    commit = git_commit()
+    record: dict[str, Any] = {
+        "scenario": "mission",
+        "model_kind": args.kind or "random",  # random weights, or the locality model
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **commit,
+        "source_digest": source_digest(),
+        "gpu": gpu_name(),
+        "missing": [
+            name
+            for name, v in (("paged", paged), ("unpaged", unpaged), ("decode_py", decode_rate))
+            if v is None
+        ],
+        **loads_figures(paged, unpaged, decode_rate),
+    }
     sha = (commit["commit"] or "unknown")[:7]
     kind = f"-{args.kind}" if args.kind else ""
     name = f"{time.strftime('%Y-%m-%d', time.gmtime())}-{sha}-mission{kind}.json"

@@ -21,9 +21,12 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields
 
 import httpx
 
@@ -169,7 +172,22 @@ def engine_in_window(snapshots: list[tuple[float, dict]], window: tuple[float, f
     }
 
 
-def scenario(args: argparse.Namespace, model: str, rng: random.Random) -> dict:
+@dataclass(frozen=True)
+class Load:
+    """One load against the server at `url`: `requests` prompts of `prompt_tokens` at once,
+    `max_tokens` each, optionally a short request `short_after` seconds later; `repeats` runs."""
+
+    url: str
+    requests: int = 8
+    prompt_tokens: int = 2000
+    max_tokens: int = 64
+    short_after: float | None = None
+    short_prompt_tokens: int = 64
+    short_max_tokens: int = 8
+    repeats: int = 1
+
+
+def scenario(args: Load, model: str, rng: random.Random) -> dict:
     def prompt(n: int) -> list[int]:
         return [rng.randrange(100, 5000) for _ in range(n)]
 
@@ -225,28 +243,21 @@ def spread(values: list) -> list:
     return [min(values), max(values)] if values else []
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("url")
-    ap.add_argument("--requests", type=int, default=8)
-    ap.add_argument("--prompt-tokens", type=int, default=2000)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--short-after", type=float, help="seconds until the short request is sent")
-    ap.add_argument("--short-prompt-tokens", type=int, default=64)
-    ap.add_argument("--short-max-tokens", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=1)
-    args = ap.parse_args()
-    model = httpx.get(f"{args.url}/v1/models").json()["data"][0]["id"]
+def measure(load: Load, on_run: Callable[[int, dict], None] | None = None) -> tuple[list, dict]:
+    """The load's runs (each as `scenario` gives it; `on_run(index, run)` after each) and their
+    summary: medians over the runs, with spread."""
+    model = httpx.get(f"{load.url}/v1/models").json()["data"][0]["id"]
     rng = random.Random(0)  # every run's prompts differ: nothing is reused between runs
     runs = []
-    for i in range(args.repeats):
-        runs.append(scenario(args, model, rng))
-        print(json.dumps({"run": i, **runs[-1]}), flush=True)
+    for i in range(load.repeats):
+        runs.append(scenario(load, model, rng))
+        if on_run is not None:
+            on_run(i, runs[-1])
     summary = {
-        "requests": args.requests,
-        "prompt_tokens": args.prompt_tokens,
-        "max_tokens": args.max_tokens,
-        "repeats": args.repeats,
+        "requests": load.requests,
+        "prompt_tokens": load.prompt_tokens,
+        "max_tokens": load.max_tokens,
+        "repeats": load.repeats,
         "answered": min(r["answered"] for r in runs),
         "ttft_median_s": median([statistics.median(r["ttft_s"]) for r in runs if r["ttft_s"]]),
         "ttft_max_s": median([max(r["ttft_s"]) for r in runs if r["ttft_s"]]),
@@ -263,12 +274,29 @@ def main() -> None:
             [(r["together_engine"] or {}).get("launch_ms_per_step") for r in runs]
         ),
     }
-    if args.short_after is not None:
-        summary["short"] = {"after_s": args.short_after, "prompt_tokens": args.short_prompt_tokens}
+    if load.short_after is not None:
+        summary["short"] = {"after_s": load.short_after, "prompt_tokens": load.short_prompt_tokens}
         summary["short_ttft_s"] = median([r["short_ttft_s"] for r in runs])
         summary["short_ttft_spread"] = spread([r["short_ttft_s"] for r in runs])
+    return runs, summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("url")
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--prompt-tokens", type=int, default=2000)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--short-after", type=float, help="seconds until the short request is sent")
+    ap.add_argument("--short-prompt-tokens", type=int, default=64)
+    ap.add_argument("--short-max-tokens", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=1)
+    args = ap.parse_args(argv)
+    load = Load(**{f.name: getattr(args, f.name) for f in fields(Load)})
+    _, summary = measure(load, lambda i, run: print(json.dumps({"run": i, **run}), flush=True))
     print(json.dumps(summary))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from collections.abc import Callable
 
 import httpx
 
@@ -33,41 +35,63 @@ def ttft(client: httpx.Client, url: str, body: dict) -> float:
     raise RuntimeError("no token came back")
 
 
-def main() -> None:
+def measure(
+    url: str,
+    prompt_tokens: int = 32,
+    runs: int = 20,
+    warmup: int = 3,
+    model: str | None = None,
+    on_request: Callable[[], None] | None = None,
+) -> dict:
+    """Per endpoint (text, chat) the median, min and max time to first token of `runs` requests
+    after `warmup` ones, in ms, every run's time (`ms`) and the very first request's; calls
+    `on_request()` after each request."""
+    with httpx.Client(timeout=60) as client:
+        model = model or client.get(url + "/v1/models").json()["data"][0]["id"]
+        common = {"model": model, "max_tokens": 1, "stream": True, "ignore_eos": True}
+        bodies = {
+            "text": ("/v1/completions", {**common, "prompt": [1000] * prompt_tokens}),
+            "chat": (
+                "/v1/chat/completions",
+                {**common, "messages": [{"role": "user", "content": "hello " * 20}]},
+            ),
+        }
+        summary: dict = {"prompt_tokens": prompt_tokens, "runs": runs}
+        for name, (path, body) in bodies.items():
+            times = []
+            for _ in range(warmup + runs):
+                times.append(ttft(client, url + path, body))
+                if on_request is not None:
+                    on_request()
+            ms = sorted(1e3 * t for t in times[warmup:])
+            summary[name] = {
+                "ttft_median_ms": round(statistics.median(ms), 1),
+                "min_ms": round(ms[0], 1),
+                "max_ms": round(ms[-1], 1),
+                "first_ms": round(1e3 * times[0], 1),
+                "ms": [round(t, 2) for t in ms],
+            }
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("url", help="server root, e.g. http://127.0.0.1:8000")
     ap.add_argument("--model", help="model id (default: the server's first)")
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    args = ap.parse_args()
-    with httpx.Client(timeout=60) as client:
-        model = args.model or client.get(args.url + "/v1/models").json()["data"][0]["id"]
-        common = {"model": model, "max_tokens": 1, "stream": True, "ignore_eos": True}
-        bodies = {
-            "text": ("/v1/completions", {**common, "prompt": [1000] * args.prompt_tokens}),
-            "chat": (
-                "/v1/chat/completions",
-                {**common, "messages": [{"role": "user", "content": "hello " * 20}]},
-            ),
-        }
-        summary = {"prompt_tokens": args.prompt_tokens, "runs": args.runs}
-        for name, (path, body) in bodies.items():
-            times = [ttft(client, args.url + path, body) for _ in range(args.warmup + args.runs)]
-            ms = sorted(1e3 * t for t in times[args.warmup :])
-            print(
-                f"{name}: ttft median {statistics.median(ms):.1f} ms, "
-                f"min {ms[0]:.1f}, max {ms[-1]:.1f} ({args.runs} runs; "
-                f"the first request: {1e3 * times[0]:.1f} ms)"
-            )
-            summary[name] = {
-                "ttft_median_ms": round(statistics.median(ms), 1),
-                "min_ms": round(ms[0], 1),
-                "max_ms": round(ms[-1], 1),
-                "first_ms": round(1e3 * times[0], 1),
-            }
-        print(json.dumps(summary))
+    args = ap.parse_args(argv)
+    summary = measure(args.url, args.prompt_tokens, args.runs, args.warmup, args.model)
+    for name in ("text", "chat"):
+        s = summary[name]
+        print(
+            f"{name}: ttft median {s['ttft_median_ms']:.1f} ms, min {s['min_ms']:.1f}, "
+            f"max {s['max_ms']:.1f} ({args.runs} runs; the first request: {s['first_ms']:.1f} ms)"
+        )
+    print(json.dumps(summary))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""server: `pyqsa serve` over HTTP, on a server this scenario starts (the slots and context of
+the preset, greedy token-id prompts of exactly max_tokens tokens each):
+
+- idle_ttft: one short request at a time on the idle server, time to first token
+  (pyqsa.bench.serve_ttft; text endpoint, then chat with its template);
+- single_stream: one long prompt, its time to first token and decode rate;
+- decode_together: `requests` long prompts at once, the rate while all decode together;
+- short_behind_long: `requests` - 1 long prompts and a short request `short_after` seconds
+  later, the short one's time to first token (TTFT under load).
+
+The last three are pyqsa.bench.serve_load's, `repeats` runs each. The document's "scenarios"
+holds each one's summary as bench/serve_run.sh records it, with every run under "runs".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import record, serve_load, serve_ttft
+from ..serving import served
+from . import Bench
+
+SIZES = {
+    "quick": {"slots": 8, "ctx": 1024, "batch_tokens": 256, "requests": 8, "prompt_tokens": 512,
+              "max_tokens": 64, "short_after": 0.3, "ttft_runs": 10, "ttft_warmup": 2,
+              "repeats": 3},
+    "cpu": {"slots": 8, "ctx": 2048, "batch_tokens": 256, "requests": 8, "prompt_tokens": 1000,
+            "max_tokens": 64, "short_after": 1.0, "ttft_runs": 20, "ttft_warmup": 3,
+            "repeats": 3},
+    "gpu": {"slots": 8, "ctx": 36000, "batch_tokens": 512, "requests": 8, "prompt_tokens": 32000,
+            "max_tokens": 256, "short_after": 2.0, "ttft_runs": 30, "ttft_warmup": 3,
+            "repeats": 3},
+}  # fmt: skip
+SHORT_PROMPT_TOKENS = 64
+IDLE_PROMPT_TOKENS = 32
+
+
+def serve_flags(bench: Bench, size: dict[str, Any]) -> list[str]:
+    return [
+        *("--slots", str(size["slots"]), "--ctx", str(size["ctx"])),
+        *("--batch-tokens", str(size["batch_tokens"])),
+        *bench.thread_flags(),
+    ]
+
+
+def run(bench: Bench) -> dict[str, Any]:
+    size = bench.size(SIZES)
+    flags = serve_flags(bench, size)
+    long = {"prompt_tokens": size["prompt_tokens"], "max_tokens": size["max_tokens"]}
+    loads = {
+        "single_stream": {"requests": 1, **long},
+        "decode_together": {"requests": size["requests"], **long},
+        "short_behind_long": {
+            "requests": size["requests"] - 1,
+            **long,
+            "short_after": size["short_after"],
+            "short_prompt_tokens": SHORT_PROMPT_TOKENS,
+        },
+    }
+    idle_requests = 2 * (size["ttft_warmup"] + size["ttft_runs"])
+    total = idle_requests + len(loads) * size["repeats"]
+    scenarios = []
+    with served(bench.model, flags) as server, bench.progress(total, "server", "req") as bar:
+        bar.set_postfix_str("idle_ttft")
+        idle = serve_ttft.measure(
+            server.url,
+            IDLE_PROMPT_TOKENS,
+            size["ttft_runs"],
+            size["ttft_warmup"],
+            on_request=bar.update,
+        )
+        scenarios.append({"scenario": "idle_ttft", **idle})
+        for name, shape in loads.items():
+            bar.set_postfix_str(name)
+            load = serve_load.Load(server.url, repeats=size["repeats"], **shape)
+            runs, summary = serve_load.measure(load, lambda i, r: bar.update())
+            scenarios.append({"scenario": name, **summary, "runs": runs})
+        start_lines = server.start_lines
+    doc = record.header("server", bench.model, {"preset": bench.preset, **size})
+    doc["serve_flags"] = " ".join(flags)
+    doc["start_lines"] = start_lines
+    doc["summary"] = summary_of(scenarios)
+    doc["scenarios"] = scenarios
+    return doc
+
+
+def summary_of(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by = {s["scenario"]: s for s in scenarios}
+    idle, single = by["idle_ttft"], by["single_stream"]
+    together, short = by["decode_together"], by["short_behind_long"]
+    n = together["requests"]
+
+    def runs(s: dict[str, Any], key: str) -> list[float | None]:
+        return [r[key] for r in s["runs"]]
+
+    return [
+        record.figure("idle TTFT, text", "ms", idle["text"]["ms"]),
+        record.figure("idle TTFT, chat", "ms", idle["chat"]["ms"]),
+        record.figure("single stream TTFT", "s", [t for r in single["runs"] for t in r["ttft_s"]]),
+        record.figure("single stream decode", "tok/s", runs(single, "together_tok_s")),
+        record.figure(
+            f"{n} concurrent TTFT", "s", [t for r in together["runs"] for t in r["ttft_s"]]
+        ),
+        record.figure(f"{n} concurrent decode together", "tok/s", runs(together, "together_tok_s")),
+        record.figure(f"short TTFT behind {n - 1} long", "s", runs(short, "short_ttft_s")),
+    ]

@@ -1,0 +1,107 @@
+"""steps: decode ms a step and tokens/s at 1 and 8 sequences, and prefill tokens/s, per
+context, through the C API (pyqsa.bench.decode, one process per run), for pyqsa's library
+unpaged and paged (the model's default hot cache) and, given its library, unpatched upstream.
+
+Each (variant, context) runs `repeats` times, each a fresh process, context and prefill (seed =
+the repeat's index); the summary gives the median over the runs and their spread. The document
+holds what bench/report.py writes (decode and prefill rows, every record) besides the summary.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from pyqsa.engine.paging import QsaKv
+
+from .. import decode_report, record
+from . import Bench
+
+SIZES = {
+    "quick": {"contexts": [512, 2048], "seqs": [1, 8], "steps": 8, "warmup": 2, "repeats": 3,
+              "ubatch": 256},
+    "cpu": {"contexts": [1024, 2048, 4096], "seqs": [1, 8], "steps": 16, "warmup": 4,
+            "repeats": 3, "ubatch": 512},
+    "gpu": {"contexts": [8192, 32768, 131072, 262144], "seqs": [1, 8], "steps": 32, "warmup": 4,
+            "repeats": 3, "ubatch": 512},
+}  # fmt: skip
+
+
+def variants(bench: Bench) -> dict[str, list[str]]:
+    """Variant -> its decode.py flags."""
+    hot = QsaKv.from_gguf(bench.model).default_hot_blocks
+    out = {
+        "pyqsa": ["--variant", "pyqsa"],
+        "pyqsa-paged": ["--variant", "pyqsa", "--hot-blocks", str(hot)],
+    }
+    if bench.upstream_lib is not None:
+        out["upstream"] = ["--variant", "upstream", "--lib", str(bench.upstream_lib)]
+    return out
+
+
+def run(bench: Bench) -> dict[str, Any]:
+    from pyqsa import native
+
+    size = bench.size(SIZES)
+    out = bench.work / "steps.jsonl"
+    out.unlink(missing_ok=True)
+    common = [
+        *("--seqs", ",".join(map(str, size["seqs"]))),
+        *("--steps", str(size["steps"]), "--warmup", str(size["warmup"])),
+        *("--ubatch", str(size["ubatch"]), "--out", str(out)),
+        *bench.thread_flags(),
+    ]
+    if native.build_info().backend == "CPU":
+        # NOTE: the pinned CPU backend's AMX f16 matmul crashes on batches over 5 streams
+        common.append("--no-extra-bufts")
+    runs = [
+        (name, flags, context, repeat)
+        for context in size["contexts"]
+        for name, flags in variants(bench).items()
+        for repeat in range(size["repeats"])
+    ]
+    commands = []
+    with bench.progress(len(runs), "steps") as bar:
+        for name, flags, context, repeat in runs:
+            bar.set_postfix_str(f"{name} at {context}")
+            cmd = [sys.executable, "-m", "pyqsa.bench.decode", str(bench.model), *flags, *common]
+            cmd += ["--contexts", str(context), "--seed", str(repeat)]
+            commands.append(" ".join(cmd[1:]))
+            _decode(cmd, bench.work / "steps.log")
+            bar.update()
+    recs = decode_report.load([out])
+    doc = record.header("steps", bench.model, {"preset": bench.preset, **size})
+    doc["variants"] = variants(bench)
+    doc["decode"] = decode_report.decode_rows(recs)
+    doc["prefill"] = decode_report.prefill_rows(recs)
+    doc["summary"] = summary(recs)
+    doc["commands"] = commands
+    doc["records"] = recs
+    return doc
+
+
+def _decode(cmd: list[str], log: Path) -> None:
+    with open(log, "a") as f:
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=f)
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:]
+        raise RuntimeError(f"decode.py failed ({' '.join(cmd[3:])}): {' '.join(tail)}")
+
+
+def summary(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Decode tokens/s and ms a step per (variant, sequences, context), then prefill tokens/s
+    per (variant, context): medians over the runs."""
+    out = []
+    decode = [r for r in recs if r.get("kind") == "decode"]
+    for v, n, c in sorted({(r["variant"], r["n_seq"], r["context"]) for r in decode}):
+        same = [r for r in decode if (r["variant"], r["n_seq"], r["context"]) == (v, n, c)]
+        out.append(record.figure(f"decode {v}, {n} x {c}", "tok/s", [r["tok_s"] for r in same]))
+        ms = [r["step_ms_median"] for r in same]
+        out.append(record.figure(f"decode {v}, {n} x {c}", "ms/step", ms))
+    prefill = [r for r in recs if r.get("kind") == "prefill"]
+    for v, c in sorted({(r["variant"], r["context"]) for r in prefill}):
+        same = [r["tok_s"] for r in prefill if (r["variant"], r["context"]) == (v, c)]
+        out.append(record.figure(f"prefill {v}, {c}", "tok/s", same))
+    return out
