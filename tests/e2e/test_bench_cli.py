@@ -1,0 +1,133 @@
+"""`pyqsa bench --quick` end to end on the demo model: the steps and server scenarios, their
+result files (named like bench/results', with medians, spread, counts, flags, device and
+commit), the table it prints, and the report's decode plot drawn from the steps file."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from pyqsa.bench import plots, results
+from pyqsa.bench.scenarios import server, steps
+
+NAME = re.compile(r"^\d{4}-\d{2}-\d{2}-([0-9a-f]{7}|nocommit)-(steps|server)\.json$")
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory, cache_dir):
+    out = tmp_path_factory.mktemp("bench")
+    env = {**os.environ, "PYQSA_CACHE_DIR": str(cache_dir)}
+    cmd = [sys.executable, "-m", "pyqsa.cli", "bench", "--quick", "--threads", "1"]
+    cmd += ["--scenario", "steps", "--scenario", "server", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    docs = {}
+    for path in out.iterdir():
+        assert NAME.match(path.name), path.name
+        doc = json.loads(path.read_text())
+        docs[doc["scenario"]] = (path, doc)
+    return proc, docs
+
+
+def test_one_file_per_scenario_with_the_run_identity(bench_run):
+    proc, docs = bench_run
+    assert docs.keys() == {"steps", "server"}
+    for path, doc in docs.values():
+        assert path.name.startswith(doc["date"]) and doc["utc"].startswith(doc["date"])
+        assert doc["commit"] is None or path.name.split("-")[3] == doc["commit"][:7]
+        assert doc["device"]["backend"] == "CPU" and doc["gpu"] is None
+        assert doc["device"]["devices"][0]["name"] == "CPU"
+        assert doc["model"].startswith("demo-") and doc["model_bytes"] > 0
+        assert doc["flags"]["preset"] == "quick" and doc["flags"]["repeats"] == 3
+        assert doc["wall_s"] > 0
+        for f in doc["summary"]:
+            assert f["n"] >= 1 and f["min"] <= f["median"] <= f["max"], f
+
+
+def test_steps_holds_decode_and_prefill_of_both_variants(bench_run):
+    _, docs = bench_run
+    doc = docs["steps"][1]
+    size = steps.SIZES["quick"]
+    recs = doc["records"]
+    decode = [r for r in recs if r["kind"] == "decode"]
+    # every (variant, context, sequences) once a repeat
+    keys = sorted((r["variant"], r["context"], r["n_seq"]) for r in decode)
+    want = sorted(
+        (v, c, n)
+        for v in ("pyqsa", "pyqsa-paged")
+        for c in size["contexts"]
+        for n in size["seqs"]
+        for _ in range(size["repeats"])
+    )
+    assert keys == want
+    assert all(r["logits_finite"] for r in decode)
+    # the summary's median is the median of the runs' own figures
+    for f in doc["summary"]:
+        if f["figure"] == "decode pyqsa, 8 x 2048" and f["unit"] == "tok/s":
+            runs = sorted(r["tok_s"] for r in decode if r["n_seq"] == 8 and r["context"] == 2048
+                          and r["variant"] == "pyqsa")  # fmt: skip
+            assert f["median"] == pytest.approx(runs[1]) and f["n"] == 3
+            assert (f["min"], f["max"]) == pytest.approx((runs[0], runs[-1]))
+            break
+    else:
+        pytest.fail("no decode figure at 8 x 2048")
+    prefill = [f for f in doc["summary"] if f["figure"].startswith("prefill ")]
+    assert len(prefill) == 2 * len(size["contexts"]) and all(f["median"] > 0 for f in prefill)
+    row = next(r for r in doc["decode"] if (r["context"], r["n_seq"]) == (2048, 8))
+    assert row["pyqsa"]["runs"] == 3 and row["pyqsa-paged"]["paging_per_step"]["misses"] >= 0
+
+
+def test_server_scenarios_and_their_figures(bench_run):
+    _, docs = bench_run
+    doc = docs["server"][1]
+    size = server.SIZES["quick"]
+    by = {s["scenario"]: s for s in doc["scenarios"]}
+    assert list(by) == ["idle_ttft", "single_stream", "decode_together", "short_behind_long"]
+    assert len(by["idle_ttft"]["text"]["ms"]) == size["ttft_runs"]
+    assert by["decode_together"]["answered"] == size["requests"]
+    assert len(by["decode_together"]["runs"]) == size["repeats"]
+    for run in by["decode_together"]["runs"]:
+        assert len(run["ttft_s"]) == size["requests"] and run["together_tok_s"] > 0
+    figures = {f["figure"]: f for f in doc["summary"]}
+    assert figures["8 concurrent TTFT"]["n"] == size["requests"] * size["repeats"]
+    assert figures["short TTFT behind 7 long"]["median"] > 0
+    assert figures["single stream decode"]["unit"] == "tok/s"
+    assert doc["serve_flags"].startswith("--slots 8 --ctx 1024")
+    assert any(line.startswith("pyqsa: memory") for line in doc["start_lines"])
+
+
+def test_the_table_lists_every_figure_and_the_files(bench_run):
+    proc, docs = bench_run
+    lines = proc.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("scenario "))
+    rows = [line for line in lines[head + 2 :] if line.startswith(("steps ", "server "))]
+    assert len(rows) == sum(len(doc["summary"]) for _, doc in docs.values())
+    for path, _ in docs.values():
+        assert str(path) in proc.stdout
+
+
+def test_the_report_draws_the_steps_file(bench_run, tmp_path):
+    path, doc = bench_run[1]["steps"]
+    d = results.Doc(path, doc["date"], "abc1234", "steps", doc, doc["utc"])
+    assert [c for c, _ in results.curve(d, "pyqsa-paged", 8)] == steps.SIZES["quick"]["contexts"]
+    png = plots.decode_plot(d, tmp_path / "decode.png")
+    assert png.read_bytes().startswith(b"\x89PNG")
+    # a CPU run is no headline run: the report leaves it out
+    assert not results.headline(doc)
+
+
+def test_bad_input_is_a_one_line_usage_error(tmp_path):
+    for args in (["--upstream-lib", str(tmp_path)], ["--scenario", "nothing"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "pyqsa.cli", "bench", "--quick", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert "Error:" in proc.stderr.strip().splitlines()[-1]

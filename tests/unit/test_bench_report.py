@@ -1,0 +1,105 @@
+"""python -m pyqsa.bench.report on the recorded files of bench/results/: README.md's results
+block and the plots are what the files give (the PNG bytes are compared: the same files and
+pinned matplotlib draw the same bytes), every row comes from the file it names, and a new
+recorded run changes them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pyqsa.bench import report, results
+from pyqsa.bench.meta import RESULTS, ROOT
+
+MISSION = "2026-12-03-efc86b0-mission.json"
+
+
+@pytest.fixture
+def copy(tmp_path):
+    """bench/results' JSON files and README.md in a scratch folder."""
+    folder = tmp_path / "results"
+    folder.mkdir()
+    for path in RESULTS.glob("*.json"):
+        shutil.copy(path, folder / path.name)
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    return folder
+
+
+def test_the_readme_block_and_the_plots_are_up_to_date():
+    assert report.main(["--check"]) == 0
+
+
+def test_the_plots_are_drawn_the_same_every_time(tmp_path):
+    docs = results.load(RESULTS)
+    first = report.write_plots(docs, tmp_path / "a")
+    second = report.write_plots(docs, tmp_path / "b")
+    assert [p.name for p in first] == list(report.PLOTS)
+    for a, b in zip(first, second, strict=True):
+        assert a.read_bytes() == b.read_bytes()
+        assert a.read_bytes() == (RESULTS / "plots" / a.name).read_bytes()
+
+
+def test_every_row_names_an_existing_file_and_its_commit():
+    block = report.block(results.load(RESULTS))
+    rows = [line for line in block.splitlines() if line.startswith("| ") and "---" not in line]
+    kinds = [row.split(" | ")[0].lstrip("| ") for row in rows[1:]]
+    assert kinds[0] == "capacity" and set(kinds) == {"capacity", "speed", "long context"}
+    for row in rows[1:]:
+        name = row.split("](bench/results/")[1].rstrip(") |")
+        assert (RESULTS / name).is_file()
+        commit = name.split("-")[3]
+        assert f"| {commit}, {name[:10]} |" in row
+    mission = json.loads((RESULTS / MISSION).read_text())
+    peak = mission["peak_device_memory_gib"]["nvidia_smi"]
+    assert f"at most {peak:.2f} GiB of the device" in block
+    assert f"unpaged: {mission['unpaged']['peak_device_memory_gib']['nvidia_smi']:.2f}" in block
+
+
+def test_a_new_run_changes_the_block_and_a_cpu_run_does_not(copy, tmp_path):
+    readme = tmp_path / "README.md"
+    args = ["--results", str(copy), "--readme", str(readme)]
+    assert report.main(args) == 0  # writes the block and the plots into the copy
+    assert report.main([*args, "--check"]) == 0
+    before = readme.read_text()
+    # a CPU run of the same scenario: not a headline run, nothing changes
+    cpu = json.loads((copy / MISSION).read_text()) | {"gpu": None}
+    (copy / "2026-12-04-abc1234-mission.json").write_text(json.dumps(cpu))
+    assert report.main([*args, "--check"]) == 0
+    # a newer GPU run: its figures replace the older ones, and the check fails until rewritten
+    newer = json.loads((copy / MISSION).read_text())
+    newer["peak_device_memory_gib"]["nvidia_smi"] = 21.5
+    newer["ttft_s"] = [100.0] * 8
+    (copy / "2026-12-05-def5678-mission.json").write_text(json.dumps(newer))
+    assert report.main([*args, "--check"]) == 1
+    assert report.main(args) == 0
+    after = readme.read_text()
+    assert after != before and "at most 21.50 GiB of the device" in after
+    assert "def5678, 2026-12-05" in after and "2026-12-05-def5678-mission.json" in after
+    assert report.main([*args, "--check"]) == 0
+
+
+def test_a_stale_plot_fails_the_check(copy, tmp_path):
+    args = ["--results", str(copy), "--readme", str(tmp_path / "README.md")]
+    report.main(args)
+    (copy / "plots" / "ttft.png").write_bytes(b"\x89PNG stale")
+    assert report.main([*args, "--check"]) == 1
+
+
+def test_a_readme_without_the_markers_is_refused(copy, tmp_path):
+    (tmp_path / "README.md").write_text("# no block here\n")
+    with pytest.raises(SystemExit, match="no results block"):
+        report.main(["--results", str(copy), "--readme", str(tmp_path / "README.md")])
+
+
+def test_the_decode_plot_takes_the_run_with_the_most_curves():
+    docs = results.load(RESULTS)
+    doc = results.decode_source(docs)
+    # the newest run with pyqsa, paged and upstream at 1 and 8 sequences over two contexts
+    assert doc.path.name == "2026-12-01-8f8e313-decode.json"
+    for v in results.CURVE_VARIANTS:
+        assert [c for c, _ in results.curve(doc, v, 8)] == [8192, 262144]
+    assert results.memory_source(docs) is not None
+    assert Path(results.ttft_source(docs).path).name == "2026-12-02-065b1a8-serve.json"
