@@ -51,7 +51,7 @@ def capacity_rows(docs: list[Doc]) -> list[Row]:
     long = results.long_source(docs)
     if long is not None:
         d, u = long.data, long.data["unpaged"]
-        words = d["flags"].split()
+        words = (d["flags"] if isinstance(d["flags"], str) else d["serve_flags"]).split()
         paging = [w for i, w in enumerate(words) if w in ("--kv-offload", "--gpu-memory")]
         paging = " ".join(f"{w} {words[words.index(w) + 1]}" for w in paging)
         peak, source = d["peak_device_memory_gib"]["nvidia_smi"], "nvidia-smi"

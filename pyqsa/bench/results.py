@@ -48,9 +48,9 @@ def _gpu_and_models(data: dict[str, Any]) -> tuple[Any, list[str]]:
     recs = [r for r in data.get("records") or [] if "kind" in r]
     gpu = data["gpu"] if "gpu" in data else next((r["gpu"] for r in recs if "gpu" in r), "?")
     models = {str(r["model"]) for r in recs if r.get("model")} | {str(data.get("model") or "")}
-    flags = data.get("flags")
-    if isinstance(flags, str):  # a mission record's serve command names the model
-        models |= {w for w in flags.split() if w.endswith(".gguf")}
+    for command in (data.get("flags"), data.get("serve_flags")):
+        if isinstance(command, str):  # a long load's serve command names the model
+            models |= {w for w in command.split() if w.endswith(".gguf")}
     return gpu, sorted(m for m in models if m)
 
 

@@ -1,12 +1,12 @@
-"""bench/mission.py's pieces that need no server: the nvidia-smi sampler (against a fake
-nvidia-smi) and the end-state comparison."""
+"""bench/mission.py's pieces that need no server: the nvidia-smi sampler (pyqsa.bench.smi,
+against a fake nvidia-smi) and the end-state comparison."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 
-from pyqsa.bench import mission
+from pyqsa.bench import mission, smi
 
 FAKE_SMI = """#!/bin/sh
 case "$*" in
@@ -24,17 +24,17 @@ def test_the_sampler_follows_the_process_until_it_exits(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SMI_PID", str(server.pid))
     monkeypatch.setenv("FAKE_SMI_MIB", "700")
     out = tmp_path / "smi.csv"
-    mission.smi_sample(server.pid, out, every=0.2)  # returns once the process is gone
+    smi.smi_sample(server.pid, out, every=0.2)  # returns once the process is gone
     assert server.poll() == 0
-    samples = mission.smi_samples(out)
+    samples = smi.smi_samples(out)
     assert len(samples) >= 3 and {mib for _, mib in samples} == {700}  # its own line, not pid 1's
-    assert mission.smi_source(out) == "process"
-    assert mission.smi_peak(out, since=0.0) == 700
-    assert mission.smi_after(out, since=samples[1][0]) == 700
+    assert smi.smi_source(out) == "process"
+    assert smi.smi_peak(out, since=0.0) == 700
+    assert smi.smi_after(out, since=samples[1][0]) == 700
     # a process nvidia-smi does not list (as in a container): the GPU's figure
     (tmp_path / "other.csv").write_text("1.0,,2048\n2.0,700,2048\n")
-    assert mission.smi_source(tmp_path / "other.csv") == "gpu"
-    assert mission.smi_samples(tmp_path / "other.csv") == [(1.0, 2048), (2.0, 2048)]
+    assert smi.smi_source(tmp_path / "other.csv") == "gpu"
+    assert smi.smi_samples(tmp_path / "other.csv") == [(1.0, 2048), (2.0, 2048)]
 
 
 def test_the_end_state_names_what_did_not_come_back():

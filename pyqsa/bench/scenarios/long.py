@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .. import mission, record
+from .. import mission, record, smi
 from ..serving import served
 from . import Bench
 
@@ -48,8 +48,8 @@ def one_server(bench: Bench, size: dict[str, Any], which: str, bar) -> dict[str,
 
     log = bench.work / f"long-{which}.log"
     with served(bench.model, flags) as server, open(log, "w") as out:
-        smi = sample_smi(server.pid, bench.work / f"long-{which}-smi.csv")
-        baseline = mission.snapshot(server.url, smi)
+        smi_file = sample_smi(server.pid, bench.work / f"long-{which}-smi.csv")
+        baseline = mission.snapshot(server.url, smi_file)
         baseline["start_lines"] = server.start_lines
         load = mission.LongLoad(
             server.url,
@@ -61,7 +61,7 @@ def one_server(bench: Bench, size: dict[str, Any], which: str, bar) -> dict[str,
             progress_every=1.0,
         )
         with contextlib.redirect_stdout(out):  # the load's own lines go to the log
-            rec = mission.load_record(load, baseline, smi, progress)
+            rec = mission.load_record(load, baseline, smi_file, progress)
     bar.update(done + total - bar.n)
     return rec
 
@@ -70,7 +70,7 @@ def sample_smi(pid: int, path: Path) -> Path | None:
     """nvidia-smi every second while the server runs, where there is one; the file or None."""
     if shutil.which("nvidia-smi") is None:
         return None
-    threading.Thread(target=mission.smi_sample, args=(pid, path, 1.0), daemon=True).start()
+    threading.Thread(target=smi.smi_sample, args=(pid, path, 1.0), daemon=True).start()
     return path
 
 
@@ -80,7 +80,10 @@ def run(bench: Bench) -> dict[str, Any]:
     with bench.progress(total, "long", "prompt tok") as bar:
         loads = {which: one_server(bench, size, which, bar) for which in ("paged", "unpaged")}
     doc = record.header("long", bench.model, {"preset": bench.preset, **size})
-    doc |= mission.loads_figures(loads["paged"], loads["unpaged"], None)
+    figures = mission.loads_figures(loads["paged"], loads["unpaged"], None)
+    # a mission record's "flags" is the paged server's command; here "flags" are the sizes
+    figures["serve_flags"] = figures.pop("flags")
+    doc |= figures
     doc["summary"] = summary(doc)
     doc["loads"] = loads
     return doc
@@ -101,7 +104,10 @@ def summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 [figs["decode_window"]["tokens_per_s"]],
             ),
             record.figure(f"{which}: peak device (ledger)", "GiB", [peak["ledger"]]),
-            record.figure(f"{which}: peak device (nvidia-smi)", "GiB", [peak["nvidia_smi"]]),
         ]
+        if peak["nvidia_smi"] is not None:  # a GPU's
+            out.append(
+                record.figure(f"{which}: peak device (nvidia-smi)", "GiB", [peak["nvidia_smi"]])
+            )
     out.append(record.figure("paged: hit rate", "share", [doc["hit_rate"]]))
     return out
