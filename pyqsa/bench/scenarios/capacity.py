@@ -54,10 +54,12 @@ def totals(ledger: dict[str, int], where: str) -> int:
 
 
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Device and host GiB per reading; no device rows where nothing is on a device (a CPU)."""
     out = []
+    on_device = any(totals(r["ledger"], "device") for r in rows)
     for r in rows:
         mode = f"paged (hot {r['hot_blocks']})" if r["paged"] else "unpaged"
-        for where in ("device", "host"):
+        for where in ("device", "host") if on_device else ("host",):
             name = f"{where}, {mode}, {r['seqs']} x {r['ctx']}"
             out.append(record.figure(name, "GiB", [totals(r["ledger"], where) / GiB]))
     return out

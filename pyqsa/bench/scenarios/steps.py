@@ -56,10 +56,11 @@ def run(bench: Bench) -> dict[str, Any]:
     if native.build_info().backend == "CPU":
         # NOTE: the pinned CPU backend's AMX f16 matmul crashes on batches over 5 streams
         common.append("--no-extra-bufts")
+    kinds = variants(bench)
     runs = [
         (name, flags, context, repeat)
         for context in size["contexts"]
-        for name, flags in variants(bench).items()
+        for name, flags in kinds.items()
         for repeat in range(size["repeats"])
     ]
     commands = []
@@ -73,7 +74,7 @@ def run(bench: Bench) -> dict[str, Any]:
             bar.update()
     recs = decode_report.load([out])
     doc = record.header("steps", bench.model, {"preset": bench.preset, **size})
-    doc["variants"] = variants(bench)
+    doc["variants"] = kinds
     doc["decode"] = decode_report.decode_rows(recs)
     doc["prefill"] = decode_report.prefill_rows(recs)
     doc["summary"] = summary(recs)
