@@ -141,6 +141,16 @@ def wait_idle(url: str, timeout: float = 120.0) -> dict[str, float]:
         time.sleep(0.2)
 
 
+def settled(url: str) -> dict[str, float]:
+    """/metrics once the engine idles and has read the paging counters of its last passes (an
+    idle engine reads them once due: up to PAGING_READ_INTERVAL_S after its last pass)."""
+    from pyqsa.engine.engine import PAGING_READ_INTERVAL_S
+
+    wait_idle(url)
+    time.sleep(PAGING_READ_INTERVAL_S + 0.25)
+    return serve_load.scrape(url)
+
+
 def start_lines(log: Path | None) -> list[str]:
     """The server's own lines about its start (memory, paging, sampling)."""
     if log is None or not log.exists():
@@ -254,8 +264,8 @@ def run_load(args: LongLoad, model: str, progress: Progress = print_progress) ->
                         s.get("pyqsa_busy_slots", 0),
                     )
             runs = [f.result() for f in futures]
-    after = serve_load.scrape(url)
     wall = time.perf_counter() - perf0
+    after = settled(url)
 
     def since_start(r: dict, i: int) -> float | None:
         return round(r["times"][i] - r["t0"], 3) if r["times"] else None
