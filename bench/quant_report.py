@@ -59,12 +59,16 @@ def _context_seqs(key: str) -> tuple[int, int]:
     return int(c), int(n)
 
 
+def _tokens(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
 def render(table: list[Rec]) -> str:
     contexts = sorted({int(c) for r in table for c in r["prefill_tok_s"]})
     cells = sorted({k for r in table for k in r["decode_tok_s"]}, key=_context_seqs)
     head = ["file", "tool", "type", "GiB", "quantize s"]
-    head += [f"prefill {c // 1024}K" for c in contexts]
-    head += [f"decode {n} x {c // 1024}K" for c, n in map(_context_seqs, cells)]
+    head += [f"prefill {_tokens(c)}" for c in contexts]
+    head += [f"decode {n} x {_tokens(c)}" for c, n in map(_context_seqs, cells)]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in table:
         q, pre, dec = r.get("quantize_s"), r["prefill_tok_s"], r["decode_tok_s"]

@@ -15,6 +15,7 @@
 #                --remove (delete this call's quantized files after its decode runs)
 #                --model PATH (any qwen4exp GGUF instead of gpu_run.sh's)
 #                --cpu (the CPU check: no nvidia-smi, the CPU build, decode.py's CPU flags)
+#   env:         PYQSA_BENCH_WORK (default .build/bench: the models, quant/, logs/, history)
 # Quantized files stay in .build/bench/quant/ (a second call reuses them and quantizes nothing),
 # so the long contexts can get a call of their own (--contexts 262144).
 # Results in $OUT: quant.jsonl (a record per file: tool, type, bytes, seconds, bytes by tensor
@@ -52,7 +53,7 @@ for tool in ${tools//,/ }; do
 done
 deadline=$((t_start + budget))
 out=${OUT:-/tmp/pyqsa-bench-out}
-work=.build/bench
+work=${PYQSA_BENCH_WORK:-.build/bench}
 logs=$work/logs
 qdir=$work/quant
 mkdir -p "$out" "$logs" "$qdir"

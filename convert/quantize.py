@@ -5,7 +5,8 @@ and output more bits) and already keeps norms, the router, the GDN conv and the 
 projections at their input type. On top of that `KEEP_F32` holds the small tensors QSA's
 selections and the residual streams depend on at f32 (docs/convert.md, "What quantization
 costs", has the measurements). Every other key of the input, pyqsa.* included, is copied by the
-API.
+API. An importance matrix (`--imatrix`: from `pyqsa imatrix` or llama-imatrix) weights each
+tensor's rounding by its columns' mean squared input, as llama-quantize gives it.
 
 The output is written to a hidden temp file beside it and renamed over it when complete.
 """

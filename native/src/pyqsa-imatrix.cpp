@@ -67,6 +67,13 @@ const char * host_data(const ggml_tensor * t, std::vector<char> & copy) {
     return copy.data();
 }
 
+void add_squares(float * acc, const char * row_bytes, int64_t n) {
+    const auto * row = reinterpret_cast<const float *>(row_bytes);
+    for (int64_t j = 0; j < n; ++j) {
+        acc[j] += row[j] * row[j];
+    }
+}
+
 bool finite(const float * v, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
         if (!std::isfinite(v[i])) {
@@ -103,7 +110,7 @@ bool collect_experts(collector & c, const ggml_tensor * t, const std::string & n
         return fail(c, name, "inconsistent sizes between products");
     }
     const char * x = host_data(src1, c.src1);
-    c.ids.resize(ggml_nbytes(ids) / sizeof(int32_t) + 1);
+    c.ids.resize(ggml_nbytes(ids) / sizeof(int32_t));
     ggml_backend_tensor_get(ids, c.ids.data(), 0, ggml_nbytes(ids));
     const char * id_bytes = reinterpret_cast<const char *>(c.ids.data());
     std::vector<bool> touched(n_expert, false);
@@ -113,11 +120,7 @@ bool collect_experts(collector & c, const ggml_tensor * t, const std::string & n
             if (ex < 0 || ex >= n_expert) {
                 return fail(c, name, "expert id out of range");
             }
-            const auto * row = reinterpret_cast<const float *>(x + (k % src1->ne[1]) * src1->nb[1] + tok * src1->nb[2]);
-            float *      acc = e.sums.data() + ex * n_cols;
-            for (int64_t j = 0; j < n_cols; ++j) {
-                acc[j] += row[j] * row[j];
-            }
+            add_squares(e.sums.data() + ex * n_cols, x + (k % src1->ne[1]) * src1->nb[1] + tok * src1->nb[2], n_cols);
             e.counts[ex] += 1;
             touched[ex] = true;
         }
@@ -148,11 +151,9 @@ bool collect_dense(collector & c, const ggml_tensor * t, const std::string & nam
         for (int64_t i2 = 0; i2 < src1->ne[2]; ++i2) {
             const int64_t mat = (i3 % src0->ne[3]) * src0->ne[2] + (i2 % src0->ne[2]);
             float *       acc = e.sums.data() + mat * n_cols;
+            const char *  mat_rows = x + i2 * src1->nb[2] + i3 * src1->nb[3];
             for (int64_t r = 0; r < src1->ne[1]; ++r) {
-                const auto * row = reinterpret_cast<const float *>(x + r * src1->nb[1] + i2 * src1->nb[2] + i3 * src1->nb[3]);
-                for (int64_t j = 0; j < n_cols; ++j) {
-                    acc[j] += row[j] * row[j];
-                }
+                add_squares(acc, mat_rows + r * src1->nb[1], n_cols);
             }
         }
     }
