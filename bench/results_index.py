@@ -34,6 +34,7 @@ SCENARIOS = {  # kind -> what a reader looks for
     "gpu-checks": "checks: CUDA vs CPU op checks and GPU tests",
     "gpu-ops": "checks: CUDA op timings",
     "kernels": "profile: kernel time by name",
+    "quant": "weights: quantized files, pyqsa quantize and llama-quantize (bench/quant_run.sh)",
 }
 NOTE_CHARS = 160
 

@@ -1,4 +1,4 @@
-"""Click commands `pyqsa convert` and `pyqsa inspect` (registered in pyqsa/cli.py)."""
+"""Click commands `pyqsa convert`, `inspect`, `quantize`, `imatrix` (registered in pyqsa/cli.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .errors import ConvertError
+from .imatrix import DEFAULT_CHUNK
 from .quantize import TYPES
 from .writer import OUTTYPES
 
@@ -114,15 +115,61 @@ def inspect_cmd(path: Path, as_json: bool, slots: int, ctx: int, kv_type: str) -
 @click.argument("source", type=click.Path(path_type=Path))
 @click.argument("output", type=click.Path(path_type=Path))
 @click.argument("qtype", metavar="TYPE", type=click.Choice(list(TYPES), case_sensitive=False))
+@click.option(
+    "--imatrix",
+    type=click.Path(path_type=Path),
+    help="Importance matrix (from `pyqsa imatrix` or llama-imatrix) weighting the rounding.",
+)
 @click.option("--threads", type=int, default=0, help="Threads [default: all cores].")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def quantize_cmd(source: Path, output: Path, qtype: str, threads: int, quiet: bool) -> None:
+def quantize_cmd(
+    source: Path, output: Path, qtype: str, imatrix: Path | None, threads: int, quiet: bool
+) -> None:
     """Quantize a qwen4exp GGUF (f32/f16/bf16) to TYPE, keeping QSA's tensors at f32."""
     from .quantize import quantize
 
     try:
-        quantize(source, output, qtype, threads=threads, progress=not quiet)
+        quantize(source, output, qtype, threads=threads, imatrix=imatrix, progress=not quiet)
     except ConvertError as e:
         _fail(e)
         return
     click.echo(f"wrote {output}")
+
+
+@click.command(name="imatrix")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.argument("text", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Output file.")
+@click.option(
+    "--chunk",
+    type=int,
+    default=DEFAULT_CHUNK,
+    show_default=True,
+    help="Tokens a chunk (llama-imatrix's -c); each chunk runs from an empty context.",
+)
+@click.option("--chunks", type=int, help="Run at most this many chunks [default: all].")
+@click.option("--threads", type=int, default=0, help="Threads [default: all cores].")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def imatrix_cmd(
+    model: Path,
+    text: Path,
+    output: Path,
+    chunk: int,
+    chunks: int | None,
+    threads: int,
+    quiet: bool,
+) -> None:
+    """Importance matrix of a qwen4exp GGUF over a text file, for `pyqsa quantize --imatrix`
+    (llama.cpp's imatrix GGUF format)."""
+    from .imatrix import compute_imatrix
+
+    try:
+        im = compute_imatrix(model, text, output, chunk, chunks, threads, progress=not quiet)
+    except ConvertError as e:
+        _fail(e)
+        return
+    unrouted = f", {im.unrouted()} experts never routed to" if im.unrouted() else ""
+    click.echo(
+        f"wrote {output}: {len(im.entries)} weights over {im.chunk_count} chunks of "
+        f"{im.chunk_size} tokens{unrouted}"
+    )

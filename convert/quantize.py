@@ -5,7 +5,8 @@ and output more bits) and already keeps norms, the router, the GDN conv and the 
 projections at their input type. On top of that `KEEP_F32` holds the small tensors QSA's
 selections and the residual streams depend on at f32 (docs/convert.md, "What quantization
 costs", has the measurements). Every other key of the input, pyqsa.* included, is copied by the
-API.
+API. An importance matrix (`--imatrix`: from `pyqsa imatrix` or llama-imatrix) weights each
+tensor's rounding by its columns' mean squared input, as llama-quantize gives it.
 
 The output is written to a hidden temp file beside it and renamed over it when complete.
 """
@@ -70,13 +71,14 @@ def parse_type(name: str) -> QuantType:
     return t
 
 
-def _check_input(src: Path) -> GGUFFile:
+def open_input(src: Path, verb: str = "quantizes") -> GGUFFile:
+    """The qwen4exp GGUF at `src`; one-line errors for a missing or foreign file."""
     if not src.exists():
         raise ConvertError(f"{src}: not found")
     g = GGUFFile(src)
     arch = g.get("general.architecture")
     if arch != N.ARCH:
-        raise ConvertError(f"{src}: architecture {arch!r}, pyqsa quantizes {N.ARCH} models only")
+        raise ConvertError(f"{src}: architecture {arch!r}, pyqsa {verb} {N.ARCH} models only")
     return g
 
 
@@ -138,6 +140,42 @@ def _params(qt: QuantType, threads: int, keep_f32: bool):
     return p, overrides
 
 
+def _set_imatrix(p, path: Path, g: GGUFFile) -> list[object]:
+    """Give the quantize parameters `p` the importance matrix at `path`, and the keys
+    llama-quantize records with one; returns what must outlive the call."""
+    import llama_cpp as L
+
+    from .imatrix_file import read_imatrix
+
+    im = read_imatrix(path)
+    means = im.means()
+    if not means.keys() & {t.name for t in g.tensors}:
+        raise ConvertError(
+            f"{path}: no entry names a tensor of {g.path} (an importance matrix of another model?)"
+        )
+    data = (L.llama_model_imatrix_data * (len(means) + 1))()
+    for i, (name, v) in enumerate(means.items()):
+        data[i].name, data[i].size = name.encode(), v.size
+        data[i].data = v.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    data[len(means)].name = None  # the list ends at a null name
+    p.imatrix = ctypes.cast(data, type(p.imatrix))
+    keys: list[tuple[str, str | int]] = [("quantize.imatrix.file", str(path))]
+    if im.datasets:
+        keys.append(("quantize.imatrix.dataset", im.datasets[0]))
+    keys.append(("quantize.imatrix.entries_count", len(means)))
+    if im.chunk_count > 0:
+        keys.append(("quantize.imatrix.chunks_count", im.chunk_count))
+    kvs = (L.llama_model_kv_override * (len(keys) + 1))()
+    for kv, (key, value) in zip(kvs, keys, strict=False):
+        kv.key = key.encode()
+        if isinstance(value, str):
+            kv.tag, kv.value.val_str = L.LLAMA_KV_OVERRIDE_TYPE_STR, value.encode()[:127]
+        else:
+            kv.tag, kv.value.val_i64 = L.LLAMA_KV_OVERRIDE_TYPE_INT, value
+    p.kv_overrides = ctypes.cast(kvs, type(p.kv_overrides))  # ends at an empty key
+    return [means, data, kvs]
+
+
 def quantize(
     src: str | Path,
     out: str | Path,
@@ -145,9 +183,11 @@ def quantize(
     *,
     threads: int = 0,
     keep_f32: bool = True,
+    imatrix: str | Path | None = None,
     progress: bool = True,
 ) -> Path:
-    """Quantize the qwen4exp GGUF `src` to `out` as `type_name` (a key of TYPES).
+    """Quantize the qwen4exp GGUF `src` to `out` as `type_name` (a key of TYPES), weighting
+    each tensor's rounding by the importance matrix file `imatrix` when given.
 
     `keep_f32=False` leaves every tensor to llama.cpp's own choice (for measurements)."""
     from tqdm import tqdm
@@ -156,12 +196,15 @@ def quantize(
 
     qt = parse_type(type_name)
     src, out = Path(src), Path(out)
-    g = _check_input(src)
+    g = open_input(src)
     need = size_bound(g)
     _check_room(out, need)
     _init_backend()
     import llama_cpp as L
 
+    params, keep_alive = _params(qt, threads, keep_f32)
+    if imatrix is not None:
+        keep_alive += _set_imatrix(params, Path(imatrix), g)
     tmp = temp_path(out)
     errors: list[str] = []
     bar = tqdm(total=len(g.tensors), unit="tensor", desc="quantizing", disable=not progress)
@@ -173,7 +216,6 @@ def quantize(
         elif _FAILED in text:
             errors.append(text.split(_FAILED, 1)[1].strip())
 
-    params, keep_alive = _params(qt, threads, keep_f32)
     try:
         with _llama_log(on_line):
             rc = L.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)

@@ -5,6 +5,7 @@ set(PYQSA_LLAMA_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-context.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-debug.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-error.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-imatrix.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-ledger.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-mask.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/qsa-pager.cpp

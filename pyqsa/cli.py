@@ -7,7 +7,7 @@ import json
 import click
 
 from pyqsa.bench.cli import bench
-from pyqsa.convert.cli import convert, inspect_cmd, quantize_cmd
+from pyqsa.convert.cli import convert, imatrix_cmd, inspect_cmd, quantize_cmd
 from pyqsa.server.cli import chat, serve
 
 from . import __version__
@@ -48,6 +48,7 @@ def info(as_json: bool) -> None:
 main.add_command(convert)
 main.add_command(inspect_cmd)
 main.add_command(quantize_cmd)
+main.add_command(imatrix_cmd)
 main.add_command(serve)
 main.add_command(chat)
 main.add_command(bench)

@@ -9,8 +9,12 @@ import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import cffi
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "ACCEL"}
 
@@ -213,6 +217,57 @@ def seq_state_load(ctx: int, seq_id: int, state: bytes | bytearray) -> None:
         ffi.cast("void *", ctx), seq_id, ffi.from_buffer(state), len(state)
     )
     _check(rc, "pyqsa_seq_state_load")
+
+
+@dataclass(frozen=True)
+class ImatrixEntry:
+    sums: np.ndarray  # float32 [n_mat, n_cols]: per matrix (expert), the squared inputs summed
+    counts: np.ndarray  # int64 [n_counts]: the rows summed, per expert for a MUL_MAT_ID
+
+
+class ImatrixCollector:
+    """An importance-matrix collector (pyqsa_imatrix_new): give `callback` and `user_data` to a
+    context as its eval callback, decode text, then read `entries()`."""
+
+    def __init__(self) -> None:
+        ffi, lib = _api()
+        self.ptr = lib.pyqsa_imatrix_new()
+        if self.ptr == ffi.NULL:
+            raise NativeError("pyqsa_imatrix_new: out of memory")
+        self.callback = int(ffi.cast("uintptr_t", lib.pyqsa_imatrix_collect))
+        self.user_data = int(ffi.cast("uintptr_t", self.ptr))
+
+    def error(self) -> str | None:
+        ffi, lib = _api()
+        buf = ffi.new("char[]", 512)
+        return ffi.string(buf).decode() if lib.pyqsa_imatrix_error(self.ptr, buf, 512) > 0 else None
+
+    def entries(self) -> dict[str, ImatrixEntry]:
+        import numpy as np
+
+        ffi, lib = _api()
+        name = ffi.new("char[]", 256)
+        cols, mats, ncounts = ffi.new("int64_t *"), ffi.new("int64_t *"), ffi.new("int64_t *")
+        out = {}
+        for i in range(lib.pyqsa_imatrix_n_entries(self.ptr)):
+            _check(lib.pyqsa_imatrix_entry(self.ptr, i, name, 256, cols, mats, ncounts), "entry")
+            sums = np.empty((mats[0], cols[0]), dtype=np.float32)
+            counts = np.empty(ncounts[0], dtype=np.int64)
+            rc = lib.pyqsa_imatrix_read(
+                self.ptr,
+                i,
+                ffi.cast("float *", sums.ctypes.data),
+                ffi.cast("int64_t *", counts.ctypes.data),
+            )
+            _check(rc, "pyqsa_imatrix_read")
+            out[ffi.string(name).decode()] = ImatrixEntry(sums, counts)
+        return out
+
+    def free(self) -> None:
+        _, lib = _api()
+        if self.ptr is not None:
+            lib.pyqsa_imatrix_free(self.ptr)
+            self.ptr = None
 
 
 def abort_flag_callback() -> int:

@@ -71,6 +71,40 @@ PYQSA_API int32_t pyqsa_tensor_view_get(const void * t, pyqsa_tensor_view * out)
 // PYQSA_ERR_UNSUPPORTED for other types.
 PYQSA_API int32_t pyqsa_tensor_read_f32(const void * t, float * dst, int64_t n);
 
+// Importance matrix (llama-imatrix's statistics, for quantizing with an imatrix): a collector
+// given to a context as its eval callback (llama_context_params.cb_eval = pyqsa_imatrix_collect,
+// cb_eval_user_data = the collector) accumulates, for every MUL_MAT of a "blk." weight whose input
+// has 16 rows or more (shorter ones are decode steps, skipped as llama-imatrix does) and every
+// MUL_MAT_ID, the sum over the input's rows of each column's square, per weight matrix, and the
+// number of rows; a MUL_MAT_ID keeps a sum row and a count per expert, over the tokens routed to
+// it. Entries are named by the weight ("blk.0.ffn_down_exps.weight") and ordered by name.
+// Free the collector with pyqsa_imatrix_free once no context uses it. NULL when out of memory.
+PYQSA_API void * pyqsa_imatrix_new(void);
+PYQSA_API void   pyqsa_imatrix_free(void * im);
+
+// The eval callback (a ggml_backend_sched_eval_callback; t: struct ggml_tensor *, im: the
+// collector). After an error (non-finite activations, a weight seen with two shapes) it collects
+// nothing more: pyqsa_imatrix_error says what went wrong.
+PYQSA_API bool pyqsa_imatrix_collect(void * t, bool ask, void * im);
+
+// The number of entries, or PYQSA_ERR_INVALID_ARG for a NULL collector.
+PYQSA_API int32_t pyqsa_imatrix_n_entries(const void * im);
+
+// Entry i's weight name (into name, cut to cap), its columns, matrices (experts) and counts
+// (n_mat for a MUL_MAT_ID, 1 for a dense weight). Returns PYQSA_OK, PYQSA_ERR_INVALID_ARG for a
+// NULL argument or cap 0, PYQSA_ERR_OUT_OF_RANGE when i is not an entry.
+PYQSA_API int32_t pyqsa_imatrix_entry(const void * im, int32_t i, char * name, size_t cap,
+                                      int64_t * n_cols, int64_t * n_mat, int64_t * n_counts);
+
+// Copies entry i's sums (n_mat x n_cols floats, matrix-major) and counts (n_counts values).
+// Returns PYQSA_OK, PYQSA_ERR_INVALID_ARG for a NULL argument, PYQSA_ERR_OUT_OF_RANGE when i is not
+// an entry.
+PYQSA_API int32_t pyqsa_imatrix_read(const void * im, int32_t i, float * sums, int64_t * counts);
+
+// The collector's first error into buf (NUL-terminated, cut to cap); returns its length, 0 when
+// there was none, PYQSA_ERR_INVALID_ARG for a NULL argument or cap 0.
+PYQSA_API int32_t pyqsa_imatrix_error(const void * im, char * buf, size_t cap);
+
 // How the indexed (QSA) layers attend; a setting of each context.
 #define PYQSA_QSA_POSITIONAL 0  // block keys kept incrementally; O(n_tokens) inputs (default)
 #define PYQSA_QSA_SPARSE     1  // upstream's per-step pooling -> selection mask -> sparse attention

@@ -129,9 +129,16 @@ def load_model(
     return model
 
 
-def open_context(model: int, cfg: ContextConfig, cb_eval=None, upstream: bool = False) -> int:
+def open_context(
+    model: int,
+    cfg: ContextConfig,
+    cb_eval=None,
+    upstream: bool = False,
+    cb_eval_user_data: int | None = None,
+) -> int:
     """A llama_context pointer for `model` with `cfg`. cb_eval: a
-    ggml_backend_sched_eval_callback (kept alive by the caller) to observe tensors.
+    ggml_backend_sched_eval_callback (kept alive by the caller) to observe tensors, or the
+    address of a native one, called with `cb_eval_user_data` (an address).
     upstream: the loaded library is an unpatched llama.cpp (the benchmark's baseline), which
     has no pyqsa settings: qsa_mode does not apply."""
     L = _llama()
@@ -147,8 +154,10 @@ def open_context(model: int, cfg: ContextConfig, cb_eval=None, upstream: bool = 
     p.n_threads = p.n_threads_batch = cfg.threads
     p.op_offload = cfg.op_offload
     if cb_eval is not None:
+        if isinstance(cb_eval, int):
+            cb_eval = L.ggml_backend_sched_eval_callback(cb_eval)
         p.cb_eval = cb_eval
-        p.cb_eval_user_data = None
+        p.cb_eval_user_data = cb_eval_user_data
     what = f"a context of {cfg.n_seqs} x {cfg.ctx_per_seq} cells"
     if upstream:
         ctx = L.llama_init_from_model(model, p)

@@ -15,7 +15,7 @@ import numpy as np
 from pyqsa.debug import TensorCapture
 from pyqsa.engine.context import ContextConfig, load_model, open_context
 
-_SELECTION = re.compile(r"qsa_(mask|cells)-(\d+)")
+_SELECTION = re.compile(r"(qsa_mask|qsa_cells|indexer_score)-(\d+)")
 
 
 @dataclass
@@ -23,13 +23,19 @@ class Selections:
     """Selected KV cells per layer: for every decode call, [stream][query row] -> set of cells.
 
     Read from the graph's "qsa_cells-<layer>" (positional path: I32 cell lists) or
-    "qsa_mask-<layer>" (mask paths: finite entries) tensors."""
+    "qsa_mask-<layer>" (mask paths: finite entries) tensors. `scores`: the block scores the
+    selection ranked, per layer and call ("indexer_score-<layer>": positional path
+    [1, n_stream, n_tps, n_blocks])."""
 
     rows: dict[int, list[list[list[set[int]]]]] = field(default_factory=lambda: defaultdict(list))
+    scores: dict[int, list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
 
     def on_tensor(self, name: str, t: np.ndarray) -> None:
         kind, layer = _SELECTION.fullmatch(name).groups()
-        if kind == "mask":  # [n_stream, 1, n_tps, n_kv]
+        if kind == "indexer_score":
+            self.scores[int(layer)].append(t)
+            return
+        if kind == "qsa_mask":  # [n_stream, 1, n_tps, n_kv]
             sets = [[set(np.nonzero(np.isfinite(q))[0].tolist()) for q in s[0]] for s in t]
         else:  # [1, n_stream, n_tps, n_sel], -1 = unused slot
             sets = [[{int(c) for c in q if c >= 0} for q in s] for s in t[0]]
@@ -62,7 +68,7 @@ class LlamaRuntime:
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.selections = Selections()
-        self._capture = TensorCapture(r"qsa_(mask|cells)-\d+", self.selections.on_tensor)
+        self._capture = TensorCapture(_SELECTION.pattern, self.selections.on_tensor)
         cfg = ContextConfig(
             n_seqs=n_seq,
             ctx_per_seq=n_ctx,
@@ -124,3 +130,4 @@ class LlamaRuntime:
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ctx), True)
         self.selections.rows.clear()
+        self.selections.scores.clear()

@@ -1,5 +1,5 @@
-"""Running the bench/ scripts from CPU tests: a script as a subprocess, and decode.py's short run
-at 1 and 8 sequences on a tiny model."""
+"""Running the bench/ scripts from CPU tests: a script as a subprocess, the --small synthetic
+model, and decode.py's short run at 1 and 8 sequences on a tiny model."""
 
 import json
 import subprocess
@@ -15,6 +15,12 @@ def run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc
+
+
+def small_model(out: Path) -> Path:
+    """bench/synth_model.py --small written to `out`."""
+    run(str(BENCH / "synth_model.py"), str(out), "--small", "--threads", "2")
+    return out
 
 
 # decode.py's short run: 256 tokens, 1 and 8 sequences, 2 steps. NOTE: one thread (this

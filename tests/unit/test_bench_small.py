@@ -6,14 +6,12 @@ import subprocess
 import sys
 
 import pytest
-from bench_scripts import BENCH, DECODE_ARGS, LIB, decode_records, run
+from bench_scripts import BENCH, DECODE_ARGS, LIB, decode_records, run, small_model
 
 
 @pytest.fixture(scope="module")
 def small_gguf(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench") / "small.gguf"
-    run(str(BENCH / "synth_model.py"), str(out), "--small", "--threads", "2")
-    return out
+    return small_model(tmp_path_factory.mktemp("bench") / "small.gguf")
 
 
 def test_small_model_shape(small_gguf):

@@ -1,0 +1,108 @@
+"""The table of bench/quant_run.sh: per file (the f16 source, each tool's quantized files) its
+size, quantize time, prefill and decode tokens/s per context and sequence count.
+
+    python bench/quant_report.py quant.jsonl decode.jsonl [--save DIR]
+
+A cell is the median over the matching decode.py records (its --repeats); --save also writes
+DIR/<date>-<commit>-quant.json (every record and the rows: the file for bench/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+Rec = dict[str, Any]
+
+
+def load(path: Path) -> list[Rec]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def rows(quant: list[Rec], decode: list[Rec]) -> list[Rec]:
+    """One row per model file: its quantize record (the latest), or the source's for f16."""
+    files: dict[str, Rec] = {}
+    for q in quant:
+        files.setdefault(q["source"], {"tool": "-", "type": "f16", "bytes": q["source_bytes"]})
+        files[q["model"]] = {"tool": q["tool"], "type": q["type"], "bytes": q["model_bytes"]}
+        files[q["model"]]["quantize_s"] = q["seconds"]
+    out = []
+    for name, row in files.items():
+        mine = [r for r in decode if r.get("model") == name]
+        prefill = {
+            r["context"]: r["tok_s"] for r in mine if r["kind"] == "prefill"
+        }  # the latest wins
+        steps: dict[tuple[int, int], list[float]] = {}
+        for r in mine:
+            if r["kind"] == "decode":
+                steps.setdefault((r["context"], r["n_seq"]), []).append(r["tok_s"])
+        out.append(
+            {
+                "model": name,
+                **row,
+                "prefill_tok_s": prefill,
+                "decode_tok_s": {f"{c}x{n}": statistics.median(v) for (c, n), v in steps.items()},
+            }
+        )
+    return out
+
+
+def _context_seqs(key: str) -> tuple[int, int]:
+    c, n = key.split("x")
+    return int(c), int(n)
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def render(table: list[Rec]) -> str:
+    contexts = sorted({int(c) for r in table for c in r["prefill_tok_s"]})
+    cells = sorted({k for r in table for k in r["decode_tok_s"]}, key=_context_seqs)
+    head = ["file", "tool", "type", "GiB", "quantize s"]
+    head += [f"prefill {_tokens(c)}" for c in contexts]
+    head += [f"decode {n} x {_tokens(c)}" for c, n in map(_context_seqs, cells)]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in table:
+        q, pre, dec = r.get("quantize_s"), r["prefill_tok_s"], r["decode_tok_s"]
+        vals = [r["model"], r["tool"], r["type"], f"{r['bytes'] / 2**30:.2f}"]
+        vals.append("-" if q is None else f"{q:.0f}")
+        vals += [f"{pre[c]:.0f}" if c in pre else "-" for c in contexts]
+        vals += [f"{dec[k]:.1f}" if k in dec else "-" for k in cells]
+        lines.append("| " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("quant", type=Path)
+    ap.add_argument("decode", type=Path)
+    ap.add_argument("--save", type=Path, help="folder for <date>-<commit>-quant.json")
+    a = ap.parse_args(argv)
+    quant, decode = load(a.quant), load(a.decode)
+    if not quant:
+        print(f"quant_report.py: no records in {a.quant}", file=sys.stderr)
+        return 1
+    table = rows(quant, decode)
+    print(render(table))
+    if a.save:
+        commit = (quant[-1].get("commit") or "unknown")[:7]
+        path = a.save / f"{time.strftime('%Y-%m-%d', time.gmtime())}-{commit}-quant.json"
+        note = (
+            f"Quantized {quant[-1]['source']} with pyqsa quantize and llama-quantize; "
+            "bench/decode.py with pyqsa's library on each file (random weights)."
+        )
+        doc = {"scenario": "quant", "note": note, "rows": table, "records": quant + decode}
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

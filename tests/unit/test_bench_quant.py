@@ -1,0 +1,93 @@
+"""bench/quant_run.sh --cpu on the --small synthetic model: pyqsa quantize to Q8_0 and Q4_K_M,
+a record per file, decode.py on the source and on each file, the table and the results file;
+a second call reuses the files. (llama-quantize is built on the GPU machine only: too long for
+CI's two cores.)"""
+
+import json
+import os
+import subprocess
+
+import pytest
+from bench_scripts import BENCH, small_model
+
+SCRIPT = BENCH / "quant_run.sh"
+DECODE = ["--contexts", "256", "--seqs", "1,8", "--steps", "2", "--warmup", "1"]
+DECODE += ["--decode-args", "--threads 1"]
+
+
+def quant_run(tmp, model, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OUT": str(tmp / "out"), "PYQSA_BENCH_WORK": str(tmp / "work")}
+    cmd = ["bash", str(SCRIPT), "--cpu", "--model", str(model), "--tools", "pyqsa", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def first_call(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("quant")
+    model = small_model(tmp / "small.gguf")
+    proc = quant_run(tmp, model, "--types", "Q8_0,Q4_K_M", *DECODE)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return tmp, model, proc
+
+
+def records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_record_per_quantized_file(first_call):
+    tmp, model, _ = first_call
+    quant = records(tmp / "out" / "quant.jsonl")
+    assert [(q["tool"], q["type"]) for q in quant] == [("pyqsa", "Q8_0"), ("pyqsa", "Q4_K_M")]
+    for q in quant:
+        assert q["source"] == model.name and q["source_bytes"] == model.stat().st_size
+        assert q["model"] == f"small-pyqsa-{q['type']}.gguf" and q["seconds"] > 0
+        assert q["model_bytes"] == (tmp / "work" / "quant" / q["model"]).stat().st_size
+        assert q["model_bytes"] < q["source_bytes"] / 1.5
+        assert sum(q["bytes_by_type"].values()) < q["model_bytes"]  # the rest is metadata
+        assert "commit" in q and "upstream_commit" in q
+    assert quant[0]["bytes_by_type"]["Q8_0"] > 0
+    assert quant[1]["model_bytes"] < quant[0]["model_bytes"]
+
+
+def test_decode_runs_on_every_file(first_call):
+    tmp, model, _ = first_call
+    dec = records(tmp / "out" / "decode.jsonl")
+    names = [model.name, "small-pyqsa-Q8_0.gguf", "small-pyqsa-Q4_K_M.gguf"]
+    got = [(r["model"], r["kind"], r.get("n_seq")) for r in dec]
+    runs = (("prefill", None), ("decode", 1), ("decode", 8))
+    assert got == [(n, kind, n_seq) for n in names for kind, n_seq in runs]
+    assert all(r["variant"] == "pyqsa" and r["context"] == 256 for r in dec)
+
+
+def test_table_and_results_file(first_call):
+    tmp, _, proc = first_call
+    out = tmp / "out"
+    table = (out / "quant-report.md").read_text().splitlines()
+    assert table[0].startswith("| file | tool | type | GiB | quantize s | prefill 256 |")
+    assert [line.split(" | ")[1:3] for line in table[2:]] == [
+        ["-", "f16"],
+        ["pyqsa", "Q8_0"],
+        ["pyqsa", "Q4_K_M"],
+    ]
+    (saved,) = out.glob("*-quant.json")
+    doc = json.loads(saved.read_text())
+    assert doc["scenario"] == "quant" and len(doc["rows"]) == 3
+    assert all(r["decode_tok_s"]["256x8"] > 0 for r in doc["rows"])
+    assert "run: small-pyqsa-Q4_K_M.gguf at 256" in proc.stdout
+
+
+def test_a_second_call_reuses_the_files(first_call):
+    tmp, model, _ = first_call
+    before = (tmp / "work" / "quant" / "small-pyqsa-Q8_0.gguf").stat().st_mtime_ns
+    proc = quant_run(tmp, model, "--types", "Q8_0", "--contexts", "", "--no-f16")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "quantize:" not in proc.stdout
+    assert (tmp / "work" / "quant" / "small-pyqsa-Q8_0.gguf").stat().st_mtime_ns == before
+    assert records(tmp / "out" / "quant.jsonl")[-1]["seconds"] is None
+
+
+def test_bad_options(tmp_path):
+    proc = quant_run(tmp_path, tmp_path / "none.gguf", "--tools", "nope")
+    assert proc.returncode == 2 and "unknown tool nope" in proc.stderr
+    proc = quant_run(tmp_path, tmp_path / "none.gguf", "--frobnicate", "1")
+    assert proc.returncode == 2 and "unknown option --frobnicate" in proc.stderr
