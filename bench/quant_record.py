@@ -12,8 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from meta import git_commit, gpu_name, source_digest, upstream_commit  # noqa: E402
+from pyqsa.bench.meta import git_commit, gpu_name, source_digest, upstream_commit
 
 
 def record(path: Path, source: Path, tool: str, qtype: str, seconds: float | None) -> dict:
