@@ -28,6 +28,7 @@ SCENARIOS = {  # kind -> what a reader looks for
     "long": "long: long prompts through serve (pyqsa bench)",
     "prefix": "prefix: follow-up turns (pyqsa bench)",
     "decode": "steps: decode and prefill (bench/decode.py)",
+    "decode-locality": "steps: decode on the locality model, an indexer that prefers stable blocks",
     "serve": "server (bench/serve_run.sh)",
     "serve-paged": "server with paging",
     "mission": "long: 8 x 256K through serve (tests/gpu/mission.sh)",
