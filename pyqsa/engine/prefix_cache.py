@@ -1,14 +1,14 @@
 """The prefix cache: states of token prefixes that slots held, kept in host memory, so a request
 whose prompt starts with one starts from that state and prefills only the rest.
 
-An entry is a snapshot of one slot's sequence (`Runner.snapshot`: the QSA layers' K/V, the
-indexer's block keys and the raw keys of the incomplete tail block, the Gated DeltaNet recurrent
-and conv states) at the length it had when taken. The recurrent state cannot be rewound, so an
-entry can only be resumed at exactly its own length: the engine takes snapshots where prompts
-end (a finished reply is computed again as a prompt for it, see prefix_reuse.py) and every
-`stride` tokens inside long prompts, and a prompt reuses the longest entry that is a prefix of
-it. Because the tail block is saved with it, an entry may end anywhere, not only on a block
-boundary.
+An entry is a snapshot of one slot's sequence at the length it had when taken: its head (the
+Gated DeltaNet recurrent and conv states, cell metadata, the tail block's ring rows) and the row
+segments (prefix_rows.py: the QSA layers' K/V, the indexer's keys) covering its positions. The
+recurrent state cannot be rewound, so an entry can only be resumed at exactly its own length: the
+engine takes snapshots where prompts end (a finished reply is computed again as a prompt for it,
+see prefix_reuse.py) and every `stride` tokens inside long prompts, and a prompt reuses the
+longest entry that is a prefix of it. Because the tail block is saved with it, an entry may end
+anywhere, not only on a block boundary.
 
 NOTE: the lookup structure. Entries exist only at those few snapshot lengths, not at every
 block, so each entry is keyed by its length and a 64-bit polynomial hash of its tokens; a
@@ -21,8 +21,10 @@ would find the longest common prefix at any token, which a state that cannot be 
 use for.
 
 Entries are read-only and counted: a request holds the entry it started from until it ends, and
-eviction (least recently used first, whole entries) never takes one that is held. An entry that
-does not fit the budget beside the held ones is not kept.
+eviction (least recently used first, whole entries) never takes one that is held. Entries share
+row segments (the snapshots of one sequence at several lengths): a segment's bytes count once,
+and go when the last entry holding it does. An entry that does not fit the budget beside the held
+ones is not kept.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from .prefix_rows import RowSegment
 
 _HASH_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd: every power is a unit mod 2**64
 # the default budget: this share of the host memory available (MemAvailable) beside the paging
@@ -64,7 +68,8 @@ def budget(gib: float | None, free_host: int | None, reserved: int) -> int:
 @dataclass(eq=False)
 class PrefixEntry:
     tokens: np.ndarray  # int64 [n]: the prefix
-    state: bytes | bytearray  # Runner.snapshot of a slot holding exactly these tokens
+    head: bytes | bytearray  # Runner.snapshot's head of a slot holding exactly these tokens
+    segments: tuple[RowSegment, ...] = ()  # its rows, positions 0..n-1 in order
     refs: int = 0  # requests started from it and still running
 
     @property
@@ -73,7 +78,8 @@ class PrefixEntry:
 
     @property
     def nbytes(self) -> int:
-        return len(self.state) + self.tokens.nbytes
+        """Its own bytes, without the segments (which entries share)."""
+        return len(self.head) + self.tokens.nbytes
 
 
 class PrefixCache:
@@ -83,7 +89,7 @@ class PrefixCache:
         if budget < 0:
             raise ValueError(f"budget must be >= 0, got {budget}")
         self.budget = budget
-        self.bytes = 0  # held by the entries
+        self.bytes = 0  # held by the entries and their segments
         self.evicted = 0  # entries evicted for room, since start
         self._entries: OrderedDict[tuple[int, int], PrefixEntry] = OrderedDict()
         self._lengths: list[int] = []  # of the entries, sorted (one per entry)
@@ -91,6 +97,10 @@ class PrefixCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def entries(self) -> list[PrefixEntry]:
+        """Least recently used first."""
+        return list(self._entries.values())
 
     def _prefix_hashes(self, tokens: np.ndarray) -> np.ndarray:
         """uint64 [n]: hash of tokens[:i + 1] at i."""
@@ -105,12 +115,12 @@ class PrefixCache:
     def _key(self, tokens: np.ndarray) -> tuple[int, int]:
         return len(tokens), int(self._prefix_hashes(tokens)[-1])
 
-    def match(self, prompt: Sequence[int]) -> PrefixEntry | None:
-        """The longest entry that is a prefix of `prompt` and at least two tokens shorter, held
-        for the caller (give it back with `release`). A request computes at least its last
-        prompt token, and never that one alone: a one-token pass rounds differently from a
-        chunk's (see Scheduler._no_lone_last_tokens)."""
-        found = self._find(prompt)
+    def match(self, prompt: Sequence[int], limit: int | None = None) -> PrefixEntry | None:
+        """The longest entry that is a prefix of `prompt`, at least two tokens shorter and at most
+        `limit` long, held for the caller (give it back with `release`). A request computes at
+        least its last prompt token, and never that one alone: a one-token pass rounds
+        differently from a chunk's (see Scheduler._no_lone_last_tokens)."""
+        found = self._find(prompt, limit)
         if found is None:
             return None
         key, entry = found
@@ -118,14 +128,17 @@ class PrefixCache:
         entry.refs += 1
         return entry
 
-    def longest(self, prompt: Sequence[int]) -> int:
+    def longest(self, prompt: Sequence[int], limit: int | None = None) -> int:
         """The length of the entry `match` would give, 0 for none; neither held nor touched."""
-        found = self._find(prompt)
+        found = self._find(prompt, limit)
         return 0 if found is None else found[1].n_tokens
 
-    def _find(self, prompt: Sequence[int]) -> tuple[tuple[int, int], PrefixEntry] | None:
+    def _find(
+        self, prompt: Sequence[int], limit: int | None
+    ) -> tuple[tuple[int, int], PrefixEntry] | None:
         tokens = np.asarray(prompt, np.int64)
-        end = bisect_left(self._lengths, len(tokens) - 1)  # entries of <= len - 2 tokens
+        top = len(tokens) - 2 if limit is None else min(limit, len(tokens) - 2)
+        end = bisect_left(self._lengths, top + 1)  # entries of <= top tokens
         if end == 0:
             return None
         hashes = self._prefix_hashes(tokens[: self._lengths[end - 1]])
@@ -144,38 +157,58 @@ class PrefixCache:
         assert entry.refs > 0
         entry.refs -= 1
 
-    def contains(self, tokens: Sequence[int]) -> bool:
+    def get(self, tokens: Sequence[int]) -> PrefixEntry | None:
+        """The entry of exactly these tokens, if any (not held)."""
         t = np.asarray(tokens, np.int64)
         entry = self._entries.get(self._key(t)) if len(t) else None
-        return entry is not None and np.array_equal(entry.tokens, t)
+        return entry if entry is not None and np.array_equal(entry.tokens, t) else None
 
-    def insert(self, tokens: Sequence[int], state: bytes | bytearray) -> bool:
-        """Keep `state` as the state of `tokens`, evicting the least recently used entries not
-        held; False (nothing kept) when it does not fit or an entry of these tokens exists."""
-        entry = PrefixEntry(np.array(tokens, np.int64), state)
+    def contains(self, tokens: Sequence[int]) -> bool:
+        return self.get(tokens) is not None
+
+    def insert(
+        self,
+        tokens: Sequence[int],
+        head: bytes | bytearray,
+        segments: Sequence[RowSegment] = (),
+    ) -> bool:
+        """Keep `head` and `segments` as the state of `tokens`, evicting the least recently used
+        entries not held; False (nothing kept) when it does not fit or an entry of these tokens
+        exists."""
+        entry = PrefixEntry(np.array(tokens, np.int64), head, tuple(segments))
         key = self._key(entry.tokens)
-        if not entry.n_tokens or key in self._entries or not self._make_room(entry.nbytes):
+        if not entry.n_tokens or key in self._entries or not self._fits(entry):
             return False
+        for seg in entry.segments:
+            if seg.refs == 0:
+                self.bytes += seg.nbytes
+            seg.refs += 1
         self._entries[key] = entry
         insort(self._lengths, entry.n_tokens)
         self.bytes += entry.nbytes
-        return True
-
-    def _make_room(self, nbytes: int) -> bool:
-        free_able = sum(e.nbytes for e in self._entries.values() if e.refs == 0)
-        if self.bytes - free_able + nbytes > self.budget:
-            return False
-        for key in [k for k, e in self._entries.items() if e.refs == 0]:
-            if self.bytes + nbytes <= self.budget:
+        for k in [k for k, e in self._entries.items() if e.refs == 0 and e is not entry]:
+            if self.bytes <= self.budget:
                 break
-            self._drop(key)
+            self._drop(k)
             self.evicted += 1
         return True
+
+    def _fits(self, entry: PrefixEntry) -> bool:
+        """Whether `entry` fits beside the held entries (every other one evicted)."""
+        held = [e for e in self._entries.values() if e.refs] + [entry]
+        segments = {id(s): s for e in held for s in e.segments}
+        need = sum(e.nbytes for e in held) + sum(s.nbytes for s in segments.values())
+        return need <= self.budget
 
     def _drop(self, key: tuple[int, int]) -> None:
         entry = self._entries.pop(key)
         del self._lengths[bisect_left(self._lengths, entry.n_tokens)]
         self.bytes -= entry.nbytes
+        for seg in entry.segments:
+            seg.refs -= 1
+            if seg.refs == 0:
+                self.bytes -= seg.nbytes
+                seg.drop()
 
     def clear(self) -> None:
         """Drop every entry not held (the held ones go once released and evicted)."""
