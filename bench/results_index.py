@@ -24,6 +24,7 @@ SCENARIOS = {  # kind -> what a reader looks for
     "serve": "server (bench/serve_run.sh)",
     "serve-paged": "server with paging",
     "mission": "long: 8 x 256K through serve (tests/gpu/mission.sh)",
+    "prefix": "prefix cache: agents' follow-ups through serve (tests/gpu/agents.sh)",
     "gpu-checks": "checks: CUDA vs CPU op checks and GPU tests",
     "gpu-ops": "checks: CUDA op timings",
     "kernels": "profile: kernel time by name",
