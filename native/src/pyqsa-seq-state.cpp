@@ -26,10 +26,12 @@
 #include "pyqsa-lazy-host.h"
 #include "qsa-pager.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <set>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -74,6 +76,32 @@ size_t segment_offset(const std::vector<series_desc> & table, size_t k, uint32_t
 
 bool is_lazy(const ggml_tensor * t) {
     return t->buffer != nullptr && ggml_backend_buffer_get_type(t->buffer) == pyqsa_lazy_host_buffer_type();
+}
+
+// size bytes from src into t at byte offset. Into host memory (the paging host store, a CPU
+// build's caches) a large copy is split over threads: one thread's memcpy reaches a fraction of
+// the host's memory bandwidth, and a restore's rows are most of a follow-up's time to its first
+// token when its slot was taken by another request.
+void set_bytes(ggml_tensor * t, const uint8_t * src, size_t offset, size_t size) {
+    constexpr size_t per_thread = 1u << 20;
+    const size_t     n          = std::min<size_t>({ std::max(1u, std::thread::hardware_concurrency()), 16,
+                                                     size / per_thread + 1 });
+    if (n == 1 || !ggml_backend_buffer_is_host(t->buffer)) {
+        ggml_backend_tensor_set(t, src, offset, size);
+        return;
+    }
+    GGML_ASSERT(offset + size <= ggml_nbytes(t));
+    uint8_t *                dst  = static_cast<uint8_t *>(t->data) + offset;
+    const size_t             part = (size + n - 1) / n;
+    std::vector<std::thread> threads;
+    for (size_t i = 1; i < n; ++i) {
+        const size_t a = std::min(size, i * part), b = std::min(size, a + part);
+        threads.emplace_back([=] { std::memcpy(dst + a, src + a, b - a); });
+    }
+    std::memcpy(dst, src, std::min(size, part));
+    for (std::thread & th : threads) {
+        th.join();
+    }
 }
 
 struct unsupported : std::runtime_error {
@@ -260,7 +288,7 @@ public:
             const size_t               cnt = s.end / d.ratio - row;
             if (cnt > 0) {
                 const auto * from = static_cast<const uint8_t *>(s.data) + segment_offset(p.table, k, s.start, s.end);
-                ggml_backend_tensor_set(t, from, offset + row * d.row_bytes, cnt * d.row_bytes);
+                set_bytes(t, from, offset + row * d.row_bytes, cnt * d.row_bytes);
             }
         }
     }

@@ -56,8 +56,8 @@ if command -v nvidia-smi > /dev/null; then
     kind=${locality:+locality-}  # the default model's name has no kind; the others are left out
     model=$(ls .build/bench/flash-next-synth-"$kind"????????????.gguf 2> /dev/null | head -n 1)
     [ -n "$model" ] || { echo "mission.sh: no .build/bench/flash-next-synth-$kind*.gguf: run bench/gpu_run.sh ${locality:+--locality }first" >&2; exit 2; }
-    # the prefix cache off on both: its snapshots (every 16K prompt tokens, each a copy of the
-    # stream's state, K/V included) are not what this load measures
+    # the prefix cache off on both: its snapshots (a host copy of every prompt's K/V, and a
+    # head every 16K prompt tokens) are not what this load measures
     common=("$model" "${common[@]}" --ctx 262144 --prefix-cache-gib 0)
     # the paged server's device budget (a consumer card's memory), from MISSION_BUDGET
     read -r -a budget <<< "${MISSION_BUDGET---gpu-memory 24}"

@@ -26,9 +26,9 @@ NEXT = [int(t) for t in RNG.integers(100, 5000, 9)]
 
 
 class Context:
-    def __init__(self, model, hot_blocks: int) -> None:
+    def __init__(self, model, hot_blocks: int, ctx_per_seq: int = 512) -> None:
         cfg = ContextConfig(
-            n_seqs=2, ctx_per_seq=512, n_batch=N_BATCH, n_threads=2, hot_blocks=hot_blocks
+            n_seqs=2, ctx_per_seq=ctx_per_seq, n_batch=N_BATCH, n_threads=2, hot_blocks=hot_blocks
         )
         self.ctx = open_context(model.ptr, cfg)
         self.mem = L.llama_get_memory(self.ctx)
@@ -143,6 +143,25 @@ def test_two_states_of_one_sequence_share_their_rows(context):
     native.seq_state_load(c.ctx, 1, head2, segments)
     got = c.continue_(1)
     assert all(np.array_equal(w, g) for w, g in zip(want, got, strict=True))
+
+
+@pytest.mark.parametrize("hot_blocks", [0, 8], ids=["unpaged", "paged"])
+def test_a_long_sequence_loads_bit_for_bit(demo_llama, hot_blocks):
+    """16387 positions: each K or V series is 2 MiB, which a load into host memory copies on
+    several threads."""
+    c = Context(demo_llama[1], hot_blocks, ctx_per_seq=16512)
+    try:
+        tokens = [int(t) for t in np.random.default_rng(5).integers(100, 5000, 16387)]
+        c.prefill(0, tokens)
+        head, rows = native.seq_state_save(c.ctx, 0)
+        segments = [(0, len(tokens), rows.get(0, len(tokens)))]
+        rows.close()
+        want = c.continue_(0, len(tokens))
+        native.seq_state_load(c.ctx, 1, head, segments)
+        got = c.continue_(1, len(tokens))
+        assert all(np.array_equal(w, g) for w, g in zip(want, got, strict=True))
+    finally:
+        c.close()
 
 
 def test_bytes_that_are_no_state_are_refused(context):
