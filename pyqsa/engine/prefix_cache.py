@@ -14,8 +14,9 @@ NOTE: the lookup structure. Entries exist only at those few snapshot lengths, no
 block, so each entry is keyed by its length and a 64-bit polynomial hash of its tokens; a
 prompt's prefix hashes at every length come from one vectorized pass (numpy, wrapping uint64
 arithmetic: 13 ms for a 256K-token prompt given as a Python list, on the 2-core dev machine,
-against 38 ms for a chain of per-block tuple hashes in Python), then each distinct entry length
-is one dict probe, longest first (a 256K prompt against 100 entries: 10 ms). A hit is confirmed
+against 38 ms for a chain of per-block tuple hashes in Python), once per request (`Tokens`: its
+lookups and its snapshots use them), then each distinct entry length is one dict probe, longest
+first (a 256K prompt against 100 entries: 10 ms). A hit is confirmed
 by comparing the tokens, so a hash collision costs a miss, never a wrong state. A radix tree
 would find the longest common prefix at any token, which a state that cannot be rewound has no
 use for.
@@ -44,6 +45,43 @@ _HASH_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd: every power is a unit mod 2**
 # host store, which the cache must not crowd out
 DEFAULT_HOST_SHARE = 0.2
 DEFAULT_BUDGET_UNKNOWN_HOST = 1 << 30  # where MemAvailable cannot be read
+
+
+_powers = np.ones(1, np.uint64)  # _HASH_BASE ** i, grown as needed
+
+
+def prefix_hashes(tokens: np.ndarray) -> np.ndarray:
+    """uint64 [n]: the hash of tokens[:i + 1] at i."""
+    global _powers
+    n, powers = len(tokens), _powers
+    if len(powers) < n:
+        grown = np.full(max(n, 2 * len(powers)), _HASH_BASE, np.uint64)
+        grown[0] = 1
+        powers = _powers = np.cumprod(grown, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        return np.cumsum((tokens.astype(np.uint64) + 1) * powers[:n], dtype=np.uint64)
+
+
+class Tokens:
+    """A token sequence and its prefix hashes, computed once for every lookup and insert of its
+    prefixes (a request's prompt: the lookups where it starts, the snapshots as it is computed)."""
+
+    def __init__(self, tokens: Sequence[int] | np.ndarray) -> None:
+        self.array = np.asarray(tokens, np.int64)
+        self._hashes: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def hash(self, n: int) -> int:
+        """The hash of the first n tokens (n >= 1)."""
+        if self._hashes is None:
+            self._hashes = prefix_hashes(self.array)
+        return int(self._hashes[n - 1])
+
+
+def _tokens(t: Sequence[int] | Tokens) -> Tokens:
+    return t if isinstance(t, Tokens) else Tokens(t)
 
 
 def budget(gib: float | None, free_host: int | None, reserved: int) -> int:
@@ -93,7 +131,6 @@ class PrefixCache:
         self.evicted = 0  # entries evicted for room, since start
         self._entries: OrderedDict[tuple[int, int], PrefixEntry] = OrderedDict()
         self._lengths: list[int] = []  # of the entries, sorted (one per entry)
-        self._powers = np.ones(1, np.uint64)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -102,20 +139,7 @@ class PrefixCache:
         """Least recently used first."""
         return list(self._entries.values())
 
-    def _prefix_hashes(self, tokens: np.ndarray) -> np.ndarray:
-        """uint64 [n]: hash of tokens[:i + 1] at i."""
-        n = len(tokens)
-        if len(self._powers) < n:
-            grown = np.full(max(n, 2 * len(self._powers)), _HASH_BASE, np.uint64)
-            grown[0] = 1
-            self._powers = np.cumprod(grown, dtype=np.uint64)
-        with np.errstate(over="ignore"):
-            return np.cumsum((tokens.astype(np.uint64) + 1) * self._powers[:n], dtype=np.uint64)
-
-    def _key(self, tokens: np.ndarray) -> tuple[int, int]:
-        return len(tokens), int(self._prefix_hashes(tokens)[-1])
-
-    def match(self, prompt: Sequence[int], limit: int | None = None) -> PrefixEntry | None:
+    def match(self, prompt: Sequence[int] | Tokens, limit: int | None = None) -> PrefixEntry | None:
         """The longest entry that is a prefix of `prompt`, at least two tokens shorter and at most
         `limit` long, held for the caller (give it back with `release`). A request computes at
         least its last prompt token, and never that one alone: a one-token pass rounds
@@ -128,28 +152,25 @@ class PrefixCache:
         entry.refs += 1
         return entry
 
-    def longest(self, prompt: Sequence[int], limit: int | None = None) -> int:
+    def longest(self, prompt: Sequence[int] | Tokens, limit: int | None = None) -> int:
         """The length of the entry `match` would give, 0 for none; neither held nor touched."""
         found = self._find(prompt, limit)
         return 0 if found is None else found[1].n_tokens
 
     def _find(
-        self, prompt: Sequence[int], limit: int | None
+        self, prompt: Sequence[int] | Tokens, limit: int | None
     ) -> tuple[tuple[int, int], PrefixEntry] | None:
-        tokens = np.asarray(prompt, np.int64)
-        top = len(tokens) - 2 if limit is None else min(limit, len(tokens) - 2)
+        t = _tokens(prompt)
+        top = len(t) - 2 if limit is None else min(limit, len(t) - 2)
         end = bisect_left(self._lengths, top + 1)  # entries of <= top tokens
-        if end == 0:
-            return None
-        hashes = self._prefix_hashes(tokens[: self._lengths[end - 1]])
         tried = None
         for n in reversed(self._lengths[:end]):
             if n == tried:
                 continue
             tried = n
-            key = (n, int(hashes[n - 1]))
+            key = (n, t.hash(n))
             entry = self._entries.get(key)
-            if entry is not None and np.array_equal(entry.tokens, tokens[:n]):
+            if entry is not None and np.array_equal(entry.tokens, t.array[:n]):
                 return key, entry
         return None
 
@@ -157,33 +178,38 @@ class PrefixCache:
         assert entry.refs > 0
         entry.refs -= 1
 
-    def get(self, tokens: Sequence[int]) -> PrefixEntry | None:
-        """The entry of exactly these tokens, if any (not held)."""
-        t = np.asarray(tokens, np.int64)
-        entry = self._entries.get(self._key(t)) if len(t) else None
-        return entry if entry is not None and np.array_equal(entry.tokens, t) else None
+    def get(self, tokens: Sequence[int] | Tokens, n: int | None = None) -> PrefixEntry | None:
+        """The entry of exactly the first n (default: all) of these tokens, if any (not held)."""
+        t = _tokens(tokens)
+        n = len(t) if n is None else n
+        entry = self._entries.get((n, t.hash(n))) if n else None
+        return entry if entry is not None and np.array_equal(entry.tokens, t.array[:n]) else None
 
-    def contains(self, tokens: Sequence[int]) -> bool:
-        return self.get(tokens) is not None
+    def contains(self, tokens: Sequence[int] | Tokens, n: int | None = None) -> bool:
+        return self.get(tokens, n) is not None
 
     def insert(
         self,
-        tokens: Sequence[int],
+        tokens: Sequence[int] | Tokens,
         head: bytes | bytearray,
         segments: Sequence[RowSegment] = (),
+        n: int | None = None,
     ) -> bool:
-        """Keep `head` and `segments` as the state of `tokens`, evicting the least recently used
-        entries not held; False (nothing kept) when it does not fit or an entry of these tokens
-        exists."""
-        entry = PrefixEntry(np.array(tokens, np.int64), head, tuple(segments))
-        key = self._key(entry.tokens)
-        if not entry.n_tokens or key in self._entries or not self._fits(entry):
+        """Keep `head` and `segments` as the state of the first n (default: all) of `tokens`,
+        evicting the least recently used entries not held; False (nothing kept) when it does
+        not fit or an entry of these tokens exists."""
+        t = _tokens(tokens)
+        n = len(t) if n is None else n
+        if not n or (n, t.hash(n)) in self._entries:
+            return False
+        entry = PrefixEntry(t.array[:n].copy(), head, tuple(segments))
+        if not self._fits(entry):
             return False
         for seg in entry.segments:
             if seg.refs == 0:
                 self.bytes += seg.nbytes
             seg.refs += 1
-        self._entries[key] = entry
+        self._entries[(n, t.hash(n))] = entry
         insort(self._lengths, entry.n_tokens)
         self.bytes += entry.nbytes
         for k in [k for k, e in self._entries.items() if e.refs == 0 and e is not entry]:

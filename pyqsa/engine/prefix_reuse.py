@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .prefix_cache import PrefixCache, PrefixEntry
+from .prefix_cache import PrefixCache, PrefixEntry, Tokens
 from .prefix_rows import RowCopier, RowSegment, usable
 from .request import Request, SamplingParams
 from .runner import Runner, RunnerError
@@ -79,6 +79,7 @@ class PrefixReuse:
         self._held: dict[int, _Holding] = {}  # free slots holding their sequence
         self._lineage: dict[int, list[RowSegment]] = {}  # per slot: its rows in the cache, in order
         self._plans: dict[str, _Plan] = {}
+        self._prompts: dict[str, Tokens] = {}  # of the requests placed and not ended
         self._hit_tokens = 0
         self._miss_tokens = 0
         self._starts = dict.fromkeys(STARTS, 0)
@@ -93,7 +94,7 @@ class PrefixReuse:
         None for any; remembers how it starts there for `start`."""
         if not self.enabled:
             return None
-        prompt = np.asarray(req.prompt, np.int64)
+        prompt = self._prompt(req)
         best = self._from_cache(prompt)
         for slot in free_held:
             plan = self._in_place(prompt, slot)
@@ -102,17 +103,22 @@ class PrefixReuse:
         self._plans[req.request_id] = best
         return best.slot
 
-    def _from_cache(self, prompt) -> _Plan:
+    def _prompt(self, req: Request) -> Tokens:
+        if (t := self._prompts.get(req.request_id)) is None:
+            t = self._prompts[req.request_id] = Tokens(req.prompt)
+        return t
+
+    def _from_cache(self, prompt: Tokens) -> _Plan:
         n = self.cache.longest(prompt) if self.enabled else 0
         return _Plan("restore" if n else "none", n)
 
-    def _in_place(self, prompt: np.ndarray, slot: int) -> _Plan | None:
+    def _in_place(self, prompt: Tokens, slot: int) -> _Plan | None:
         h = self._held[slot]
-        n = len(h.tokens)
-        if n == h.exact and len(prompt) >= n + 2 and np.array_equal(prompt[:n], h.tokens):
+        n, p = len(h.tokens), prompt.array
+        if n == h.exact and len(p) >= n + 2 and np.array_equal(p[:n], h.tokens):
             return _Plan("continue", n, slot)
-        m = min(len(prompt), h.exact)
-        differ = np.flatnonzero(prompt[:m] != h.tokens[:m])
+        m = min(len(p), h.exact)
+        differ = np.flatnonzero(p[:m] != h.tokens[:m])
         common = int(differ[0]) if len(differ) else m
         n = self.cache.longest(prompt, common)
         return _Plan("resume", n, slot) if n else None
@@ -122,12 +128,13 @@ class PrefixReuse:
         it started from is held until `end`)."""
         assert req.lease is not None
         slot = req.lease.slot
+        prompt = self._prompt(req)
         plan = self._plans.pop(req.request_id, None)
         if plan is None or plan.slot not in (None, slot):
-            plan = self._from_cache(req.prompt)
+            plan = self._from_cache(prompt)
         if self._held.pop(slot, None) is not None and plan.slot is None:
             self._empty(slot)  # kept for a reuse in place, taken for another start
-        entry = self.cache.match(req.prompt, plan.n) if plan.n else None
+        entry = self.cache.match(prompt, plan.n) if plan.n else None
         if entry is not None and entry.n_tokens != plan.n:  # continue: no entry of its length
             self.cache.release(entry)
             entry = None
@@ -166,19 +173,15 @@ class PrefixReuse:
         computes its prompt and reply (its last token too) as a prompt, to be snapshotted there;
         None when the cache is off, has that state, or lacks its prompt's (it would compute
         more than the reply again), or the slot cannot hold one token more."""
-        tokens = req.tokens
-        if (
-            not self.enabled
-            or req.num_output_tokens < 2
-            or len(tokens) >= req.lease.capacity
-            or self.cache.longest(tokens) < len(req.prompt)
-            or self.cache.contains(tokens)
-        ):
+        if not self.enabled or req.num_output_tokens < 2 or len(req.tokens) >= req.lease.capacity:
+            return None
+        tokens = Tokens(req.tokens)
+        if self.cache.longest(tokens) < len(req.prompt) or self.cache.contains(tokens):
             return None
         params = SamplingParams(temperature=0, max_tokens=1)
         return Request(
             f"{req.request_id}/reply",
-            list(tokens),
+            list(req.tokens),
             params,
             lambda ev: None,
             max_len=len(tokens) + 1,
@@ -190,10 +193,13 @@ class PrefixReuse:
         """`req`, which started from `entry`, ended; `keep`: its slot holds its sequence on."""
         if entry is not None:
             self.cache.release(entry)
-        if keep and req.lease is not None:
-            n = req.num_computed_tokens
-            tokens = np.asarray(req.tokens[:n], np.int64)
-            self._held[req.lease.slot] = _Holding(tokens, min(n, len(req.prompt)))
+        prompt = self._prompts.pop(req.request_id, None)
+        if keep and req.lease is not None and prompt is not None:
+            n, exact = req.num_computed_tokens, min(req.num_computed_tokens, len(prompt))
+            tokens = np.concatenate(
+                (prompt.array[:exact], np.asarray(req.tokens[exact:n], np.int64))
+            )
+            self._held[req.lease.slot] = _Holding(tokens, exact)
 
     def forget(self, slot: int) -> None:
         """The slot is about to be emptied: its copies end first."""
@@ -222,10 +228,11 @@ class PrefixReuse:
         now, the rows since the slot's last segment by the copier."""
         assert req.lease is not None
         slot, n = req.lease.slot, req.num_computed_tokens
-        tokens = req.tokens[:n]
-        if not self.enabled or not tokens:
+        prompt = self._prompt(req)
+        assert n <= len(prompt)  # snapshots are taken inside prompts
+        if not self.enabled or not n:
             return
-        if (existing := self.cache.get(tokens)) is not None:
+        if (existing := self.cache.get(prompt, n)) is not None:
             self._lineage[slot] = list(existing.segments)  # the same rows: share them
             return
         started = time.perf_counter()
@@ -243,7 +250,7 @@ class PrefixReuse:
             segments.append(seg)
         k = segments[-1].end if segments else 0
         new = RowSegment(k, n, source.size(k, n), slot) if k < n else None
-        if not self.cache.insert(tokens, head, segments + ([new] if new else [])):
+        if not self.cache.insert(prompt, head, segments + ([new] if new else []), n):
             source.close()
             return
         self._lineage[slot] = segments + ([new] if new else [])
