@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -152,13 +152,22 @@ class PrefixCache:
         entry.refs += 1
         return entry
 
-    def longest(self, prompt: Sequence[int] | Tokens, limit: int | None = None) -> int:
-        """The length of the entry `match` would give, 0 for none; neither held nor touched."""
-        found = self._find(prompt, limit)
+    def longest(
+        self,
+        prompt: Sequence[int] | Tokens,
+        limit: int | None = None,
+        accept: Callable[[PrefixEntry], bool] | None = None,
+    ) -> int:
+        """The length of the entry `match` would give (of those `accept` takes), 0 for none;
+        neither held nor touched."""
+        found = self._find(prompt, limit, accept)
         return 0 if found is None else found[1].n_tokens
 
     def _find(
-        self, prompt: Sequence[int] | Tokens, limit: int | None
+        self,
+        prompt: Sequence[int] | Tokens,
+        limit: int | None,
+        accept: Callable[[PrefixEntry], bool] | None = None,
     ) -> tuple[tuple[int, int], PrefixEntry] | None:
         t = _tokens(prompt)
         top = len(t) - 2 if limit is None else min(limit, len(t) - 2)
@@ -171,7 +180,8 @@ class PrefixCache:
             key = (n, t.hash(n))
             entry = self._entries.get(key)
             if entry is not None and np.array_equal(entry.tokens, t.array[:n]):
-                return key, entry
+                if accept is None or accept(entry):
+                    return key, entry
         return None
 
     def release(self, entry: PrefixEntry) -> None:

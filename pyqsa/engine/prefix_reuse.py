@@ -70,6 +70,12 @@ class _Plan:
     slot: int | None = None  # the free slot it starts in (continue, resume)
 
 
+def _leads(segments: tuple[RowSegment, ...], lineage: list[RowSegment]) -> bool:
+    return len(segments) <= len(lineage) and all(
+        a is b for a, b in zip(segments, lineage, strict=False)
+    )
+
+
 class PrefixReuse:
     def __init__(self, runner: Runner, budget: int, stride: int) -> None:
         self.runner = runner
@@ -120,7 +126,11 @@ class PrefixReuse:
         m = min(len(p), h.exact)
         differ = np.flatnonzero(p[:m] != h.tokens[:m])
         common = int(differ[0]) if len(differ) else m
-        n = self.cache.longest(prompt, common)
+        # NOTE: only an entry whose rows are this slot's own (its segments lead the slot's): the
+        # same tokens computed in another slot, beside other requests, may differ in their last
+        # bits, and its head would not be the state of these rows
+        lineage = self._lineage.get(slot, [])
+        n = self.cache.longest(prompt, common, lambda e: _leads(e.segments, lineage))
         return _Plan("resume", n, slot) if n else None
 
     def start(self, req: Request) -> PrefixEntry | None:
@@ -232,8 +242,7 @@ class PrefixReuse:
         assert n <= len(prompt)  # snapshots are taken inside prompts
         if not self.enabled or not n:
             return
-        if (existing := self.cache.get(prompt, n)) is not None:
-            self._lineage[slot] = list(existing.segments)  # the same rows: share them
+        if self.cache.contains(prompt, n):  # (this slot's later snapshots copy their own rows)
             return
         started = time.perf_counter()
         try:

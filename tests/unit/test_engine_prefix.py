@@ -139,6 +139,22 @@ def test_the_least_recently_used_free_slot_is_taken_first():
     assert runner.restored == []
 
 
+def test_a_slot_resumes_only_an_entry_of_its_own_rows():
+    """Two slots compute one prompt side by side (which rounds otherwise than alone): the entry
+    holds the rows of the slot that took it first, so the other slot's reply starts by a restore
+    of that entry, not by mixing its head with the other slot's rows."""
+    runner = FakeRunner()
+    e = engine(runner)
+    a, b = Collector(), Collector()
+    e.submit([1, 2, 3, 4, 5], SamplingParams(temperature=0, max_tokens=6), a)  # slot 0
+    e.submit([1, 2, 3, 4, 5], GREEDY, b)  # slot 1, done first: its reply is computed again
+    a.wait(), b.wait()
+    idle(e)
+    (entry,) = [en for en in e.prefix.cache.entries() if en.n_tokens == 5]
+    assert [s.slot for s in entry.segments] == [0]
+    assert runner.restored == [(1, 5)] and runner.resumed == []
+
+
 def test_at_least_two_tokens_are_computed():
     runner = FakeRunner()
     e = engine(runner)
@@ -260,8 +276,10 @@ def test_a_held_entry_survives_clear_and_cancel_releases_it():
     steps.release(100)
     fin, out = run(e, [1, 2, 3, 4, 5, 9])
     assert (fin.cached_tokens, out) == (4, [10, 11, 12])
-    assert runner.restored == [(0, 4)]
     idle(e)
+    # its reply is computed from the 6-token entry, restored into slot 1: that entry's rows come
+    # from the cancelled request's computation, not slot 0's, so slot 0 does not resume it
+    assert runner.restored == [(0, 4), (1, 6)] and runner.resumed == []
     e.clear_prefix_cache().result(5)
     assert (e.stats().prefix.bytes, e.stats().prefix.entries) == (0, 0)
     assert e.slots.held() == [] and e.stats().ledger == start_ledger
