@@ -10,8 +10,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import cffi
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "ACCEL"}
 
@@ -196,7 +200,7 @@ class SeqRows:
     any thread, as long as the sequence's cells of those positions are not written meanwhile (it
     may grow, not be removed, shortened or loaded into). `close` frees the handle."""
 
-    def __init__(self, ptr, n_tokens: int, head: bytes | bytearray) -> None:
+    def __init__(self, ptr, n_tokens: int, head: bytes | np.ndarray) -> None:
         self._ptr = ptr
         self.n_tokens = n_tokens
         self._head = head
@@ -224,27 +228,29 @@ class SeqRows:
             self._ptr = None
 
 
-def seq_state_save(ctx: int, seq_id: int) -> tuple[bytearray, SeqRows]:
-    """Sequence `seq_id`'s state (pyqsa_seq_state_save in pyqsa.h): its head, and the handle on
-    its rows, for seq_state_load into a sequence of a context with the same settings (or
-    seq_state_resume). Waits for the device."""
+def seq_state_save(ctx: int, seq_id: int) -> tuple[np.ndarray, SeqRows]:
+    """Sequence `seq_id`'s state (pyqsa_seq_state_save in pyqsa.h): its head (uint8) and the
+    handle on its rows, for seq_state_load into a sequence of a context with the same settings
+    (or seq_state_resume). Waits for the device."""
     ffi, lib = _api()
     size = ffi.new("size_t *")
     c = ffi.cast("void *", ctx)
     _check(lib.pyqsa_seq_state_save(c, seq_id, ffi.NULL, 0, size, ffi.NULL), "pyqsa_seq_state_save")
-    head = bytearray(size[0])
+    import numpy as np
+
+    head = np.empty(size[0], np.uint8)  # not zeroed: every byte is written
     rows = ffi.new("pyqsa_seq_rows **")
     rc = lib.pyqsa_seq_state_save(c, seq_id, ffi.from_buffer(head), len(head), size, rows)
     _check(rc, "pyqsa_seq_state_save")
     return head, SeqRows(rows[0], seq_state_length(head), head)
 
 
-def seq_state_length(head: bytes | bytearray) -> int:
+def seq_state_length(head) -> int:
     """The positions a state holds, from its head."""
-    return int.from_bytes(head[8:12], "little")
+    return int.from_bytes(bytes(head[8:12]), "little")
 
 
-def seq_rows_size(head: bytes | bytearray, start: int, end: int) -> int:
+def seq_rows_size(head: bytes | np.ndarray, start: int, end: int) -> int:
     """The bytes of the rows of positions [start, end) of the state with this head."""
     ffi, lib = _api()
     out = ffi.new("size_t *")
@@ -256,8 +262,8 @@ def seq_rows_size(head: bytes | bytearray, start: int, end: int) -> int:
 def seq_state_load(
     ctx: int,
     seq_id: int,
-    head: bytes | bytearray,
-    segments: Sequence[tuple[int, int, bytes | bytearray]],
+    head: bytes | np.ndarray,
+    segments: Sequence[tuple[int, int, bytes | np.ndarray]],
 ) -> None:
     """Replace sequence `seq_id` with a saved state: its head and (start, end, rows) segments
     covering its positions in order; NativeError (the sequence left empty) when it does not
@@ -274,7 +280,7 @@ def seq_state_load(
     _check(rc, "pyqsa_seq_state_load")
 
 
-def seq_state_resume(ctx: int, seq_id: int, head: bytes | bytearray) -> None:
+def seq_state_resume(ctx: int, seq_id: int, head: bytes | np.ndarray) -> None:
     """Make sequence `seq_id`, which holds the state's rows already (pyqsa_seq_state_resume), the
     state of `head`: later positions dropped, the head loaded; NativeError (the sequence left
     empty) when it does not."""

@@ -106,7 +106,7 @@ def budget(gib: float | None, free_host: int | None, reserved: int) -> int:
 @dataclass(eq=False)
 class PrefixEntry:
     tokens: np.ndarray  # int64 [n]: the prefix
-    head: bytes | bytearray  # Runner.snapshot's head of a slot holding exactly these tokens
+    head: bytes | np.ndarray  # Runner.snapshot's head of a slot holding exactly these tokens
     segments: tuple[RowSegment, ...] = ()  # its rows, positions 0..n-1 in order
     refs: int = 0  # requests started from it and still running
 
@@ -201,7 +201,7 @@ class PrefixCache:
     def insert(
         self,
         tokens: Sequence[int] | Tokens,
-        head: bytes | bytearray,
+        head: bytes | np.ndarray,
         segments: Sequence[RowSegment] = (),
         n: int | None = None,
     ) -> bool:

@@ -63,21 +63,21 @@ class Runner(Protocol):
         """Forget everything the slot's sequence holds (KV cells and recurrent state)."""
         ...
 
-    def snapshot(self, slot: int) -> tuple[bytes | bytearray, RowSource]:
+    def snapshot(self, slot: int) -> tuple[bytes | np.ndarray, RowSource]:
         """The state of the slot's sequence (every position it holds), for `restore`: its head
         (everything but the per-position rows), and where its rows are, to be copied on any
         thread while the slot only grows (native.SeqRows, prefix_rows.py)."""
         ...
 
     def restore(
-        self, slot: int, head: bytes | bytearray, segments: Sequence[tuple[int, int, object]]
+        self, slot: int, head: bytes | np.ndarray, segments: Sequence[tuple[int, int, object]]
     ) -> None:
         """Make the slot's sequence the one `snapshot` saved: its head and its rows as (start,
         end, buffer) segments covering its positions in order (RunnerError, the slot left empty,
         when it does not load)."""
         ...
 
-    def resume(self, slot: int, head: bytes | bytearray) -> None:
+    def resume(self, slot: int, head: bytes | np.ndarray) -> None:
         """Make the slot's sequence, which holds the saved one's positions and went on past
         them, the one `snapshot` saved: positions past it dropped, the head loaded, the rows
         left in place (RunnerError, the slot left empty, when it does not)."""
@@ -364,14 +364,14 @@ class LlamaRunner:
             raise RunnerError(str(e)) from None
 
     def restore(
-        self, slot: int, head: bytes | bytearray, segments: Sequence[tuple[int, int, object]]
+        self, slot: int, head: bytes | np.ndarray, segments: Sequence[tuple[int, int, object]]
     ) -> None:
         try:
             native.seq_state_load(self.ctx, slot, head, segments)
         except native.NativeError as e:
             raise RunnerError(str(e)) from None
 
-    def resume(self, slot: int, head: bytes | bytearray) -> None:
+    def resume(self, slot: int, head: bytes | np.ndarray) -> None:
         try:
             native.seq_state_resume(self.ctx, slot, head)
         except native.NativeError as e:
