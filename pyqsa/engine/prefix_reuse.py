@@ -137,6 +137,9 @@ class PrefixReuse:
         """Start `req`, which just got its slot, after the prefix `place` found for it (the entry
         it started from is held until `end`)."""
         assert req.lease is not None
+        if not self.enabled:
+            self._miss_tokens += len(req.prompt) * (req.reply_of is None)
+            return None
         slot = req.lease.slot
         prompt = self._prompt(req)
         plan = self._plans.pop(req.request_id, None)
