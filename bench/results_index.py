@@ -26,7 +26,7 @@ SCENARIOS = {  # kind -> what a reader looks for
     "server": "server (pyqsa bench)",
     "capacity": "capacity: bytes by category (pyqsa bench)",
     "long": "long: long prompts through serve (pyqsa bench)",
-    "prefix": "prefix: follow-up turns (pyqsa bench)",
+    "prefix": "prefix cache: agents' follow-ups through serve (pyqsa bench, tests/gpu/agents.sh)",
     "decode": "steps: decode and prefill (bench/decode.py)",
     "decode-locality": "steps: decode on the locality model, an indexer that prefers stable blocks",
     "serve": "server (bench/serve_run.sh)",

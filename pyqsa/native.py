@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -194,29 +195,100 @@ def paging_layers(ctx: int) -> dict[int, tuple[int, int]] | None:
         out[int(il[0])] = (int(hits[0]), int(misses[0]))
 
 
-def seq_state_save(ctx: int, seq_id: int) -> bytearray:
-    """Sequence `seq_id`'s state (pyqsa_seq_state_save in pyqsa.h): every position it holds, for
-    seq_state_load into a sequence of a context with the same settings. Waits for the device."""
+class SeqRows:
+    """Where a saved sequence's rows are (pyqsa_seq_rows in pyqsa.h): `get` copies a segment on
+    any thread, as long as the sequence's cells of those positions are not written meanwhile (it
+    may grow, not be removed, shortened or loaded into). `close` frees the handle."""
+
+    def __init__(self, ptr, n_tokens: int, head: bytes | np.ndarray) -> None:
+        self._ptr = ptr
+        self.n_tokens = n_tokens
+        self._head = head
+
+    def size(self, start: int, end: int) -> int:
+        return seq_rows_size(self._head, start, end)
+
+    def get(self, start: int, end: int):
+        """The rows of positions [start, end), a numpy uint8 array (pyqsa_seq_rows_get; the GIL
+        is let go meanwhile)."""
+        import numpy as np
+
+        ffi, lib = _api()
+        if self._ptr is None:
+            raise NativeError("pyqsa_seq_rows_get on a closed handle")
+        out = np.empty(self.size(start, end), np.uint8)  # not zeroed: every byte is written
+        rc = lib.pyqsa_seq_rows_get(self._ptr, start, end, ffi.from_buffer(out), len(out))
+        _check(rc, "pyqsa_seq_rows_get")
+        return out
+
+    def close(self) -> None:
+        _, lib = _api()
+        if self._ptr is not None:
+            lib.pyqsa_seq_rows_free(self._ptr)
+            self._ptr = None
+
+
+def seq_state_save(ctx: int, seq_id: int) -> tuple[np.ndarray, SeqRows]:
+    """Sequence `seq_id`'s state (pyqsa_seq_state_save in pyqsa.h): its head (uint8) and the
+    handle on its rows, for seq_state_load into a sequence of a context with the same settings
+    (or seq_state_resume). Waits for the device."""
     ffi, lib = _api()
     size = ffi.new("size_t *")
     c = ffi.cast("void *", ctx)
-    _check(lib.pyqsa_seq_state_save(c, seq_id, ffi.NULL, 0, size), "pyqsa_seq_state_save")
-    out = bytearray(size[0])
-    _check(
-        lib.pyqsa_seq_state_save(c, seq_id, ffi.from_buffer(out), len(out), size),
-        "pyqsa_seq_state_save",
-    )
-    return out
+    _check(lib.pyqsa_seq_state_save(c, seq_id, ffi.NULL, 0, size, ffi.NULL), "pyqsa_seq_state_save")
+    import numpy as np
+
+    head = np.empty(size[0], np.uint8)  # not zeroed: every byte is written
+    rows = ffi.new("pyqsa_seq_rows **")
+    rc = lib.pyqsa_seq_state_save(c, seq_id, ffi.from_buffer(head), len(head), size, rows)
+    _check(rc, "pyqsa_seq_state_save")
+    return head, SeqRows(rows[0], seq_state_length(head), head)
 
 
-def seq_state_load(ctx: int, seq_id: int, state: bytes | bytearray) -> None:
-    """Replace sequence `seq_id` with a state from seq_state_save; NativeError (the sequence left
-    empty) when it does not load."""
+def seq_state_length(head) -> int:
+    """The positions a state holds, from its head."""
+    return int.from_bytes(bytes(head[8:12]), "little")
+
+
+def seq_rows_size(head: bytes | np.ndarray, start: int, end: int) -> int:
+    """The bytes of the rows of positions [start, end) of the state with this head."""
     ffi, lib = _api()
+    out = ffi.new("size_t *")
+    rc = lib.pyqsa_seq_rows_size(ffi.from_buffer(head), len(head), start, end, out)
+    _check(rc, "pyqsa_seq_rows_size")
+    return int(out[0])
+
+
+def seq_state_load(
+    ctx: int,
+    seq_id: int,
+    head: bytes | np.ndarray,
+    segments: Sequence[tuple[int, int, bytes | np.ndarray]],
+) -> None:
+    """Replace sequence `seq_id` with a saved state: its head and (start, end, rows) segments
+    covering its positions in order; NativeError (the sequence left empty) when it does not
+    load."""
+    ffi, lib = _api()
+    segs = ffi.new("pyqsa_rows_segment[]", max(1, len(segments)))
+    keep = []  # the buffers cffi points at, alive until the call returns
+    for i, (start, end, data) in enumerate(segments):
+        keep.append(ffi.from_buffer(data))
+        segs[i].data, segs[i].size, segs[i].start, segs[i].end = keep[-1], len(data), start, end
     rc = lib.pyqsa_seq_state_load(
-        ffi.cast("void *", ctx), seq_id, ffi.from_buffer(state), len(state)
+        ffi.cast("void *", ctx), seq_id, ffi.from_buffer(head), len(head), segs, len(segments)
     )
     _check(rc, "pyqsa_seq_state_load")
+
+
+def seq_state_resume(ctx: int, seq_id: int, head: bytes | np.ndarray) -> None:
+    """Make sequence `seq_id`, which holds the state's rows already (pyqsa_seq_state_resume), the
+    state of `head`: later positions dropped, the head loaded; NativeError (the sequence left
+    empty) when it does not."""
+    ffi, lib = _api()
+    rc = lib.pyqsa_seq_state_resume(
+        ffi.cast("void *", ctx), seq_id, ffi.from_buffer(head), len(head)
+    )
+    _check(rc, "pyqsa_seq_state_resume")
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,31 @@ def _prefix_metrics(p: PrefixStats) -> Iterator[Metric]:
     yield CounterMetricFamily(
         "pyqsa_prefix_cache_evicted", "Prefixes evicted from the prefix cache", value=p.evicted
     )
+    starts = CounterMetricFamily(
+        "pyqsa_prefix_cache_starts",
+        "Requests started after a cached prefix: in place in the slot holding it (continue), "
+        "its state resumed there (resume), or loaded into another slot (restore)",
+        labels=["how"],
+    )
+    for how, n in p.starts.items():
+        starts.add_metric([how], n)
+    yield starts
+    yield GaugeMetricFamily(
+        "pyqsa_prefix_cache_pending_copies",
+        "Snapshot row segments the copier thread has still to copy",
+        p.pending_copies,
+    )
+    yield CounterMetricFamily(
+        "pyqsa_prefix_cache_copy_seconds",
+        "Seconds the copier thread spent copying snapshots' rows",
+        value=p.copy_seconds,
+    )
+    yield CounterMetricFamily(
+        "pyqsa_prefix_cache_engine_seconds",
+        "Seconds the engine thread spent taking snapshots' heads, resuming and restoring states "
+        "(every slot waits meanwhile)",
+        value=p.engine_seconds,
+    )
 
 
 class Metrics:

@@ -178,22 +178,65 @@ PYQSA_API int32_t pyqsa_paging_stats_get(const void * ctx, pyqsa_paging_stats * 
 PYQSA_API int32_t pyqsa_paging_layer_get(const void * ctx, int32_t i, int32_t * il, uint64_t * hits,
                                          uint64_t * misses);
 
-// A sequence's state as bytes, for a prefix cache: every position the sequence holds (the QSA
-// layers' K/V, the indexer's block keys and tail keys, the Gated DeltaNet recurrent and conv
-// states; with paging, the pager's device rows of block keys and of the tail block too), so a
-// sequence loaded from it continues exactly as the saved one would.
-//   ctx: struct llama_context *; seq_id: the sequence (one KV stream per sequence)
-// pyqsa_seq_state_save writes the state into dst (cap bytes) and its length into *size; with a
-// NULL dst it only sets *size. Returns PYQSA_OK, PYQSA_ERR_INVALID_ARG for a NULL ctx or size or a
-// seq_id outside the context, PYQSA_ERR_OUT_OF_RANGE when cap is too small, PYQSA_ERR_UNSUPPORTED
-// for a context without a hybrid memory.
-PYQSA_API int32_t pyqsa_seq_state_save(void * ctx, int32_t seq_id, void * dst, size_t cap, size_t * size);
+// A sequence's state, for a prefix cache, in two parts, so that the large one can be copied off
+// the engine's thread and shared between the states of one sequence at several lengths:
+// - the head: llama.cpp's cell metadata of the QSA layers' and the indexer's caches, the Gated
+//   DeltaNet recurrent and conv states, and with paging the pager's rows of the incomplete tail
+//   block (raw keys and K/V in the rings);
+// - the rows: what the sequence holds per position and does not write again while it only grows:
+//   each QSA layer's K and V (the host store with paging), the indexer's raw keys (unpaged), the
+//   pager's block keys (with paging; one row per r positions). The rows of positions [start, end)
+//   are a segment: for each series of rows in the head's order, its rows [start / r, end / r).
+//   ctx: struct llama_context *; seq_id: the sequence (one KV stream per sequence), whose cells
+//   must hold its positions 0..n-1 in order (as a sequence that only grows does)
+typedef struct pyqsa_seq_rows pyqsa_seq_rows;  // where a saved sequence's rows are, for any thread
 
-// Loads a state written by pyqsa_seq_state_save of a context with the same settings into
-// sequence seq_id, replacing what it held. Returns PYQSA_OK; PYQSA_ERR_INVALID_ARG for a NULL
-// argument, a seq_id outside the context or bytes that are not such a state (the sequence is
-// then left empty); PYQSA_ERR_UNSUPPORTED for a context without a hybrid memory.
-PYQSA_API int32_t pyqsa_seq_state_load(void * ctx, int32_t seq_id, const void * src, size_t size);
+typedef struct pyqsa_rows_segment {
+    const void * data;  // pyqsa_seq_rows_get's bytes of positions [start, end)
+    size_t       size;
+    uint32_t     start;
+    uint32_t     end;
+} pyqsa_rows_segment;
+
+// Writes the head of sequence seq_id into dst (cap bytes) and its length into *size; with a NULL
+// dst it only sets *size. With dst and a non-NULL rows, *rows becomes a new handle on the
+// sequence's rows as of now (free it with pyqsa_seq_rows_free). Waits for the device. Returns
+// PYQSA_OK, PYQSA_ERR_INVALID_ARG for a NULL ctx or size or a seq_id outside the context,
+// PYQSA_ERR_OUT_OF_RANGE when cap is too small, PYQSA_ERR_UNSUPPORTED for a context without a
+// hybrid memory or cells not in position order (or a transposed V cache).
+PYQSA_API int32_t pyqsa_seq_state_save(void * ctx, int32_t seq_id, void * dst, size_t cap, size_t * size,
+                                       pyqsa_seq_rows ** rows);
+
+// The bytes of the segment [start, end) of a state whose head is given. Returns PYQSA_OK,
+// PYQSA_ERR_INVALID_ARG for a NULL argument or bytes that are no head, PYQSA_ERR_OUT_OF_RANGE
+// unless start <= end <= the state's length.
+PYQSA_API int32_t pyqsa_seq_rows_size(const void * head, size_t head_size, uint32_t start, uint32_t end,
+                                      size_t * size);
+
+// Copies the segment [start, end) into dst (cap bytes). Callable on any thread while the context
+// runs, as long as the sequence's cells of those positions are not written meanwhile: the
+// sequence may grow, but not be removed, shortened or loaded into until the copy returns.
+// Returns PYQSA_OK, PYQSA_ERR_INVALID_ARG for a NULL argument, PYQSA_ERR_OUT_OF_RANGE unless
+// start <= end <= the saved length and cap holds the segment.
+PYQSA_API int32_t pyqsa_seq_rows_get(const pyqsa_seq_rows * rows, uint32_t start, uint32_t end, void * dst,
+                                     size_t cap);
+
+PYQSA_API void pyqsa_seq_rows_free(pyqsa_seq_rows * rows);
+
+// Loads a state (its head, and segments covering positions [0, n) in order) of a context with
+// the same settings into sequence seq_id, replacing what it held. Returns PYQSA_OK;
+// PYQSA_ERR_INVALID_ARG for a NULL argument, a seq_id outside the context, bytes that are not
+// such a state or segments that do not cover it (the sequence is then left empty);
+// PYQSA_ERR_UNSUPPORTED for a context without a hybrid memory.
+PYQSA_API int32_t pyqsa_seq_state_load(void * ctx, int32_t seq_id, const void * head, size_t head_size,
+                                       const pyqsa_rows_segment * segments, size_t n_segments);
+
+// Makes sequence seq_id the state of the head, without copying its rows: the sequence holds at
+// least the state's n positions and its rows of positions [0, n) are the state's (the same tokens,
+// computed as they were when it was saved). Positions from n on are removed, the head loaded.
+// Returns as pyqsa_seq_state_load does (also PYQSA_ERR_INVALID_ARG when the sequence holds fewer
+// than n positions; the sequence is left empty on an error).
+PYQSA_API int32_t pyqsa_seq_state_resume(void * ctx, int32_t seq_id, const void * head, size_t head_size);
 
 // An abort callback for llama_set_abort_callback (a ggml_abort_callback): true while the
 // int32_t at `flag` is nonzero, false for a NULL flag. Another thread stops a llama_decode by

@@ -1,25 +1,30 @@
-// A sequence's state as bytes (see pyqsa_seq_state_save in pyqsa.h): llama.cpp's own per-sequence
-// state of the hybrid memory (the QSA layers' K/V cells, the indexer cells, the Gated DeltaNet
-// recurrent and conv states), written through pyqsa's io classes, then, with paging, the pager's
-// device rows that llama.cpp does not know of.
+// A sequence's state as a head and rows (see pyqsa_seq_state_save in pyqsa.h).
 //
-// Layout: header { magic, version, n_tokens, llama bytes } | llama.cpp's state | pager rows.
-// With paging the K/V cells llama.cpp saves are the host store (cell == position), and the
+// The head is llama.cpp's own per-sequence state of the hybrid memory (the QSA layers' K/V cells,
+// the Gated DeltaNet recurrent and conv states, the indexer cells), written through pyqsa's io
+// classes with every per-position payload left out (the rows), then, with paging, the pager's
+// ring rows of the incomplete tail block that llama.cpp does not know of.
+//
+// Layout: header | llama.cpp's state without rows | pager tail rows | series table.
+// A series is one tensor's run of rows as the head's writer met it: llama.cpp's K and V cells (a
+// row per position; cell == position, checked on save), llama.cpp's indexer cells, then per paged
+// layer the pager's block keys. Block keys are a row per r positions: block b's, written once
+// the block is complete. The unpaged indexer cache holds them too, in its rows 0..n/r-1 (over raw
+// keys no block needs any more), and the raw keys of the incomplete tail block in rows
+// n/r*r..n-1: the first are its series, the second go into the head where the writer met them
+// (the rows in between are read by nothing). With paging the K/V cells are the host store, and the
 // indexer cache is the unread lazily committed buffer: its rows are left out on save and not
-// written on load (writing would commit its pages), so the indexer's content comes from the
-// pager's rows: per paged layer, the block keys (rows 0..n_tokens/r-1) and, for the incomplete
-// tail block, its raw keys and K/V rows of the rings (the next ubatch reads the tail from there).
-// A load starts the stream's next page-state generation: the hot cache it held belongs to
-// another sequence.
+// written on load (writing would commit its pages). A load or a resume starts the stream's next
+// page-state generation: the hot cache it held belongs to another sequence (or to later positions).
 #include "pyqsa.h"
 
 #include "llama-context.h"
 #include "llama-io.h"
 #include "llama-kv-cache.h"
-#include "llama-memory-hybrid.h"
+#include "llama-memory-hybrid-idx.h"
 #include "llama-model.h"
-#include "pyqsa-lazy-host.h"
 #include "qsa-pager.h"
+#include "seq-state-io.h"
 
 #include <cstring>
 #include <exception>
@@ -27,93 +32,12 @@
 #include <stdexcept>
 #include <vector>
 
+using namespace pyqsa_seq_state;
+
 namespace {
 
-constexpr uint32_t magic   = 0x51534153;  // "QSAS"
-constexpr uint32_t version = 1;
-
-struct header {
-    uint32_t magic;
-    uint32_t version;
-    uint32_t n_tokens;     // the sequence's positions 0..n_tokens-1
-    uint32_t pad;
-    uint64_t llama_bytes;  // llama.cpp's part, right after the header
-};
-
-bool is_lazy(const ggml_tensor * t) {
-    return t->buffer != nullptr && ggml_backend_buffer_get_type(t->buffer) == pyqsa_lazy_host_buffer_type();
-}
-
-// writes into dst (cap bytes), or only counts when dst is null
-class writer : public llama_io_write_i {
-public:
-    writer(uint8_t * dst, size_t cap) : dst(dst), cap(cap) {}
-
-    void write(const void * src, size_t size) override {
-        if (uint8_t * p = take(size)) {
-            std::memcpy(p, src, size);
-        }
-    }
-
-    void write_tensor(ggml_tensor * t, size_t offset, size_t size) override {
-        if (is_lazy(t)) {
-            return;  // the unread indexer cache of a paging context (see the top of the file)
-        }
-        if (uint8_t * p = take(size)) {
-            ggml_backend_tensor_get(t, p, offset, size);
-        }
-    }
-
-    size_t n_bytes() override { return n; }
-
-    // `size` bytes to write to (nullptr when counting)
-    uint8_t * take(size_t size) {
-        if (dst != nullptr && n + size > cap) {
-            throw std::out_of_range("sequence state: buffer too small");
-        }
-        uint8_t * p = dst != nullptr ? dst + n : nullptr;
-        n += size;
-        return p;
-    }
-
-private:
-    uint8_t * dst;
-    size_t    cap;
-    size_t    n = 0;
-};
-
-class reader : public llama_io_read_i {
-public:
-    reader(const uint8_t * src, size_t size) : src(src), size(size) {}
-
-    void read(void * dst, size_t len) override { std::memcpy(dst, take(len), len); }
-
-    void read_tensor(ggml_tensor * t, size_t offset, size_t len) override {
-        if (is_lazy(t)) {
-            return;  // saved without its rows
-        }
-        ggml_backend_tensor_set(t, take(len), offset, len);
-    }
-
-    size_t n_bytes() override { return n; }
-
-    const uint8_t * take(size_t len) {
-        if (n + len > size) {
-            throw std::runtime_error("sequence state: truncated");
-        }
-        const uint8_t * p = src + n;
-        n += len;
-        return p;
-    }
-
-private:
-    const uint8_t * src;
-    size_t          size;
-    size_t          n = 0;
-};
-
-llama_memory_hybrid * hybrid_of(llama_context * ctx) {
-    return dynamic_cast<llama_memory_hybrid *>(llama_get_memory(ctx));
+llama_memory_hybrid_idx * hybrid_of(llama_context * ctx) {
+    return dynamic_cast<llama_memory_hybrid_idx *>(llama_get_memory(ctx));
 }
 
 // one contiguous run of rows of stream s of a [E, rows, n_stream] tensor
@@ -122,9 +46,9 @@ struct rows_run {
     size_t        offset, size;
 };
 
-// the pager's rows a sequence of n tokens in stream s needs: per paged layer the block keys, and
-// the tail's raw keys and K/V in the rings (a ring row per position, wrapping)
-std::vector<rows_run> pager_rows(const llama_model & model, const pyqsa_kv_pager & pager, uint32_t s, uint32_t n) {
+// the pager's ring rows a sequence of n tokens in stream s needs: per paged layer the tail's raw
+// keys and K/V (a ring row per position, wrapping)
+std::vector<rows_run> tail_rows(const llama_model & model, const pyqsa_kv_pager & pager, uint32_t s, uint32_t n) {
     std::vector<rows_run> runs;
     const int64_t         W = pager.ring();
     for (int32_t il = 0; il < (int32_t) model.hparams.n_layer(); ++il) {
@@ -132,13 +56,9 @@ std::vector<rows_run> pager_rows(const llama_model & model, const pyqsa_kv_pager
         if (l == nullptr) {
             continue;
         }
-        const int64_t nb     = n / l->r;
-        const int64_t n_key0 = pager.kv_size() / l->r;  // the key ring's first row
+        const int64_t n_key0 = pager.kv_size() / l->r;    // the key ring's first row
         const int64_t n_ring = pager.slots(l->r) * l->r;  // the K/V ring's first row
-        if (nb > 0) {
-            runs.push_back({ l->keys, s * l->keys->nb[2], (size_t) nb * l->keys->nb[1] });
-        }
-        for (int64_t p = nb * l->r; p < n; ++p) {
+        for (int64_t p = (n / l->r) * l->r; p < n; ++p) {
             runs.push_back({ l->keys, s * l->keys->nb[2] + (n_key0 + p % W) * l->keys->nb[1], l->keys->nb[1] });
             for (ggml_tensor * t : { l->dev_k, l->dev_v }) {
                 runs.push_back({ t, s * t->nb[2] + (n_ring + p % W) * t->nb[1], t->nb[1] });
@@ -148,62 +68,194 @@ std::vector<rows_run> pager_rows(const llama_model & model, const pyqsa_kv_pager
     return runs;
 }
 
-int32_t save(llama_context * ctx, int32_t seq_id, uint8_t * dst, size_t cap, size_t * out_size) {
-    llama_memory_hybrid * mem = hybrid_of(ctx);
+// per paged layer, in layer order, the series of its block keys in stream s (rows 0..n/r-1)
+std::vector<series> block_keys(const llama_model & model, const pyqsa_kv_pager & pager, uint32_t s) {
+    std::vector<series> out;
+    for (int32_t il = 0; il < (int32_t) model.hparams.n_layer(); ++il) {
+        if (const pyqsa_kv_pager_layer * l = pager.layer(il)) {
+            out.push_back({ l->keys, s * l->keys->nb[2], { l->keys->nb[1], 0, l->r, 0 } });
+        }
+    }
+    return out;
+}
+
+void next_generation(const llama_model & model, pyqsa_kv_pager & pager, int32_t seq_id) {
+    std::set<uint32_t> ratios;
+    for (int32_t il = 0; il < (int32_t) model.hparams.n_layer(); ++il) {
+        if (const pyqsa_kv_pager_layer * l = pager.layer(il)) {
+            ratios.insert(l->r);
+        }
+    }
+    for (uint32_t ratio : ratios) {
+        pager.generation(ratio)[seq_id] += 1;  // its next resolve empties the stream's hot cache
+    }
+}
+
+}  // namespace
+
+struct pyqsa_seq_rows {
+    uint32_t            n_tokens;
+    std::vector<series> s;
+};
+
+namespace {
+
+int32_t save(llama_context * ctx, int32_t seq_id, uint8_t * dst, size_t cap, size_t * out_size,
+             pyqsa_seq_rows ** rows_out) {
+    llama_memory_hybrid_idx * mem = hybrid_of(ctx);
     if (mem == nullptr) {
         return PYQSA_ERR_UNSUPPORTED;
     }
-    const llama_pos last = llama_memory_seq_pos_max(mem, seq_id);
-    header          h    = { magic, version, (uint32_t) (last + 1), 0, 0 };
-    writer          w(dst, cap);
+    header h = {};
+    h.magic    = magic;
+    h.version  = version;
+    h.n_tokens = (uint32_t) (llama_memory_seq_pos_max(mem, seq_id) + 1);
+    writer w(dst, cap, h.n_tokens, recurrent_tensors(*mem));
     w.take(sizeof(h));
-    mem->state_write(w, seq_id, 0);
-    h.llama_bytes = w.n_bytes() - sizeof(h);
+    // llama_memory_hybrid_idx::state_write's order, which its state_read reads
+    mem->get_mem_attn()->state_write(w, seq_id, 0);
+    h.recr_begin = w.n_bytes();
+    mem->get_mem_recr()->state_write(w, seq_id, 0);
+    h.recr_end = w.n_bytes();
+    if (llama_kv_cache * idx = mem->get_mem_idx()) {
+        w.indexer_section(indexer_ratios(*llama_get_model(ctx), *idx));
+        idx->state_write(w, seq_id, 0);
+    }
+    h.llama_end = w.n_bytes();
+    h.n_llama   = (uint32_t) w.rows.size();
     if (const pyqsa_kv_pager * pager = mem->get_mem_attn()->get_pyqsa_pager()) {
-        for (const rows_run & run : pager_rows(*llama_get_model(ctx), *pager, (uint32_t) seq_id, h.n_tokens)) {
-            w.write_tensor(run.t, run.offset, run.size);
+        const llama_model & model = *llama_get_model(ctx);
+        for (const rows_run & run : tail_rows(model, *pager, (uint32_t) seq_id, h.n_tokens)) {
+            w.copy(run.t, run.offset, run.size);
         }
+        for (const series & s : block_keys(model, *pager, (uint32_t) seq_id)) {
+            w.rows.push_back(s);
+        }
+    }
+    h.table_offset = w.n_bytes();
+    h.n_series     = (uint32_t) w.rows.size();
+    for (const series & s : w.rows) {
+        w.write(&s.d, sizeof(s.d));
     }
     if (dst != nullptr) {
         std::memcpy(dst, &h, sizeof(h));
+        if (rows_out != nullptr) {
+            *rows_out = new pyqsa_seq_rows{ h.n_tokens, w.rows };
+        }
     }
     *out_size = w.n_bytes();
     return PYQSA_OK;
 }
 
-int32_t load(llama_context * ctx, int32_t seq_id, const uint8_t * src, size_t size) {
-    llama_memory_hybrid * mem = hybrid_of(ctx);
+void check_segments(const parsed & p, const pyqsa_rows_segment * segs, size_t n_segs) {
+    uint32_t at = 0;
+    for (size_t i = 0; i < n_segs; ++i) {
+        const pyqsa_rows_segment & s = segs[i];
+        if (s.data == nullptr || s.start != at || s.end < s.start ||
+            s.size != segment_offset(p.table, p.table.size(), s.start, s.end)) {
+            throw std::runtime_error("sequence state: segments that do not cover it");
+        }
+        at = s.end;
+    }
+    if (at != p.h.n_tokens) {
+        throw std::runtime_error("sequence state: segments that do not cover it");
+    }
+}
+
+void load(llama_context * ctx, int32_t seq_id, const uint8_t * head, size_t size, const pyqsa_rows_segment * segs,
+          size_t n_segs) {
+    llama_memory_hybrid_idx * mem = hybrid_of(ctx);
     if (mem == nullptr) {
-        return PYQSA_ERR_UNSUPPORTED;
+        throw unsupported("no hybrid memory");
     }
-    reader r(src, size);
-    header h;
-    r.read(&h, sizeof(h));
-    if (h.magic != magic || h.version != version || h.llama_bytes > size - sizeof(h)) {
-        return PYQSA_ERR_INVALID_ARG;
-    }
+    const parsed p = parse(head, size);
+    check_segments(p, segs, n_segs);
+    reader r(head, p.h.llama_end, sizeof(header), p, segs, n_segs, recurrent_tensors(*mem));
     mem->state_read(r, seq_id, 0);  // throws, and leaves the sequence empty, when it fails
-    if (llama_memory_seq_pos_max(mem, seq_id) + 1 != (llama_pos) h.n_tokens) {
-        throw std::runtime_error("sequence state: wrong length");
+    if (r.next != p.h.n_llama || r.n_bytes() != p.h.llama_end ||
+        llama_memory_seq_pos_max(mem, seq_id) + 1 != (llama_pos) p.h.n_tokens) {
+        throw std::runtime_error("sequence state: not the sequence saved");
     }
     pyqsa_kv_pager * pager = mem->get_mem_attn()->get_pyqsa_pager();
     if (pager == nullptr) {
-        return r.n_bytes() == size ? PYQSA_OK : PYQSA_ERR_INVALID_ARG;
+        if (p.h.n_series != p.h.n_llama || p.h.llama_end != p.h.table_offset) {
+            throw std::runtime_error("sequence state: saved with paging");
+        }
+        return;
     }
     const llama_model & model = *llama_get_model(ctx);
-    for (const rows_run & run : pager_rows(model, *pager, (uint32_t) seq_id, h.n_tokens)) {
-        r.read_tensor(run.t, run.offset, run.size);
+    const auto          keys  = block_keys(model, *pager, (uint32_t) seq_id);
+    if (keys.size() != p.h.n_series - p.h.n_llama) {
+        throw std::runtime_error("sequence state: saved with other paging");
     }
-    std::set<uint32_t> ratios;
-    for (int32_t il = 0; il < (int32_t) model.hparams.n_layer(); ++il) {
-        if (const pyqsa_kv_pager_layer * l = pager->layer(il)) {
-            ratios.insert(l->r);
+    for (size_t i = 0; i < keys.size(); ++i) {
+        const size_t k = p.h.n_llama + i;
+        if (p.table[k].ratio != keys[i].d.ratio || p.table[k].row_bytes != keys[i].d.row_bytes) {
+            throw std::runtime_error("sequence state: saved with other paging");
+        }
+        r.set_rows(k, keys[i].t, keys[i].base);
+    }
+    reader tail(head, p.h.table_offset, p.h.llama_end, p, nullptr, 0, {});
+    for (const rows_run & run : tail_rows(model, *pager, (uint32_t) seq_id, p.h.n_tokens)) {
+        ggml_backend_tensor_set(run.t, tail.take(run.size), run.offset, run.size);
+    }
+    if (tail.n_bytes() != p.h.table_offset) {
+        throw std::runtime_error("sequence state: saved with other paging");
+    }
+    next_generation(model, *pager, seq_id);
+}
+
+void resume(llama_context * ctx, int32_t seq_id, const uint8_t * head, size_t size) {
+    llama_memory_hybrid_idx * mem = hybrid_of(ctx);
+    if (mem == nullptr) {
+        throw unsupported("no hybrid memory");
+    }
+    const parsed      p = parse(head, size);
+    const llama_pos   n = (llama_pos) p.h.n_tokens;
+    if (n == 0 || llama_memory_seq_pos_max(mem, seq_id) + 1 < n) {
+        throw std::runtime_error("sequence state: the sequence does not hold it");
+    }
+    // the recurrent state cannot be shortened: emptied first, so the caches' rows can be
+    llama_memory_recurrent * recr = mem->get_mem_recr();
+    recr->seq_rm(seq_id, -1, -1);
+    if (!mem->seq_rm(seq_id, n, -1)) {
+        throw std::runtime_error("sequence state: cannot drop the later positions");
+    }
+    reader r(head, p.h.recr_end, p.h.recr_begin, p, nullptr, 0, recurrent_tensors(*mem));
+    recr->state_read(r, seq_id, 0);
+    if (r.n_bytes() != p.h.recr_end || llama_memory_seq_pos_max(mem, seq_id) + 1 != n) {
+        throw std::runtime_error("sequence state: not the sequence saved");
+    }
+    if (llama_kv_cache * idx = mem->get_mem_idx()) {
+        // the raw keys of the tail block, in the cells later positions' block keys may have taken
+        writer cells(nullptr, 0, (uint32_t) n, {});
+        cells.indexer_section(indexer_ratios(*llama_get_model(ctx), *idx));
+        idx->state_write(cells, seq_id, 0);
+        size_t k = 0;
+        for (const series & s : cells.rows) {
+            while (k < p.h.n_llama && p.table[k].ratio == 1) {
+                ++k;
+            }
+            if (k == p.h.n_llama || p.table[k].row_bytes != s.d.row_bytes || p.table[k].ratio != s.d.ratio) {
+                throw std::runtime_error("sequence state: saved with another indexer");
+            }
+            const series_desc & d    = p.table[k++];
+            const size_t        tail = (size_t) (n / d.ratio) * d.ratio;
+            const size_t        len  = (n - tail) * d.row_bytes;
+            if (d.tail_offset + len > p.h.llama_end) {
+                throw std::runtime_error("sequence state: not a head");
+            }
+            ggml_backend_tensor_set(s.t, head + d.tail_offset, tail * d.row_bytes, len);
         }
     }
-    for (uint32_t ratio : ratios) {
-        pager->generation(ratio)[seq_id] += 1;  // its next resolve empties the stream's hot cache
+    if (pyqsa_kv_pager * pager = mem->get_mem_attn()->get_pyqsa_pager()) {
+        const llama_model & model = *llama_get_model(ctx);
+        reader              tail(head, p.h.table_offset, p.h.llama_end, p, nullptr, 0, {});
+        for (const rows_run & run : tail_rows(model, *pager, (uint32_t) seq_id, p.h.n_tokens)) {
+            ggml_backend_tensor_set(run.t, tail.take(run.size), run.offset, run.size);
+        }
+        next_generation(model, *pager, seq_id);
     }
-    return r.n_bytes() == size ? PYQSA_OK : PYQSA_ERR_INVALID_ARG;
 }
 
 bool valid(const void * ctx_v, int32_t seq_id) {
@@ -214,37 +266,98 @@ bool valid(const void * ctx_v, int32_t seq_id) {
     return (uint32_t) seq_id < llama_n_seq_max(ctx);
 }
 
+// runs a load or resume; on an error the sequence is left empty
+template <typename F> int32_t replace(void * ctx_v, int32_t seq_id, F && f) {
+    auto * ctx = static_cast<llama_context *>(ctx_v);
+    llama_synchronize(ctx);
+    try {
+        f(ctx);
+        return PYQSA_OK;
+    } catch (const unsupported &) {
+        return PYQSA_ERR_UNSUPPORTED;
+    } catch (const std::exception &) {
+        llama_memory_seq_rm(llama_get_memory(ctx), seq_id, -1, -1);
+        return PYQSA_ERR_INVALID_ARG;
+    }
+}
+
 }  // namespace
 
-int32_t pyqsa_seq_state_save(void * ctx_v, int32_t seq_id, void * dst, size_t cap, size_t * size) {
+int32_t pyqsa_seq_state_save(void * ctx_v, int32_t seq_id, void * dst, size_t cap, size_t * size,
+                             pyqsa_seq_rows ** rows) {
     if (!valid(ctx_v, seq_id) || size == nullptr) {
         return PYQSA_ERR_INVALID_ARG;
     }
     auto * ctx = static_cast<llama_context *>(ctx_v);
     llama_synchronize(ctx);
     try {
-        return save(ctx, seq_id, static_cast<uint8_t *>(dst), cap, size);
+        return save(ctx, seq_id, static_cast<uint8_t *>(dst), cap, size, rows);
     } catch (const std::out_of_range &) {
         return PYQSA_ERR_OUT_OF_RANGE;
+    } catch (const unsupported &) {
+        return PYQSA_ERR_UNSUPPORTED;
     } catch (const std::exception &) {
         return PYQSA_ERR_INVALID_ARG;
     }
 }
 
-int32_t pyqsa_seq_state_load(void * ctx_v, int32_t seq_id, const void * src, size_t size) {
-    if (!valid(ctx_v, seq_id) || src == nullptr) {
+int32_t pyqsa_seq_rows_size(const void * head, size_t head_size, uint32_t start, uint32_t end, size_t * size) {
+    if (head == nullptr || size == nullptr) {
         return PYQSA_ERR_INVALID_ARG;
     }
-    auto * ctx = static_cast<llama_context *>(ctx_v);
-    llama_synchronize(ctx);
     try {
-        const int32_t rc = load(ctx, seq_id, static_cast<const uint8_t *>(src), size);
-        if (rc != PYQSA_OK) {
-            llama_memory_seq_rm(llama_get_memory(ctx), seq_id, -1, -1);
+        const parsed p = parse(static_cast<const uint8_t *>(head), head_size);
+        if (start > end || end > p.h.n_tokens) {
+            return PYQSA_ERR_OUT_OF_RANGE;
         }
-        return rc;
+        *size = segment_offset(p.table, p.table.size(), start, end);
+        return PYQSA_OK;
     } catch (const std::exception &) {
-        llama_memory_seq_rm(llama_get_memory(ctx), seq_id, -1, -1);
         return PYQSA_ERR_INVALID_ARG;
     }
+}
+
+int32_t pyqsa_seq_rows_get(const pyqsa_seq_rows * rows, uint32_t start, uint32_t end, void * dst, size_t cap) {
+    if (rows == nullptr || dst == nullptr) {
+        return PYQSA_ERR_INVALID_ARG;
+    }
+    std::vector<series_desc> table;
+    for (const series & s : rows->s) {
+        table.push_back(s.d);
+    }
+    if (start > end || end > rows->n_tokens || cap < segment_offset(table, table.size(), start, end)) {
+        return PYQSA_ERR_OUT_OF_RANGE;
+    }
+    auto * out = static_cast<uint8_t *>(dst);
+    for (const series & s : rows->s) {
+        const size_t row = start / s.d.ratio;
+        const size_t cnt = end / s.d.ratio - row;
+        if (cnt > 0) {
+            ggml_backend_tensor_get(s.t, out, s.base + row * s.d.row_bytes, cnt * s.d.row_bytes);
+        }
+        out += cnt * s.d.row_bytes;
+    }
+    return PYQSA_OK;
+}
+
+void pyqsa_seq_rows_free(pyqsa_seq_rows * rows) {
+    delete rows;
+}
+
+int32_t pyqsa_seq_state_load(void * ctx_v, int32_t seq_id, const void * head, size_t head_size,
+                             const pyqsa_rows_segment * segments, size_t n_segments) {
+    if (!valid(ctx_v, seq_id) || head == nullptr || (segments == nullptr && n_segments > 0)) {
+        return PYQSA_ERR_INVALID_ARG;
+    }
+    return replace(ctx_v, seq_id, [&](llama_context * ctx) {
+        load(ctx, seq_id, static_cast<const uint8_t *>(head), head_size, segments, n_segments);
+    });
+}
+
+int32_t pyqsa_seq_state_resume(void * ctx_v, int32_t seq_id, const void * head, size_t head_size) {
+    if (!valid(ctx_v, seq_id) || head == nullptr) {
+        return PYQSA_ERR_INVALID_ARG;
+    }
+    return replace(ctx_v, seq_id,
+                   [&](llama_context * ctx) { resume(ctx, seq_id, static_cast<const uint8_t *>(head), head_size); });
 }

@@ -8,8 +8,16 @@ agents run concurrently, each turn after its previous one. Token-id prompts, gre
 Per turn: time to first token, the prompt tokens the server reports cached
 (usage.prompt_tokens_details.cached_tokens) and the reply's token count; with --cold-url (a server
 started without the cache: --prefix-cache-gib 0) every reply is checked against that server's
-for the same prompt. At the end: the prefix cache's /metrics (bytes held, hit and miss tokens,
-evictions) and the device ledger before and after. One JSON document on stdout (and --out).
+for the same prompt. Concurrent requests round otherwise than one alone (wider passes), so the
+replies of agents running together may differ from a cold server's in their last bits
+whatever the cache does (prompt chunks computed side by side too, so a follow-up's cached prefix
+has such bits); --check-url (a server without the cache) instead runs one more agent once the
+others are done, alone, on both servers: its history and follow-ups, each with the same tokens
+and logprobs on both. At the end: the prefix cache's /metrics (bytes held, hit and miss tokens,
+evictions, starts in place, resumed and restored, the engine thread's seconds on snapshots) and
+the device ledger before and after; with --smi (bench/mission.py smi's samples of the server) also
+nvidia-smi's figure before and after. One JSON document on stdout (and --out, and with --results
+a file <date>-<commit>-prefix.json in that folder).
 
     pyqsa serve MODEL --slots 4 --ctx 204800 --kv-offload host &
     python bench/agents.py http://127.0.0.1:8000 --agents 4 --history-tokens 200000 \\
@@ -27,10 +35,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
+from itertools import islice
 from pathlib import Path
 
 import httpx
 
+from . import mission
 from .meta import git_commit, gpu_name, source_digest
 from .serve_load import completion_body, scrape
 
@@ -40,14 +50,21 @@ PREFIX_METRICS = (
     "pyqsa_prefix_cache_hit_tokens_total",
     "pyqsa_prefix_cache_miss_tokens_total",
     "pyqsa_prefix_cache_evicted_total",
+    *(
+        f'pyqsa_prefix_cache_starts_total{{how="{how}"}}'
+        for how in ("continue", "resume", "restore")
+    ),
+    "pyqsa_prefix_cache_engine_seconds_total",
+    "pyqsa_prefix_cache_copy_seconds_total",
 )
 
 
-def turn(url: str, model: str, prompt: list[int], max_tokens: int) -> dict:
-    """One streamed greedy completion: its time to first token, reply and usage."""
-    body = completion_body(model, prompt, max_tokens)
+def turn(url: str, model: str, prompt: list[int], max_tokens: int, logprobs: int = 0) -> dict:
+    """One streamed greedy completion: its time to first token, reply and usage (and with
+    `logprobs`, each token's logprobs: that many of the best)."""
+    body = completion_body(model, prompt, max_tokens) | ({"logprobs": logprobs} if logprobs else {})
     t0 = time.perf_counter()
-    ttft, text, usage = None, [], None
+    ttft, text, usage, lps = None, [], None, []
     with httpx.Client(timeout=3600) as c, c.stream("POST", f"{url}/v1/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -59,6 +76,8 @@ def turn(url: str, model: str, prompt: list[int], max_tokens: int) -> dict:
                 if ttft is None and choice.get("text"):
                     ttft = time.perf_counter() - t0
                 text.append(choice.get("text") or "")
+                if choice.get("logprobs"):
+                    lps.append(choice["logprobs"])
     details = (usage or {}).get("prompt_tokens_details") or {}
     return {
         "ttft_s": ttft,
@@ -66,6 +85,7 @@ def turn(url: str, model: str, prompt: list[int], max_tokens: int) -> dict:
         "completion_tokens": (usage or {}).get("completion_tokens"),
         "prompt_tokens": (usage or {}).get("prompt_tokens"),
         "cached_tokens": details.get("cached_tokens"),
+        "logprobs": lps,
     }
 
 
@@ -83,6 +103,10 @@ class Agents:
     vocab: int = 1000
     seed: int = 0
     cold_url: str | None = None
+    check_url: str | None = None
+    check_history_tokens: int | None = None  # None: history_tokens
+    check_turns: int = 2
+    smi: Path | None = None
 
 
 def model_of(url: str) -> str:
@@ -98,22 +122,55 @@ def histories(args: Agents, vocab: int) -> list[list[int]]:
     ]
 
 
+def follow_ups(args: Agents, index: int, history: list[int]):
+    """Agent `index`'s prompts: its history, then each turn's (the previous one and new tokens)."""
+    rng = random.Random(args.seed * 1000 + index + 1)
+    prompt = list(history)
+    while True:
+        yield list(prompt)
+        prompt += [rng.randrange(FIRST_ID, args.vocab) for _ in range(args.turn_tokens)]
+
+
 def agent(
     args: Agents, model: str, index: int, history: list[int], on_turn: Callable[[], None]
 ) -> list:
-    rng = random.Random(args.seed * 1000 + index + 1)
-    prompt, turns = list(history), []
-    for k in range(args.turns + 1):
-        if k:
-            prompt += [rng.randrange(FIRST_ID, args.vocab) for _ in range(args.turn_tokens)]
+    turns = []
+    for k, prompt in enumerate(islice(follow_ups(args, index, history), args.turns + 1)):
         t = turn(args.url, model, prompt, args.max_tokens)
         if args.cold_url:
             t["same_as_cold"] = (
                 turn(args.cold_url, model, prompt, args.max_tokens)["reply"] == t["reply"]
             )
-        turns.append({"agent": index, "turn": k, **{n: v for n, v in t.items() if n != "reply"}})
+        kept = {n: v for n, v in t.items() if n not in ("reply", "logprobs")}
+        turns.append({"agent": index, "turn": k, **kept})
         on_turn()
     return turns
+
+
+def check(args: Agents, model: str) -> list[dict]:
+    """One more agent, alone: its history (check_history_tokens, tokens of its own) and
+    check_turns follow-ups, each sent to the server and then to check_url's (no cache)."""
+    rng = random.Random(args.seed + 7919)
+    n = args.history_tokens if args.check_history_tokens is None else args.check_history_tokens
+    history = [rng.randrange(FIRST_ID, args.vocab) for _ in range(n)]
+    out = []
+    for k, prompt in enumerate(islice(follow_ups(args, -1, history), args.check_turns + 1)):
+        warm = turn(args.url, model, prompt, args.max_tokens, logprobs=5)
+        mission.wait_idle(args.url)  # its reply computed again, before the next turn
+        cold = turn(args.check_url, model, prompt, args.max_tokens, logprobs=5)
+        out.append(
+            {
+                "turn": k,
+                "prompt_tokens": warm["prompt_tokens"],
+                "cached_tokens": warm["cached_tokens"],
+                "ttft_s": warm["ttft_s"],
+                "cold_ttft_s": cold["ttft_s"],
+                "cold_cached_tokens": cold["cached_tokens"],
+                "same_tokens": warm["reply"] == cold["reply"],
+                "same_logprobs": warm["logprobs"] == cold["logprobs"],
+            }
+        )
+    return out
 
 
 def prefix_figures(url: str) -> dict:
@@ -128,20 +185,26 @@ def prefix_figures(url: str) -> dict:
 def run(args: Agents, on_turn: Callable[[], None] = lambda: None) -> dict:
     """Every agent's turns and the record (`on_turn()` after each turn, from its agent's thread)."""
     model = model_of(args.url)
+    device_before = mission.snapshot(args.url, args.smi)
     before = prefix_figures(args.url)
     t0 = time.perf_counter()
+    stories = histories(args, args.vocab)
     with ThreadPoolExecutor(args.agents) as pool:
-        jobs = [
-            pool.submit(agent, args, model, i, h, on_turn)
-            for i, h in enumerate(histories(args, args.vocab))
-        ]
+        jobs = [pool.submit(agent, args, model, i, h, on_turn) for i, h in enumerate(stories)]
         turns = [t for j in jobs for t in j.result()]
+    wall = time.perf_counter() - t0
+    mission.wait_idle(args.url)  # the replies computed again as prompts too
     after = prefix_figures(args.url)
+    device_after = mission.snapshot(args.url, args.smi)
+    checked = check(args, model) if args.check_url else None
     follow = [t for t in turns if t["turn"] > 0]
     cold = [t for t in turns if t["turn"] == 0]
     med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
     record = {
         "scenario": "prefix",
+        "note": f"{args.agents} agents, each a {args.history_tokens}-token history then "
+        f"{args.turns} follow-ups of {args.turn_tokens} new tokens, through pyqsa serve with the "
+        "prefix cache (bench/agents.py).",
         "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **git_commit(),
         "source_digest": source_digest(),
@@ -152,12 +215,23 @@ def run(args: Agents, on_turn: Callable[[], None] = lambda: None) -> dict:
         "turns": args.turns,
         "turn_tokens": args.turn_tokens,
         "max_tokens": args.max_tokens,
-        "wall_s": round(time.perf_counter() - t0, 3),
+        "wall_s": round(wall, 3),
         "first_turn_ttft_s": med([t["ttft_s"] for t in cold]),
         "follow_up_ttft_s": med([t["ttft_s"] for t in follow]),
         "follow_up_ttft_s_max": max((t["ttft_s"] for t in follow), default=None),
+        "ttft_s_by_turn": {
+            k: med([t["ttft_s"] for t in turns if t["turn"] == k]) for k in range(args.turns + 1)
+        },
         "follow_up_cached_share": med([t["cached_tokens"] / t["prompt_tokens"] for t in follow]),
+        "follow_up_cached_tokens": med([t["cached_tokens"] for t in follow]),
         "same_as_cold": all(t["same_as_cold"] for t in turns) if args.cold_url else None,
+        "check": checked,
+        "host_bytes_held": after["pyqsa_prefix_cache_bytes"],
+        "device": {
+            "before": device_before,
+            "after": device_after,
+            "back_to_baseline": mission.compare(device_before, device_after),
+        },
         "before": before,
         "after": after,
         "turn_records": turns,
@@ -169,6 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
     ap.add_argument("--cold-url", help="a server without the prefix cache, for the same replies")
+    ap.add_argument(
+        "--check-url", help="a server without the prefix cache, for one more agent run alone"
+    )
+    ap.add_argument(
+        "--check-history-tokens", type=int, help="that agent's history (default: --history-tokens)"
+    )
+    ap.add_argument("--check-turns", type=int, default=2, help="that agent's follow-ups")
+    ap.add_argument("--smi", type=Path, help="bench/mission.py smi's samples of the server")
+    ap.add_argument("--results", type=Path, help="a folder for <date>-<commit>-prefix.json")
     ap.add_argument("--agents", type=int, default=4)
     ap.add_argument("--history-tokens", type=int, default=200_000)
     ap.add_argument("--shared-tokens", type=int, default=0, help="of the history, common to all")
@@ -181,12 +264,21 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 0 <= args.shared_tokens <= args.history_tokens or args.agents < 1 or args.turns < 0:
         ap.error("need agents >= 1, turns >= 0 and 0 <= shared-tokens <= history-tokens")
+    if args.check_history_tokens is not None and args.check_history_tokens < 1:
+        ap.error("need check-history-tokens >= 1")
+    if args.check_turns < 0:
+        ap.error("need check-turns >= 0")
     spec = Agents(**{f.name: getattr(args, f.name) for f in fields(Agents)})
     record = run(spec)
-    text = json.dumps(record, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    print(json.dumps(record, indent=1))
+    if args.results:
+        sha = (record["commit"] or "unknown")[:7]
+        name = f"{time.strftime('%Y-%m-%d', time.gmtime())}-{sha}-prefix.json"
+        args.results.mkdir(parents=True, exist_ok=True)
+        mission.write_json(args.results / name, record)
+        print(f"agents: {args.results / name}", file=sys.stderr)
+    if args.out:  # last, whole or not at all: tests/gpu/agents.sh waits for it
+        mission.write_json(args.out, record)
     return 0
 
 

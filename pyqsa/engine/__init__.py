@@ -6,8 +6,9 @@ hot cache's default, admission against host memory) | request (Request, Sampling
 events) | slots (SlotTable, SlotLease) | scheduler (token budget: decode first, then prompt
 chunks by the prefill policy) | runner (llama.cpp: model, tokenizer, batched forward, abort) |
 sampler (numpy sampling, penalties) | grammar (draws constrained to a GBNF grammar: JSON
-response formats) | detokenizer (UTF-8-safe deltas, stop strings) | engine
-(the thread and its step loop).
+response formats) | detokenizer (UTF-8-safe deltas, stop strings) | prefix_cache, prefix_rows,
+prefix_reuse (the prefix cache: snapshots, their rows copied off the engine thread, where a
+request starts) | engine (the thread and its step loop).
 The embedded default model is built by pyqsa.demo_model.
 """
 

@@ -121,7 +121,7 @@ class Engine:
         self.config = config
         self.runner = runner
         self.vocab = vocab
-        self.slots = SlotTable(config.n_slots, config.ctx_per_slot, runner.release)
+        self.slots = SlotTable(config.n_slots, config.ctx_per_slot, self._empty_slot)
         self.prefix = PrefixReuse(runner, config.prefix_cache_bytes, config.prefix_stride)
         self.scheduler = Scheduler(
             self.slots,
@@ -131,6 +131,7 @@ class Engine:
             long_turns=config.hot_blocks > 0,  # each chunk stages its stream's history
             snapshot_stride=config.prefix_stride if self.prefix.enabled else 0,
             on_admit=self._start_from_prefix,
+            place=self._place,
         )
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}
@@ -182,6 +183,7 @@ class Engine:
         if self._thread.is_alive():
             self._thread.join()
         self._samplers.shutdown()
+        self.prefix.close()
 
     def submit(
         self,
@@ -375,6 +377,8 @@ class Engine:
             elif cmd == "clear_prefix":
                 assert isinstance(arg, Future)
                 self.prefix.clear()
+                for slot in self.slots.held():
+                    self.slots.drop(slot)
                 self._publish()
                 arg.set_result(None)
             elif cmd == "cancel":
@@ -392,9 +396,18 @@ class Engine:
         with self._lock:
             return next(self._ids)
 
+    def _place(self, req: Request) -> int | None:
+        """The free slot `req` should have: one holding a prefix of its prompt (or None)."""
+        return self.prefix.place(req, self.slots.held())
+
     def _start_from_prefix(self, req: Request) -> None:
-        """The scheduler leased `req` a slot: start it from the longest cached prefix."""
+        """The scheduler leased `req` a slot: start it from the longest prefix held or cached."""
         self._live[req.request_id].prefix = self.prefix.start(req)
+
+    def _empty_slot(self, slot: int) -> None:
+        """Forget what the slot holds (once the copies of its rows are done)."""
+        self.prefix.forget(slot)
+        self.runner.release(slot)
 
     def _device_draws(self, chunks: list[Chunk]) -> list[dict | None] | None:
         """Per chunk, the parameters of a draw the runner makes where the logits are, or None
@@ -489,10 +502,14 @@ class Engine:
         if req.state is RequestState.FINISHED:
             return
         replied = reason in (FinishReason.STOP, FinishReason.LENGTH)
-        self.scheduler.finish(req)
+        # a slot whose request ended well holds its sequence on, for a reuse in place; after a
+        # cancel or an error it may hold a half-computed pass
+        keep = replied and self.prefix.enabled and req.num_computed_tokens > 0
+        running = req.state is RequestState.RUNNING
         live = self._live.pop(req.request_id)
         live.sampler.close()
-        self.prefix.end(live.prefix)
+        self.prefix.end(req, live.prefix, keep and running)
+        self.scheduler.finish(req, keep)
         if req.reply_of is not None:
             return  # the engine's own request: nothing to count or tell
         # the reply's state as a prompt's, for the next turn; not while clients wait for a slot

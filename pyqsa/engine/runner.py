@@ -22,6 +22,7 @@ from ..gguf_keys import PYQSA_TOKENIZER_NORMALIZER
 from .config import EngineConfig
 from .context import ContextError, load_model, open_context
 from .grammar import Grammar
+from .prefix_rows import RowSource
 from .scheduler import Chunk
 
 
@@ -62,13 +63,24 @@ class Runner(Protocol):
         """Forget everything the slot's sequence holds (KV cells and recurrent state)."""
         ...
 
-    def snapshot(self, slot: int) -> bytes | bytearray:
-        """The state of every position the slot's sequence holds, for `restore`."""
+    def snapshot(self, slot: int) -> tuple[bytes | np.ndarray, RowSource]:
+        """The state of the slot's sequence (every position it holds), for `restore`: its head
+        (everything but the per-position rows), and where its rows are, to be copied on any
+        thread while the slot only grows (native.SeqRows, prefix_rows.py)."""
         ...
 
-    def restore(self, slot: int, state: bytes | bytearray) -> None:
-        """Make the slot's sequence the one `snapshot` saved (RunnerError, the slot left empty,
+    def restore(
+        self, slot: int, head: bytes | np.ndarray, segments: Sequence[tuple[int, int, object]]
+    ) -> None:
+        """Make the slot's sequence the one `snapshot` saved: its head and its rows as (start,
+        end, buffer) segments covering its positions in order (RunnerError, the slot left empty,
         when it does not load)."""
+        ...
+
+    def resume(self, slot: int, head: bytes | np.ndarray) -> None:
+        """Make the slot's sequence, which holds the saved one's positions and went on past
+        them, the one `snapshot` saved: positions past it dropped, the head loaded, the rows
+        left in place (RunnerError, the slot left empty, when it does not)."""
         ...
 
     def request_abort(self) -> None:
@@ -345,15 +357,23 @@ class LlamaRunner:
         if self.samples_on_device and self._attached[slot] is None:
             self._attach(slot)  # a host draw took it: idle slots keep the same graphs
 
-    def snapshot(self, slot: int) -> bytearray:
+    def snapshot(self, slot: int) -> tuple[bytearray, native.SeqRows]:
         try:
             return native.seq_state_save(self.ctx, slot)
         except native.NativeError as e:
             raise RunnerError(str(e)) from None
 
-    def restore(self, slot: int, state: bytes | bytearray) -> None:
+    def restore(
+        self, slot: int, head: bytes | np.ndarray, segments: Sequence[tuple[int, int, object]]
+    ) -> None:
         try:
-            native.seq_state_load(self.ctx, slot, state)
+            native.seq_state_load(self.ctx, slot, head, segments)
+        except native.NativeError as e:
+            raise RunnerError(str(e)) from None
+
+    def resume(self, slot: int, head: bytes | np.ndarray) -> None:
+        try:
+            native.seq_state_resume(self.ctx, slot, head)
         except native.NativeError as e:
             raise RunnerError(str(e)) from None
 

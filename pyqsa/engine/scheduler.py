@@ -120,6 +120,7 @@ class Scheduler:
         long_turns: bool = False,
         snapshot_stride: int = 0,
         on_admit: Callable[[Request], None] | None = None,
+        place: Callable[[Request], int | None] | None = None,
     ) -> None:
         # NOTE: every running slot must be able to decode one token per step (EngineConfig
         # checks it for users): then decode never waits and every prompt gets >= 1 token.
@@ -142,27 +143,34 @@ class Scheduler:
         # called with each request as it gets its slot, before its first chunk: it may start the
         # request further on (num_computed_tokens: a prefix whose state the slot was given)
         self.on_admit = on_admit
+        # called with each request about to get a slot: the free slot it should have (one that
+        # holds a prefix of its prompt), or None for any
+        self.place = place
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # oldest first
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
-    def finish(self, req: Request) -> None:
-        """Take `req` out of the queue or its slot, releasing the lease. Idempotent."""
+    def finish(self, req: Request, keep: bool = False) -> None:
+        """Take `req` out of the queue or its slot, releasing the lease (the slot holding its
+        sequence on with `keep`). Idempotent."""
         if req.state is RequestState.WAITING:
             self.waiting.remove(req)
         elif req.state is RequestState.RUNNING:
             self.running.remove(req)
             assert req.lease is not None
-            self.slots.release(req.lease)
+            self.slots.release(req.lease, keep)
         req.state = RequestState.FINISHED
 
     def schedule(self) -> list[Chunk]:
         """Admit waiting requests into free slots, then plan one step within the budget:
         decode tokens, then prompt chunks by the policy; in slot order."""
         while self.waiting:
-            lease = self.slots.acquire()
+            if self.slots.busy == self.slots.n_slots:
+                break
+            prefer = self.place(self.waiting[0]) if self.place is not None else None
+            lease = self.slots.acquire(prefer)
             if lease is None:
                 break
             req = self.waiting.popleft()

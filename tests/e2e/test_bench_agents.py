@@ -1,6 +1,8 @@
 """bench/agents.py (the prefix cache's agent scenario) against two demo-model servers, one with
-the cache and paging, one without: every follow-up finds its previous prompt cached and
-answers as the cold server does, and the record carries the cache's figures."""
+the cache and paging, one without: every follow-up finds its previous prompt cached (resumed in
+the slot its previous turn left) and answers as the cold server does, one more follow-up sent
+alone has the cold server's tokens and logprobs, and the record carries the cache's figures and
+a ledger back at its start."""
 
 from __future__ import annotations
 
@@ -30,8 +32,12 @@ def test_follow_ups_reuse_their_history_and_answer_as_cold(servers, tmp_path):
     out = tmp_path / "agents.json"
     args = ["--agents", "2", "--history-tokens", "1200", "--shared-tokens", "400", "--turns", "2"]
     args += ["--turn-tokens", "60", "--max-tokens", "8", "--cold-url", cold.url, "--out", str(out)]
+    args += ["--check-url", cold.url, "--check-history-tokens", "900"]
+    args += ["--results", str(tmp_path / "results")]
     assert agents.main([warm.url, *args]) == 0
     record = json.loads(out.read_text())
+    (saved,) = (tmp_path / "results").iterdir()
+    assert saved.name.endswith("-prefix.json") and json.loads(saved.read_text()) == record
     assert record["scenario"] == "prefix" and record["agents"] == 2
     turns = record["turn_records"]
     assert sorted((t["agent"], t["turn"]) for t in turns) == [
@@ -43,6 +49,20 @@ def test_follow_ups_reuse_their_history_and_answer_as_cold(servers, tmp_path):
         if t["turn"] > 0:  # all but the new tokens (and at most a block of the history) cached
             assert t["cached_tokens"] >= t["prompt_tokens"] - 60 - 8, t
     assert record["follow_up_cached_share"] > 0.9
+    assert set(record["ttft_s_by_turn"]) == {"0", "1", "2"}
+    # one more agent, alone on both servers: exactly the cold server's tokens and logprobs
+    assert [c["turn"] for c in record["check"]] == [0, 1, 2]
+    for c in record["check"]:
+        assert c["same_tokens"] and c["same_logprobs"], c
+        assert c["cold_cached_tokens"] == 0
+        assert c["cached_tokens"] == (c["prompt_tokens"] - 60 if c["turn"] else 0)
+    # each agent's follow-up resumes its prompt in the slot it left (the figures "after" are
+    # taken before the lone agent)
+    starts = {k: record["after"][k] - (record["before"][k] or 0) for k in agents.PREFIX_METRICS}
+    assert starts['pyqsa_prefix_cache_starts_total{how="resume"}'] == 2 * 2, starts
+    assert starts['pyqsa_prefix_cache_starts_total{how="restore"}'] == 0
+    assert record["device"]["back_to_baseline"]["ledger"] is True
+    assert record["host_bytes_held"] == record["after"]["pyqsa_prefix_cache_bytes"] > 0
     assert record["after"]["pyqsa_prefix_cache_bytes"] > 0
     hits = record["after"]["pyqsa_prefix_cache_hit_tokens_total"]
     assert hits - (record["before"]["pyqsa_prefix_cache_hit_tokens_total"] or 0) > 2 * 2 * 1000

@@ -86,6 +86,8 @@ def test_a_follow_up_reuses_the_prompt_and_answers_as_without_the_cache(warm, co
         m["pyqsa_prefix_cache_miss_tokens_total"] - before["pyqsa_prefix_cache_miss_tokens_total"]
     )
     assert (hits, misses) == (len(PROMPT), len(PROMPT) + 24)
+    resumed = 'pyqsa_prefix_cache_starts_total{how="resume"}'
+    assert m[resumed] - before[resumed] == 1  # in the slot that held the prompt and its reply
     assert not any("prefix" in name for name in m if name.startswith("pyqsa_ledger_bytes"))
     assert m["pyqsa_prefix_cache_bytes"] > 0 and m["pyqsa_prefix_cache_entries"] >= 2
     assert m["pyqsa_prefix_cache_evicted_total"] == 0

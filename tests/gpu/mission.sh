@@ -56,8 +56,8 @@ if command -v nvidia-smi > /dev/null; then
     kind=${locality:+locality-}  # the default model's name has no kind; the others are left out
     model=$(ls .build/bench/flash-next-synth-"$kind"????????????.gguf 2> /dev/null | head -n 1)
     [ -n "$model" ] || { echo "mission.sh: no .build/bench/flash-next-synth-$kind*.gguf: run bench/gpu_run.sh ${locality:+--locality }first" >&2; exit 2; }
-    # the prefix cache off on both: its snapshots (every 16K prompt tokens, each a copy of the
-    # stream's state, K/V included) are not what this load measures
+    # the prefix cache off on both: its snapshots (a host copy of every prompt's K/V, and a
+    # head every 16K prompt tokens) are not what this load measures
     common=("$model" "${common[@]}" --ctx 262144 --prefix-cache-gib 0)
     # the paged server's device budget (a consumer card's memory), from MISSION_BUDGET
     read -r -a budget <<< "${MISSION_BUDGET---gpu-memory 24}"
@@ -79,73 +79,8 @@ else  # the CPU check: the embedded demo model (4-token blocks, 4 selected a que
     load_args=(--requests 8 --prompt-tokens 300 --max-tokens 64 --cancel-prompt-tokens 1900)
 fi
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2> /dev/null; }
-left() { echo $(( t_end - $(date +%s) )); }
-pending() { echo "mission.sh $phase: still running; run \`tests/gpu/mission.sh ${small:+--small }$phase\` again"; exit 75; }
-
-stop_server() {  # which
-    local pid
-    if alive "$state/$1.pid"; then
-        pid=$(cat "$state/$1.pid")
-        kill "$pid"
-        for _ in $(seq 60); do kill -0 "$pid" 2> /dev/null || break; sleep 1; done
-        kill -0 "$pid" 2> /dev/null && kill -9 "$pid"
-        echo "stopped the $1 server (pid $pid)"
-    fi
-    rm -f "$state/$1.pid"
-}
-
-url_of() {  # which: the URL its server said it serves at (none before it listens)
-    sed -n 's|^pyqsa: serving .* at \(http://[^ ]*\)/v1$|\1|p' "$state/$1.log" 2> /dev/null | head -n 1
-}
-
-start_server() {  # which, serve flags...
-    local which=$1 url
-    shift
-    if [ -f "$state/$which-baseline.json" ] && alive "$state/$which.pid"; then
-        echo "the $which server runs (pid $(cat "$state/$which.pid")), baseline taken"; return 0
-    fi
-    if ! alive "$state/$which.pid"; then
-        rm -f "$state/$which-baseline.json" "$state/$which-smi.csv" "$state/$which-load.json"
-        echo "pyqsa serve $*" > "$state/$which.flags"
-        setsid "$py" -m pyqsa.cli serve "$@" --port 0 > "$state/$which.log" 2>&1 < /dev/null &
-        echo $! > "$state/$which.pid"
-        if command -v nvidia-smi > /dev/null; then
-            setsid "$py" bench/mission.py smi --pid "$(cat "$state/$which.pid")" --out "$state/$which-smi.csv" \
-                > "$state/$which-smi.log" 2>&1 < /dev/null &
-        fi
-        echo "started the $which server (pid $(cat "$state/$which.pid")): $(cat "$state/$which.flags")"
-    fi
-    until url=$(url_of "$which") && [ -n "$url" ] && curl -sf "$url/health" > /dev/null; do
-        alive "$state/$which.pid" || { echo "the $which server exited:"; tail -n 30 "$state/$which.log"; exit 1; }
-        [ "$(left)" -gt 0 ] || pending
-        sleep 2
-    done
-    grep -E "^pyqsa: " "$state/$which.log"
-    "$py" bench/mission.py baseline "$url" --smi "$state/$which-smi.csv" --log "$state/$which.log" \
-        --out "$state/$which-baseline.json" || exit 1
-}
-
-# a background job that outlives this call: started once, then waited for until its result file
-# exists (or this call's time is up)
-job() {  # name, result file, command...
-    local name=$1 result=$2
-    shift 2
-    if [ ! -f "$result" ] && ! alive "$state/$name.pid"; then
-        setsid "$@" > "$state/$name.log" 2>&1 < /dev/null &
-        echo $! > "$state/$name.pid"
-        echo "started $name (pid $(cat "$state/$name.pid")): $*"
-    fi
-    while [ ! -f "$result" ]; do
-        if ! alive "$state/$name.pid"; then
-            [ -f "$result" ] && break
-            echo "$name ended without a result:"; tail -n 30 "$state/$name.log"; exit 1
-        fi
-        [ "$(left)" -gt 0 ] || { tail -n 3 "$state/$name.log"; pending; }
-        sleep 5
-    done
-    tail -n 3 "$state/$name.log"
-}
+rerun="tests/gpu/mission.sh ${small:+--small }${locality:+--locality }$phase"
+. tests/gpu/serve_lib.sh
 
 load() {  # which, extra load flags...
     local which=$1 url

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -16,13 +17,48 @@ N_VOCAB = 64
 EOS = 63
 
 
-BYTES_PER_TOKEN = 100
+BYTES_PER_TOKEN = 100  # of a snapshot's rows
+HEAD_BYTES = 64  # of a snapshot's head
+
+
+def _head(tokens: Sequence[int]) -> bytes:
+    """A fake head: the length and a digest of the tokens (the state they left behind)."""
+    digest = hashlib.sha256(np.asarray(tokens, np.int64).tobytes()).digest()
+    return len(tokens).to_bytes(8, "little") + digest + bytes(HEAD_BYTES - 40)
+
+
+class FakeRows:
+    """A snapshot's rows: position p is BYTES_PER_TOKEN bytes starting with its token id. A copy
+    waits for the runner's `copy_gate` and counts as reading the slot meanwhile."""
+
+    def __init__(self, runner: FakeRunner, slot: int, tokens: list[int]) -> None:
+        self.runner, self.slot, self.tokens = runner, slot, tokens
+
+    def size(self, start: int, end: int) -> int:
+        return BYTES_PER_TOKEN * (end - start)
+
+    def get(self, start: int, end: int) -> bytes:
+        r = self.runner
+        r.reading[self.slot] = (start, end)
+        try:
+            assert r.copy_gate.wait(10)
+            return b"".join(
+                t.to_bytes(8, "little") + bytes(BYTES_PER_TOKEN - 8) for t in self.tokens[start:end]
+            )
+        finally:
+            del r.reading[self.slot]
+
+    def close(self) -> None:
+        self.runner.closed_sources += 1
 
 
 class FakeRunner:
-    """Greedy next token = last token + 1 (mod N_VOCAB); records batches and releases; its
-    ledger counts BYTES_PER_TOKEN per cached token, as a paging backend would count KV. A pass
-    whose hook returns with an abort requested ends in RunnerAborted."""
+    """Greedy next token = last token + 1 (mod N_VOCAB); records batches, releases, restores
+    and resumes; its ledger counts BYTES_PER_TOKEN per cached token, as a paging backend would
+    count KV. It keeps each slot's tokens and records in `violations` every pass, load or
+    release that finds a slot holding other tokens than its request's, or that writes a slot
+    whose rows a copy is reading. A pass whose hook returns with an abort requested ends in
+    RunnerAborted."""
 
     def __init__(self, hook: Callable[[Sequence[Chunk]], None] | None = None) -> None:
         self.n_vocab = N_VOCAB
@@ -30,17 +66,38 @@ class FakeRunner:
         self.batches: list[list[tuple[int, int, tuple[int, ...]]]] = []
         self.released: list[int] = []
         self.hook = hook
-        self.cached: dict[int, int] = {}  # slot -> tokens in its cache
+        self.content: dict[int, list[int]] = {}  # slot -> the tokens in its cache
         self.abort = threading.Event()  # set by request_abort, cleared by clear_abort
         self.aborted = 0  # passes that ended in RunnerAborted
         self.restored: list[tuple[int, int]] = []  # (slot, tokens) of each restore
+        self.resumed: list[tuple[int, int]] = []  # (slot, tokens) of each resume
+        self.copy_gate = threading.Event()  # copies of rows wait for it
+        self.copy_gate.set()
+        self.reading: dict[int, tuple[int, int]] = {}  # slot -> the rows a copy reads now
+        self.closed_sources = 0
+        self.violations: list[str] = []
+
+    @property
+    def cached(self) -> dict[int, int]:
+        return {slot: len(t) for slot, t in self.content.items()}
+
+    def _writes(self, slot: int, start: int, what: str) -> None:
+        reading = self.reading.get(slot)
+        if reading is not None and start < reading[1]:
+            self.violations.append(f"{what} wrote slot {slot} from {start} while copying {reading}")
 
     def run(self, chunks: Sequence[Chunk], draws=None, on_launch=None) -> np.ndarray:
         if on_launch:
             on_launch()
         self.batches.append([(c.lease.slot, c.start, c.tokens) for c in chunks])
         for c in chunks:
-            self.cached[c.lease.slot] = c.start + len(c.tokens)
+            have = self.content.setdefault(c.lease.slot, [])
+            if have != c.request.tokens[: c.start]:
+                self.violations.append(
+                    f"slot {c.lease.slot} held {len(have)} other tokens at {c.request.request_id}"
+                )
+            self._writes(c.lease.slot, c.start, "a pass")
+            self.content[c.lease.slot] = have[: c.start] + list(c.tokens)
         if self.hook:
             self.hook(chunks)
         if self.abort.is_set():
@@ -55,16 +112,38 @@ class FakeRunner:
         return np.array(rows, np.float32).reshape(len(rows), N_VOCAB)
 
     def release(self, slot: int) -> None:
+        self._writes(slot, 0, "a release")
         self.released.append(slot)
-        self.cached.pop(slot, None)
+        self.content.pop(slot, None)
 
-    def snapshot(self, slot: int) -> bytes:
-        """BYTES_PER_TOKEN bytes per cached token: the state's length says what it holds."""
-        return bytes(BYTES_PER_TOKEN * self.cached.get(slot, 0))
+    def snapshot(self, slot: int) -> tuple[bytes, FakeRows]:
+        tokens = list(self.content.get(slot, []))
+        return _head(tokens), FakeRows(self, slot, tokens)
 
-    def restore(self, slot: int, state: bytes) -> None:
-        self.cached[slot] = len(state) // BYTES_PER_TOKEN
-        self.restored.append((slot, self.cached[slot]))
+    def restore(self, slot: int, head: bytes, segments) -> None:
+        self._writes(slot, 0, "a restore")
+        n = int.from_bytes(head[:8], "little")
+        tokens, at = [], 0
+        for start, end, data in segments:
+            assert start == at and len(data) == BYTES_PER_TOKEN * (end - start)
+            tokens += [
+                int.from_bytes(data[i : i + 8], "little")
+                for i in range(0, len(data), BYTES_PER_TOKEN)
+            ]
+            at = end
+        if at != n or _head(tokens) != head:
+            self.violations.append(f"restored slot {slot} from rows of other tokens")
+        self.content[slot] = tokens
+        self.restored.append((slot, n))
+
+    def resume(self, slot: int, head: bytes) -> None:
+        n = int.from_bytes(head[:8], "little")
+        self._writes(slot, n, "a resume")
+        have = self.content.get(slot, [])
+        if len(have) < n or _head(have[:n]) != head:
+            self.violations.append(f"resumed slot {slot} that does not hold the state")
+        self.content[slot] = have[:n]
+        self.resumed.append((slot, n))
 
     def request_abort(self) -> None:
         self.abort.set()

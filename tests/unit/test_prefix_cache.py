@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from pyqsa.engine.prefix_cache import PrefixCache
+from pyqsa.engine import prefix_cache
+from pyqsa.engine.prefix_cache import PrefixCache, Tokens
+from pyqsa.engine.prefix_rows import RowSegment
 
 TOKENS = list(range(100, 200))
 
@@ -80,9 +82,9 @@ def test_same_tokens_kept_once():
 
 def test_a_hash_collision_is_a_miss_not_a_wrong_state(monkeypatch):
     c = PrefixCache(1 << 20)
-    monkeypatch.setattr(
-        c, "_prefix_hashes", lambda t: np.zeros(len(t), np.uint64)
-    )  # every prefix of a length collides
+    monkeypatch.setattr(  # every prefix of a length collides
+        prefix_cache, "prefix_hashes", lambda t: np.zeros(len(t), np.uint64)
+    )
     c.insert([1, 2, 3], state(3))
     assert c.match([1, 2, 4, 5, 6]) is None
     assert c.match([1, 2, 3, 5, 6]).n_tokens == 3
@@ -111,3 +113,32 @@ def test_budget():
     for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="not a size in GiB"):
             budget(bad, None, 0)
+
+
+def test_prefix_hashes_match_one_by_one():
+    t = Tokens(TOKENS)
+    for n in (1, 7, len(TOKENS)):
+        assert t.hash(n) == Tokens(TOKENS[:n]).hash(n)
+    assert Tokens([1, 2]).hash(2) != Tokens([2, 1]).hash(2)
+
+
+def test_entries_share_segments_counted_once():
+    """The snapshots of one sequence share its rows: a segment's bytes count once and go with the
+    last entry holding it; an entry fits when its new segments do."""
+    head = state(10)
+    a, b = RowSegment(0, 10, 1000, slot=0), RowSegment(10, 20, 1000, slot=0)
+    own = entry_bytes(10, 10), entry_bytes(20, 10), entry_bytes(21, 10)
+    c = PrefixCache(own[1] + own[2] + 2000 + 400)  # all but the 10-token entry's own bytes
+    t = Tokens(TOKENS[:20])
+    assert c.insert(t, head, [a], n=10) and c.insert(t, head, [a, b])
+    assert c.bytes == own[0] + own[1] + 2000 and (a.refs, b.refs) == (2, 1)
+    held = c.match(TOKENS[:22])
+    assert held.n_tokens == 20
+    # a third entry sharing a and b: with 500 new bytes no room beside the held one; with 400 and
+    # nothing held, room once the 10-token entry goes (its own bytes: a stays, in the others)
+    assert not c.insert(TOKENS[:21], head, [a, b, RowSegment(20, 21, 500, slot=0)])
+    c.release(held)
+    assert c.insert(TOKENS[:21], head, [a, b, RowSegment(20, 21, 400, slot=0)])
+    assert c.evicted == 1 and not a.dropped and c.contains(TOKENS[:21])
+    c.clear()
+    assert (c.bytes, len(c)) == (0, 0) and a.dropped and b.dropped

@@ -1,12 +1,15 @@
 """The prefix cache on the demo model (8 layers, 2 QSA layers selecting 4 blocks of 4 tokens):
 a follow-up served from the cache gives exactly the tokens and logprobs of an engine without
-it, greedy and seeded, with and without paging (a hot cache of 8 blocks), and so do eight
+it, greedy and seeded, with and without paging (a hot cache of 8 blocks), whether it continues
+in the slot that holds its prefix, resumes a cached state there or is restored from the cache
+into another slot (each state's rows copied on the copier thread), and so do eight
 requests sharing one cached prefix at once and an engine whose budget holds one prefix; the
 ledger and the cache's bytes return to where they started once it is cleared. The prompts and
 prefixes end inside blocks (150 = 37 blocks + 2), so the tail block's state is exercised too."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -27,11 +30,11 @@ def new_tokens(n: int, salt: int) -> list[int]:
     return [int(t) for t in np.random.default_rng(salt).integers(200, 20000, n)]
 
 
-def start(demo_llama, budget: int, hot_blocks: int = 0):
+def start(demo_llama, budget: int, hot_blocks: int = 0, n_slots: int = 8):
     path, model = demo_llama
     config = EngineConfig(
         path,
-        n_slots=8,
+        n_slots=n_slots,
         ctx_per_slot=512,
         max_batch_tokens=128,
         n_threads=2,
@@ -91,28 +94,42 @@ def result(sink: Collector) -> tuple[tuple, int]:
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_follow_ups_equal_an_engine_without_the_cache(warm, cold, params):
     salt = 10 * params.greedy  # new tokens of each run of the module's engines their own
+    warm.clear_prefix_cache().result(10)  # no slot holds anything: slot 0 gets the prompt
     (reply, _), _ = run(warm, PROMPT, params)
     reply = list(reply)
-    idle(warm)  # the reply computed as a prompt is in the cache
+    idle(warm)  # the reply computed as a prompt is in the cache, and in slot 0
+    n = len(PROMPT)
+    # in order: each follow-up's slot then holds it (and its reply computed again)
     cases = {
-        "prompt + new": (PROMPT + new_tokens(24, 1 + salt), len(PROMPT)),
+        "prompt + reply + new": (
+            PROMPT + reply + new_tokens(20, 2 + salt),
+            n + len(reply),
+            "continue",
+        ),
+        "prompt + new": (PROMPT + new_tokens(24, 1 + salt), n, "resume"),
         # two new tokens: with paging a decode-shaped pass, resolved through the hot cache, which
-        # held another sequence's blocks before the restore
-        "prompt + 2 new": (PROMPT + new_tokens(2, 4 + salt), len(PROMPT)),
-        "prompt + reply + new": (PROMPT + reply + new_tokens(20, 2 + salt), len(PROMPT + reply)),
-        "diverges mid-prompt": (PROMPT[:100] + new_tokens(30, 3 + salt), STRIDE),
+        # held later positions' blocks before the resume
+        "prompt + 2 new": (PROMPT + new_tokens(2, 4 + salt), n, "resume"),
+        "diverges mid-prompt": (PROMPT[:100] + new_tokens(30, 3 + salt), STRIDE, "resume"),
+        # slot 0 shares only 100 tokens with it now: the prompt and reply from the cache
+        "restored": (PROMPT + reply + new_tokens(20, 5 + salt), n + len(reply), "restore"),
     }
-    for name, (prompt, n) in cases.items():
-        got, n_cached = run(warm, prompt, params)
-        assert n_cached == n, name
+    for name, (prompt, n_cached, kind) in cases.items():
+        before = warm.stats().prefix.starts[kind]
+        got, n_got = run(warm, prompt, params)
+        assert n_got == n_cached, name
         assert got == run(cold, prompt, params)[0], name
         idle(warm)
+        assert warm.stats().prefix.starts[kind] == before + 1, name
 
 
 def test_eight_requests_share_one_prefix(warm, cold):
-    """Eight slots restored from one entry at once; each first token and its logprobs (the
-    prefill's: later tokens of requests decoding side by side differ from those of one alone by
-    the rounding of wider passes, cache or not) as without the cache."""
+    """Eight requests start from one entry at once (one resumed in the slot that holds it, seven
+    restored); each first token and its logprobs (the prefill's: later tokens of requests
+    decoding side by side differ from those of one alone by the rounding of wider passes, cache
+    or not; and prompt chunks computed side by side round as their pass does, so the slots must
+    be those of the engine without the cache, 0..7) as without the cache."""
+    warm.clear_prefix_cache().result(10)  # no slot holds anything: slot 0 gets the prompt
     run(warm, PROMPT, GREEDY)
     idle(warm)
     first = SamplingParams(temperature=0, max_tokens=1, logprobs=5)
@@ -122,15 +139,16 @@ def test_eight_requests_share_one_prefix(warm, cold):
     idle(warm)
     assert [n for _, n in got] == [len(PROMPT)] * 8
     assert [g for g, _ in got] == [run(cold, p, first)[0] for p in prompts]
-    (entry,) = [e for e in warm.prefix.cache._entries.values() if e.n_tokens == len(PROMPT)]
+    (entry,) = [e for e in warm.prefix.cache.entries() if e.n_tokens == len(PROMPT)]
     assert entry.refs == 0
+    assert warm.stats().prefix.starts["restore"] >= 7
 
 
 def test_a_budget_of_one_prefix_evicts_and_changes_no_answer(demo_llama, cold):
     probe = start(demo_llama, 64 << 20, 8)
     run(probe, PROMPT, GREEDY)
     idle(probe)
-    one = max(e.nbytes for e in probe.prefix.cache._entries.values())
+    one = max(e.nbytes + sum(s.nbytes for s in e.segments) for e in probe.prefix.cache.entries())
     probe.stop()
     e = start(demo_llama, one + one // 4, 8)  # the largest snapshot, not two
     try:
@@ -159,5 +177,56 @@ def test_ledger_and_bytes_return_to_their_start_once_cleared(demo_llama, hot_blo
         s = e.stats()
         assert (s.prefix.bytes, s.prefix.entries) == (0, 0)
         assert s.ledger == first.ledger
+    finally:
+        e.stop()
+
+
+class _GatedRows:
+    """A snapshot's rows whose copy waits for `gate`."""
+
+    def __init__(self, rows, gate) -> None:
+        self.rows, self.gate = rows, gate
+
+    def size(self, start, end):
+        return self.rows.size(start, end)
+
+    def get(self, start, end):
+        assert self.gate.wait(30)
+        return self.rows.get(start, end)
+
+    def close(self):
+        self.rows.close()
+
+
+@pytest.mark.parametrize("hot_blocks", [0, 8], ids=["unpaged", "paged"])
+def test_copies_in_flight_change_no_answer(demo_llama, cold, hot_blocks):
+    """Snapshots' rows copied only later: while the request decodes its reply, while the reply is
+    computed again in its slot, while another request decodes and is cancelled (its slot waits
+    for its copies before it is emptied); then follow-ups continue, resume and are restored from
+    those rows, as without the cache."""
+    e = start(demo_llama, 64 << 20, hot_blocks, n_slots=2)
+    gate = threading.Event()
+    snapshot = e.runner.snapshot
+    e.runner.snapshot = lambda slot: (lambda h, r: (h, _GatedRows(r, gate)))(*snapshot(slot))
+    try:
+        (reply, _), _ = run(e, PROMPT, GREEDY)
+        reply = list(reply)
+        idle(e)
+        assert e.prefix.copier.pending() >= 4  # strides 64 and 128, the prompt, prompt + reply
+        sink = submit(e, new_tokens(120, 8), SamplingParams(temperature=0, max_tokens=None))
+        sink.first.wait(30)
+        threading.Timer(0.3, gate.set).start()
+        e.cancel(sink.events.get(timeout=30).request_id)  # its slot waits for the copies
+        assert sink.wait(30).reason.value == "cancelled"
+        follow = PROMPT + reply + new_tokens(20, 9)
+        got, n = run(e, follow, GREEDY)
+        assert n == len(PROMPT + reply) and got == run(cold, follow, GREEDY)[0]
+        idle(e)
+        for other in (new_tokens(40, 10), new_tokens(40, 11)):  # both slots taken: emptied
+            run(e, other, SamplingParams(temperature=0, max_tokens=1))
+        follow = PROMPT + reply + new_tokens(20, 12)
+        got, n = run(e, follow, GREEDY)
+        assert n == len(PROMPT + reply) and got == run(cold, follow, GREEDY)[0]
+        assert e.stats().prefix.starts == {"continue": 1, "resume": 0, "restore": 1}
     finally:
         e.stop()

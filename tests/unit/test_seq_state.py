@@ -1,8 +1,11 @@
-"""pyqsa_seq_state_save / _load (native/src/pyqsa-seq-state.cpp) on the demo model's contexts,
-unpaged and paged (a hot cache of 8 blocks): a sequence loaded into another slot continues bit
-for bit as the saved one, through prefill chunks and decode steps, with a prefix ending inside a
-block (103 = 25 blocks + 3); the slot it lands in held another sequence's hot cache before.
-Bytes that are no state are refused and leave the sequence empty."""
+"""pyqsa_seq_state_save / _load / _resume (native/src/pyqsa-seq-state.cpp) on the demo model's
+contexts, unpaged and paged (a hot cache of 8 blocks): a sequence loaded into another slot from
+its head and its rows, cut into segments anywhere, continues bit for bit as the saved one, through
+prefill chunks and decode steps, with a prefix ending inside a block (103 = 25 blocks + 3); the
+slot it lands in held another sequence's hot cache before. A sequence that went on past the
+saved state (further than the ring of newest positions holds) resumes it from the head alone, as
+exactly. Bytes that are no state, and segments that do not cover one, are refused and leave the
+sequence empty."""
 
 from __future__ import annotations
 
@@ -23,9 +26,9 @@ NEXT = [int(t) for t in RNG.integers(100, 5000, 9)]
 
 
 class Context:
-    def __init__(self, model, hot_blocks: int) -> None:
+    def __init__(self, model, hot_blocks: int, ctx_per_seq: int = 512) -> None:
         cfg = ContextConfig(
-            n_seqs=2, ctx_per_seq=512, n_batch=N_BATCH, n_threads=2, hot_blocks=hot_blocks
+            n_seqs=2, ctx_per_seq=ctx_per_seq, n_batch=N_BATCH, n_threads=2, hot_blocks=hot_blocks
         )
         self.ctx = open_context(model.ptr, cfg)
         self.mem = L.llama_get_memory(self.ctx)
@@ -49,10 +52,9 @@ class Context:
         for i in range(0, len(tokens), N_BATCH):
             self.feed(seq, i, tokens[i : i + N_BATCH])
 
-    def continue_(self, seq: int) -> list[np.ndarray]:
-        """NEXT after PREFIX: one token a step (decode, with paging resolved through the hot
-        cache from the first), then a chunk of 4."""
-        n = len(PREFIX)
+    def continue_(self, seq: int, n: int = len(PREFIX)) -> list[np.ndarray]:
+        """NEXT after the first n tokens of PREFIX: one token a step (decode, with paging
+        resolved through the hot cache from the first), then a chunk of 4."""
         out = [self.feed(seq, n + i, [t]) for i, t in enumerate(NEXT[:5])]
         return out + [self.feed(seq, n + 5, NEXT[5:])]
 
@@ -71,27 +73,110 @@ def context(request, demo_llama):
 def test_a_loaded_sequence_continues_bit_for_bit(context):
     c = context
     c.prefill(0, PREFIX)
-    state = native.seq_state_save(c.ctx, 0)
+    head, rows = native.seq_state_save(c.ctx, 0)
+    n = len(PREFIX)
+    assert rows.n_tokens == n
     want = c.continue_(0)
+    # the rows are copied only after the sequence went on (as the prefix cache's copier does):
+    # by many blocks, whose keys the unpaged indexer cache keeps in rows below n
+    grow(c, 0, n + len(NEXT))
+    # cut inside a block and at one token: each series' rows split at start // r
+    cuts = [0, 41, 42, n]
+    segments = [(a, b, rows.get(a, b)) for a, b in zip(cuts, cuts[1:], strict=False)]
+    assert sum(len(s) for _, _, s in segments) == rows.size(0, n) == len(rows.get(0, n))
+    rows.close()
     # slot 1 decodes another sequence (its hot cache fills with that one's blocks), is emptied
     c.prefill(1, OTHER)
     for i in range(6):
         c.feed(1, len(OTHER) + i, [7 + i])
     L.llama_memory_seq_rm(c.mem, 1, -1, -1)
-    native.seq_state_load(c.ctx, 1, state)
+    native.seq_state_load(c.ctx, 1, head, segments)
     assert L.llama_memory_seq_pos_max(c.mem, 1) == len(PREFIX) - 1
     got = c.continue_(1)
     assert all(np.array_equal(w, g) for w, g in zip(want, got, strict=True))
 
 
+def grow(c: Context, seq: int, at: int) -> None:
+    """On from position `at` by more than the rings hold (n_ubatch + r - 1 positions)."""
+    for i in range(0, 2 * N_BATCH, 16):
+        c.feed(seq, at + i, OTHER[i % 64 : i % 64 + 16])
+
+
+def test_a_sequence_resumes_a_shorter_state_of_its_own(context):
+    c = context
+    n = 101  # 25 blocks + 1: the next two steps attend the incomplete tail block
+    c.prefill(0, PREFIX[:n])
+    head, rows = native.seq_state_save(c.ctx, 0)
+    rows.close()
+    want = c.continue_(0, n)
+    grow(c, 0, n + len(NEXT))  # the tail block's ring rows now hold later positions
+    native.seq_state_resume(c.ctx, 0, head)
+    assert L.llama_memory_seq_pos_max(c.mem, 0) == n - 1
+    got = c.continue_(0, n)
+    assert all(np.array_equal(w, g) for w, g in zip(want, got, strict=True))
+    # a sequence shorter than the state does not hold it: refused, left empty
+    c.prefill(1, OTHER[:50])
+    with pytest.raises(native.NativeError, match="pyqsa_seq_state_resume"):
+        native.seq_state_resume(c.ctx, 1, head)
+    assert L.llama_memory_seq_pos_max(c.mem, 1) == -1
+
+
+def test_two_states_of_one_sequence_share_their_rows(context):
+    """The prefix cache's lineage: a state at n1, its rows copied after the sequence decoded on
+    (other block keys in the unpaged indexer's rows past n1 / r), resumed, then computed on to n2
+    as a prompt chunk and saved again: n2's state loads from n1's segment and its own, and
+    continues as the sequence at n2 does."""
+    c = context
+    n1, n2 = 80, 103
+    c.prefill(0, PREFIX[:n1])
+    head1, rows1 = native.seq_state_save(c.ctx, 0)
+    for i in range(n2 - n1):  # one token a step: rounds otherwise than a chunk
+        c.feed(0, n1 + i, [OTHER[i]])
+    first = rows1.get(0, n1)
+    rows1.close()
+    native.seq_state_resume(c.ctx, 0, head1)
+    c.feed(0, n1, PREFIX[n1:n2])
+    head2, rows2 = native.seq_state_save(c.ctx, 0)
+    segments = [(0, n1, first), (n1, n2, rows2.get(n1, n2))]
+    rows2.close()
+    want = c.continue_(0)
+    native.seq_state_load(c.ctx, 1, head2, segments)
+    got = c.continue_(1)
+    assert all(np.array_equal(w, g) for w, g in zip(want, got, strict=True))
+
+
+@pytest.mark.parametrize("hot_blocks", [0, 8], ids=["unpaged", "paged"])
+def test_a_long_sequence_loads_bit_for_bit(demo_llama, hot_blocks):
+    """16387 positions: each K or V series is 2 MiB, which a load into host memory copies on
+    several threads."""
+    c = Context(demo_llama[1], hot_blocks, ctx_per_seq=16512)
+    try:
+        tokens = [int(t) for t in np.random.default_rng(5).integers(100, 5000, 16387)]
+        c.prefill(0, tokens)
+        head, rows = native.seq_state_save(c.ctx, 0)
+        segments = [(0, len(tokens), rows.get(0, len(tokens)))]
+        rows.close()
+        want = c.continue_(0, len(tokens))
+        native.seq_state_load(c.ctx, 1, head, segments)
+        got = c.continue_(1, len(tokens))
+        assert all(np.array_equal(w, g) for w, g in zip(want, got, strict=True))
+    finally:
+        c.close()
+
+
 def test_bytes_that_are_no_state_are_refused(context):
     c = context
     c.prefill(0, PREFIX)
-    state = native.seq_state_save(c.ctx, 0)
-    for bad in (state[:-5], b"\0" * 64, bytes(state[:24]) + b"\1" * (len(state) - 24)):
+    head, rows = native.seq_state_save(c.ctx, 0)
+    n = len(PREFIX)
+    whole = [(0, n, rows.get(0, n))]
+    bad_heads = (head[:-5], b"\0" * 64, bytes(head[:24]) + b"\1" * (len(head) - 24))
+    bad_rows = ([], [(0, n - 1, rows.get(0, n - 1))], [(0, n, rows.get(0, n)[:-1])])
+    rows.close()
+    for bad, segments in [(h, whole) for h in bad_heads] + [(head, s) for s in bad_rows]:
         c.prefill(1, OTHER)
         with pytest.raises(native.NativeError, match="pyqsa_seq_state_load"):
-            native.seq_state_load(c.ctx, 1, bad)
+            native.seq_state_load(c.ctx, 1, bad, segments)
         assert L.llama_memory_seq_pos_max(c.mem, 1) == -1  # left empty
     with pytest.raises(native.NativeError, match="pyqsa_seq_state_save"):
         native.seq_state_save(c.ctx, 2)  # no such sequence

@@ -1,0 +1,118 @@
+"""The rows of the prefix cache's states, copied off the engine thread.
+
+A snapshot is a head (the slot's recurrent and conv states, cell metadata and, with paging, the
+tail block's ring rows: `Runner.snapshot`, taken on the engine thread) and rows: per position, the
+QSA layers' K/V, the indexer's keys and block keys (pyqsa_seq_state_save in native/include/pyqsa.h).
+The rows of positions below n are not written again while the slot only grows, so they are
+copied by one worker thread (`RowCopier`) while the engine goes on; the copy of a slot's rows must
+end before the slot is emptied, shortened or loaded into (`RowCopier.wait`).
+
+Rows come in segments of positions [start, end). The snapshots of one slot's sequence share them:
+a snapshot at n copies only the positions since the slot's last segment, so a prompt's stride
+snapshots hold its K/V once, not once per stride.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+
+class RowSource(Protocol):
+    """Where a snapshot's rows are (native.SeqRows): `get` may run on any thread."""
+
+    def size(self, start: int, end: int) -> int: ...
+
+    def get(self, start: int, end: int): ...  # a buffer of size(start, end) bytes
+
+    def close(self) -> None: ...
+
+
+@dataclass(eq=False)
+class RowSegment:
+    """The rows of positions [start, end) of one slot's sequence; `data` once copied."""
+
+    start: int
+    end: int
+    nbytes: int
+    slot: int  # whose rows the copy reads until it is done
+    data: object | None = None
+    failed: bool = False
+    dropped: bool = False  # no entry holds it: its copy is skipped, its data let go
+    refs: int = 0  # cache entries holding it (PrefixCache)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def drop(self) -> None:
+        self.dropped = True
+        self.data = None
+
+
+def usable(segments: Sequence[RowSegment]) -> bool:
+    """Whether these segments still hold (or are copying) their rows."""
+    return not any(s.dropped or s.failed for s in segments)
+
+
+class RowCopier:
+    """One worker thread copying snapshots' rows, in the order asked."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[RowSegment, RowSource] | None] = queue.SimpleQueue()
+        self._pending: dict[int, list[RowSegment]] = {}  # by slot; touched by the engine thread
+        self.seconds = 0.0  # spent copying, since start
+        self.copied = 0  # bytes copied, since start
+        self._thread = threading.Thread(target=self._work, name="pyqsa-rows", daemon=True)
+        self._thread.start()
+
+    def copy(self, segment: RowSegment, source: RowSource) -> None:
+        """Copy `segment` from `source` (which it closes) on the worker thread."""
+        self._pending.setdefault(segment.slot, []).append(segment)
+        self._jobs.put((segment, source))
+
+    def pending(self) -> int:
+        return sum(not s.done.is_set() for segs in self._pending.values() for s in segs)
+
+    def wait(self, slot: int, keep: int = 0) -> None:
+        """Until every copy reading `slot`'s rows of positions from `keep` on is done: before
+        the slot is written again from there (emptied: 0)."""
+        left = []
+        for segment in self._pending.pop(slot, []):
+            if segment.end > keep:
+                segment.done.wait()
+            elif not segment.done.is_set():
+                left.append(segment)
+        if left:
+            self._pending[slot] = left
+
+    def wait_for(self, segments: Sequence[RowSegment]) -> None:
+        for segment in segments:
+            segment.done.wait()
+
+    def close(self) -> None:
+        """Finish the copies asked for, then stop the thread."""
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            segment, source = job
+            try:
+                if not segment.dropped:
+                    started = time.perf_counter()
+                    data = source.get(segment.start, segment.end)
+                    self.seconds += time.perf_counter() - started
+                    self.copied += segment.nbytes
+                    if not segment.dropped:  # dropped meanwhile: let the copy go
+                        segment.data = data
+            except Exception:
+                log.exception("copying rows %d..%d failed", segment.start, segment.end)
+                segment.failed = True
+            finally:
+                source.close()
+                segment.done.set()

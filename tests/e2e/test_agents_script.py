@@ -1,0 +1,62 @@
+"""tests/gpu/agents.sh --small on the CPU, as the GPU machine runs it: the demo model served
+paged with the prefix cache and without it, bench/agents.py's agents, the lone agent compared on
+both, and a record with every figure tests/gpu/agents.sh promises."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "gpu" / "agents.sh"
+
+
+@pytest.fixture(scope="module")
+def record(tmp_path_factory, cache_dir):
+    if any((Path(d) / "nvidia-smi").exists() for d in os.environ.get("PATH", "").split(os.pathsep)):
+        pytest.skip("a GPU machine: agents.sh runs the full-shape model there")
+    tmp = tmp_path_factory.mktemp("agents")
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "PYQSA_CACHE_DIR": str(cache_dir),
+        "AGENTS_STATE": str(tmp / "state"),
+        "OUT": str(tmp / "out"),
+    }
+    try:
+        for _ in range(5):  # 75: still running, the same command again
+            run = subprocess.run(
+                [str(SCRIPT), "--small", "--wait", "300"],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=400,
+            )
+            if run.returncode != 75:
+                break
+        assert run.returncode == 0, f"{run.stdout}\n{run.stderr}"
+        assert "check:" in run.stdout
+    finally:
+        subprocess.run([str(SCRIPT), "--small", "stop"], cwd=ROOT, env=env, timeout=120)
+    assert not (tmp / "state" / "warm.pid").exists()  # the servers were stopped
+    return json.loads((tmp / "out" / "agents.json").read_text())
+
+
+def test_the_record_has_every_figure(record):
+    assert record["scenario"] == "prefix" and record["agents"] == 2
+    assert set(record["ttft_s_by_turn"]) == {"0", "1", "2"}
+    assert record["follow_up_ttft_s"] > 0 and record["follow_up_cached_share"] > 0.9
+    assert record["host_bytes_held"] > 0
+    assert record["device"]["back_to_baseline"]["ledger"] is True
+
+
+def test_the_lone_agent_answers_as_the_server_without_the_cache(record):
+    assert [c["turn"] for c in record["check"]] == [0, 1, 2]
+    assert all(c["same_tokens"] and c["same_logprobs"] for c in record["check"])
+    assert [c["cached_tokens"] > 0 for c in record["check"]] == [False, True, True]
