@@ -12,4 +12,4 @@ head=$(git rev-parse HEAD)
 git diff --quiet HEAD -- ggml_patches native pyqsa bench setup.py ||
     echo "NOTE: tracked files differ from HEAD; the device runs this working tree, not $head"
 echo "device command: bench/gpu_run.sh --commit $head --contexts 8192,32768 --budget 540"
-echo "source digest here: $(python3 -c 'import sys; sys.path.insert(0, "bench"); import meta; print(meta.source_digest())')"
+echo "source digest here: $(python3 -c 'from pyqsa.bench.meta import source_digest; print(source_digest())')"

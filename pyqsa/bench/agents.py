@@ -209,6 +209,7 @@ def run(args: Agents, on_turn: Callable[[], None] = lambda: None) -> dict:
         **git_commit(),
         "source_digest": source_digest(),
         "gpu": gpu_name(),
+        "model": model,
         "agents": args.agents,
         "history_tokens": args.history_tokens,
         "shared_tokens": args.shared_tokens,

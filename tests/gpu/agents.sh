@@ -6,7 +6,7 @@
 # device memory before and after); then one more agent alone, on that server and on a paged
 # server without the cache, every reply's tokens and logprobs compared. The record:
 # bench/results/<date>-<commit>-prefix.json and a copy in $OUT.
-#   tests/gpu/agents.sh [--small] [--commit SHA] [--wait S] [stop]
+#   tests/gpu/agents.sh [--small] [--locality] [--commit SHA] [--wait S] [stop]
 # One command: it waits at most --wait seconds (default 540), the servers and the load outliving
 # it (setsid); exit status 75 means still running: run the same command again (0 done, else a
 # failure). `stop` stops what it started. --commit names the commit the record carries
@@ -14,33 +14,37 @@
 # lone agent's history, AGENTS_CACHE_GIB the cache's budget (default 40), AGENTS_BUDGET the
 # device budget's flags (default --gpu-memory 24). --small: 4 x 20,000-token histories, the same
 # model and flags; on a machine without nvidia-smi (the CPU check) the embedded demo model, 2
-# agents of 1,500 tokens, small slots. State: .build/agents[-small]/ ($AGENTS_STATE names another).
+# agents of 1,500 tokens, small slots. --locality: the model of `bench/gpu_run.sh --locality` (an
+# indexer that prefers stable blocks, as trained models do). State: .build/agents[-small][-locality]/
+# ($AGENTS_STATE names another).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-small= wait_s=540 phase=run
+small= locality= wait_s=540 phase=run
 while [ $# -gt 0 ]; do
     case "$1" in
         --small) small=1 ;;
+        --locality) locality=1 ;;
         --wait) wait_s=$2; shift ;;
         --commit) export PYQSA_BENCH_COMMIT=$2; shift ;;
         stop) phase=stop ;;
-        *) echo "agents.sh: unknown argument $1" >&2; sed -n '2,18p' "$0"; exit 2 ;;
+        *) echo "agents.sh: unknown argument $1" >&2; sed -n '2,20p' "$0"; exit 2 ;;
     esac
     shift
 done
 t_end=$(( $(date +%s) + wait_s ))
-state=${AGENTS_STATE:-.build/agents${small:+-small}}
+state=${AGENTS_STATE:-.build/agents${small:+-small}${locality:+-locality}}
 mkdir -p "$state"
 out=${OUT:-$state/out}
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:-/tmp/pyqsa-site} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
-rerun="tests/gpu/agents.sh ${small:+--small }${PYQSA_BENCH_COMMIT:+--commit $PYQSA_BENCH_COMMIT}"
+rerun="tests/gpu/agents.sh ${small:+--small }${locality:+--locality }${PYQSA_BENCH_COMMIT:+--commit $PYQSA_BENCH_COMMIT}"
 . tests/gpu/serve_lib.sh
 
 if command -v nvidia-smi > /dev/null; then
-    model=$(ls .build/bench/flash-next-synth-????????????.gguf 2> /dev/null | head -n 1)
-    [ -n "$model" ] || { echo "agents.sh: no .build/bench/flash-next-synth-*.gguf: run bench/gpu_run.sh first" >&2; exit 2; }
+    kind=${locality:+locality-}  # the default model's name has no kind; the others are left out
+    model=$(ls .build/bench/flash-next-synth-"$kind"????????????.gguf 2> /dev/null | head -n 1)
+    [ -n "$model" ] || { echo "agents.sh: no .build/bench/flash-next-synth-$kind*.gguf: run bench/gpu_run.sh ${locality:+--locality }first" >&2; exit 2; }
     read -r -a budget <<< "${AGENTS_BUDGET---gpu-memory 24}"
     common=("$model" --ctx 204800 --batch-tokens 512 --prefill-batch-tokens 2048 --kv-offload host
         ${budget[@]+"${budget[@]}"})
