@@ -32,6 +32,7 @@ SCENARIOS = {  # kind -> what a reader looks for
     "serve": "server (bench/serve_run.sh)",
     "serve-paged": "server with paging",
     "mission": "long: 8 x 256K through serve (tests/gpu/mission.sh)",
+    "mission-locality": "long: 8 x 256K through serve, the locality model (mission.sh --locality)",
     "gpu-checks": "checks: CUDA vs CPU op checks and GPU tests",
     "gpu-ops": "checks: CUDA op timings",
     "kernels": "profile: kernel time by name",

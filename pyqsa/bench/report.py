@@ -197,10 +197,92 @@ def long_rows(docs: list[Doc]) -> list[Row]:
     return out
 
 
-def block(docs: list[Doc]) -> str:
-    """The README's results block, markers included."""
+PAGED_VARIANTS = {  # decode.py's paged variants, as a row names them
+    "pyqsa-paged": "f16 K/V",
+    "pyqsa-paged-q8": "q8_0 K/V",
+    "pyqsa-paged-q8f16": "a q8_0 host store under an f16 hot cache",
+}
+
+
+def _paged_decode(doc: Doc) -> list[tuple[int, int, str]]:
+    """(context, sequences, paged variant) where pyqsa decoded unpaged and paged."""
+    return sorted(
+        (r["context"], r["n_seq"], v)
+        for r in doc.data.get("decode", [])
+        for v in PAGED_VARIANTS
+        if r.get("pyqsa") and r.get(v)
+    )
+
+
+def locality_rows(docs: list[Doc]) -> list[Row]:
+    """The locality model's figures (docs: results.load(folder, "locality"))."""
+    out = []
+    dec = results.newest(docs, ("decode-locality", *results.DECODE_KINDS), _paged_decode)
+    if dec is not None:
+        ctx, n, variant = _paged_decode(dec)[-1]
+        mine, paged = (results.decode_cell(dec, v, ctx, n) for v in ("pyqsa", variant))
+        per = paged.get("paging_per_step") or {}
+        seen = per.get("hits", 0) + per.get("misses", 0)
+        hit = f"; hit rate {per['hits'] / seen:.2f}" if seen else ""
+        text = (
+            f"decode at {context_label(ctx)} x {n} (bench/decode.py), paged with "
+            f"{PAGED_VARIANTS[variant]}: {paged['step_ms_median']:.2f} ms a step against "
+            f"unpaged {mine['step_ms_median']:.2f}, "
+            f"{mine['step_ms_median'] / paged['step_ms_median']:.2f}x{hit}"
+        )
+        out.append(("long context", text, dec))
+    long = results.newest(
+        docs, ("mission-locality", *results.LONG_KINDS), lambda d: "unpaged" in d.data
+    )
+    if long is not None:
+        d, u = long.data, long.data["unpaged"]
+        mine, theirs = d["decode_window"]["tokens_per_s"], u["decode_window"]["tokens_per_s"]
+        text = (
+            f"{d['requests']} x {d['prompt_tokens']:,} through the server, paged: all "
+            f"{d['requests']} decoding together {mine} tok/s against the unpaged server's "
+            f"{theirs}, {mine / theirs:.3f}x (hit rate {d['decode_window']['hit_rate']}); last "
+            f"first token "
+            f"{d['last_ttft_over_unpaged']}x the unpaged server's"
+        )
+        out.append(("long context", text, long))
+    agents = results.newest(docs, results.PREFIX_KINDS, lambda d: "follow_up_ttft_s" in d.data)
+    if agents is not None:
+        d = agents.data
+        follow = [t["ttft_s"] for t in d["turn_records"] if t["turn"] > 0]
+        alone = [c for c in d.get("check") or [] if c["turn"] > 0]
+        lone = ""
+        if alone:
+            warm = sorted(c["ttft_s"] for c in alone)
+            cold = sorted(c["cold_ttft_s"] for c in alone)
+            lone = (
+                f"; one agent alone: {warm[0]:.2f}-{warm[-1]:.2f} s against "
+                f"{cold[0]:.1f}-{cold[-1]:.1f} s without the cache"
+            )
+        text = (
+            f"prefix cache, {d['agents']} agents at once, {d['history_tokens']:,}-token "
+            f"histories: a follow-up of {d['turn_tokens']} new tokens has its first token after "
+            f"{d['follow_up_ttft_s']:.2f} s (median of {len(follow)}, "
+            f"{min(follow):.2f}-{max(follow):.2f}), the first turn after "
+            f"{d['first_turn_ttft_s']:.1f} s{lone}"
+        )
+        out.append(("prefix", text, agents))
+    return out
+
+
+def _table(rows: list[Row]) -> list[str]:
+    lines = ["| kind | figure | commit, date | result file |", "| --- | --- | --- | --- |"]
+    for kind, text, doc in rows:
+        name = doc.path.name
+        lines.append(f"| {kind} | {text} | {doc.cite()} | [{name}](bench/results/{name}) |")
+    return lines
+
+
+def block(docs: list[Doc], locality: list[Doc] = ()) -> str:
+    """The README's results block, markers included (`locality`: the locality model's
+    documents, a table of their own)."""
     rows: list[Row] = [*capacity_rows(docs), *speed_rows(docs), *long_rows(docs)]
-    used = sorted({doc.path.name for _, _, doc in rows})
+    more = locality_rows(list(locality))
+    used = sorted({doc.path.name for _, _, doc in rows + more})
     gpus = results.gpus([d for d in docs if d.path.name in used]) or ["an unnamed GPU"]
     lines = [
         BEGIN,
@@ -208,13 +290,18 @@ def block(docs: list[Doc]) -> str:
         "[bench/README.md](bench/README.md#the-model)). Capacity, speed and long-context figures",
         "are separate measurements; none is summed with another.",
         "",
-        "| kind | figure | commit, date | result file |",
-        "| --- | --- | --- | --- |",
+        *_table(rows),
+        "",
     ]
-    for kind, text, doc in rows:
-        name = doc.path.name
-        lines.append(f"| {kind} | {text} | {doc.cite()} | [{name}](bench/results/{name}) |")
-    lines.append("")
+    if more:
+        lines += [
+            "With the locality model (`bench/synth_model.py --locality`: its indexer prefers",
+            "stable blocks, as trained models do, so a hot cache keeps what the next step",
+            "selects; random weights are a hot cache's worst case):",
+            "",
+            *_table(more),
+            "",
+        ]
     for name in EMBEDDED:
         lines.append(f"![{PLOTS[name]}](bench/results/plots/{name})")
     lines.append("")
@@ -258,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.plots or args.results / "plots"
     docs = results.load(args.results)
     readme = args.readme.read_text()
-    text = replace_block(readme, block(docs))
+    text = replace_block(readme, block(docs, results.load(args.results, "locality")))
     if not args.check:
         written = write_plots(docs, folder)
         args.readme.write_text(text)

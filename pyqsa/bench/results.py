@@ -6,7 +6,9 @@ decode and steps (bench/report.py's and `pyqsa bench`'s decode and prefill docum
 and server (server summaries under a list of {"scenario": ...}), mission and long (the long
 load's record), capacity (ledger rows). Only headline runs count: on a GPU (a document that
 names no GPU counts, one that names none does not: a CPU run), on the default full-shape model
-(not its small, locality or real-MoE variants).
+(not its small, locality or real-MoE variants); `load(folder, "locality")` reads the locality
+model's instead (an indexer that prefers stable blocks, as trained models do), and prefix (the
+agents' record).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})-([0-9a-f+]+)-([a-z-]+)\.([a-z]+)$")
 DECODE_KINDS = ("decode", "steps")
 SERVE_KINDS = ("serve", "server")
 LONG_KINDS = ("mission", "long")
-NOT_HEADLINE_MODELS = ("-small", "-locality", "-realmoe")
+PREFIX_KINDS = ("prefix",)
+MODEL_TAGS = ("-small", "-locality", "-realmoe")  # in a variant model's file name
+MODEL_KINDS = {"random": (), "locality": ("-locality",)}  # the tags of each kind read
 CURVE_VARIANTS = ("pyqsa", "pyqsa-paged", "upstream")  # the decode plot's lines
 CURVE_SEQS = (1, 8)
 
@@ -54,11 +58,15 @@ def _gpu_and_models(data: dict[str, Any]) -> tuple[Any, list[str]]:
     return gpu, sorted(m for m in models if m)
 
 
-def headline(data: dict[str, Any]) -> bool:
+def headline(data: dict[str, Any], model_kind: str = "random") -> bool:
+    """A GPU run on the full-shape model of `model_kind` (its tags and no other)."""
     gpu, models = _gpu_and_models(data)
-    if gpu is None or data.get("model_kind", "random") != "random":
+    if gpu is None or data.get("model_kind", model_kind) != model_kind:
         return False
-    return not any(tag in m for m in models for tag in NOT_HEADLINE_MODELS)
+    wanted = MODEL_KINDS[model_kind]
+    if not models:  # a document that names no model: taken as the default model's
+        return not wanted
+    return all({t for t in MODEL_TAGS if t in m} == set(wanted) for m in models)
 
 
 def newest_utc(data: dict[str, Any]) -> str:
@@ -66,16 +74,17 @@ def newest_utc(data: dict[str, Any]) -> str:
     return max([str(r.get("utc", "")) for r in recs] + [str(data.get("utc", ""))])
 
 
-def load(folder: Path) -> list[Doc]:
-    """The headline JSON documents of `folder`, oldest first (a server summary carries no time:
-    it takes that of the decode runs of the same call, which share its commit and date)."""
+def load(folder: Path, model_kind: str = "random") -> list[Doc]:
+    """The headline JSON documents of `folder` on the model of `model_kind`, oldest first (a
+    server summary carries no time: it takes that of the decode runs of the same call, which
+    share its commit and date)."""
     found = []
     for path in sorted(folder.glob("*.json")):
         m = NAME.match(path.name)
         if m is None:
             continue
         data = json.loads(path.read_text())
-        if headline(data):
+        if headline(data, model_kind):
             found.append((path, m.group(1), m.group(2), m.group(3), data, newest_utc(data)))
     times: dict[tuple[str, str], str] = {}
     for _, date, commit, _, _, utc in found:

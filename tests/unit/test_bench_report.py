@@ -103,3 +103,24 @@ def test_the_decode_plot_takes_the_run_with_the_most_curves():
         assert [c for c, _ in results.curve(doc, v, 8)] == [8192, 262144]
     assert results.memory_source(docs) is not None
     assert Path(results.ttft_source(docs).path).name == "2026-12-02-065b1a8-serve.json"
+
+
+def test_the_locality_model_has_a_table_of_its_own():
+    local = results.load(RESULTS, "locality")
+    assert local and all("-locality" in " ".join(results._gpu_and_models(d.data)[1]) for d in local)
+    assert not {d.path for d in local} & {d.path for d in results.load(RESULTS)}
+    block = report.block(results.load(RESULTS), local)
+    head, table = block.split("With the locality model", 1)
+    assert "-locality" not in head.split("| --- |", 1)[1]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r.split(" | ")[0].lstrip("| ") for r in rows[1:]] == [
+        "long context",
+        "long context",
+        "prefix",
+    ]
+    mission = next(d for d in local if d.kind == "mission-locality").data
+    paged = mission["decode_window"]["tokens_per_s"]
+    unpaged = mission["unpaged"]["decode_window"]["tokens_per_s"]
+    assert f"{paged} tok/s against the unpaged server's {unpaged}, {paged / unpaged:.3f}x" in block
+    agents = next(d for d in local if d.kind == "prefix").data
+    assert f"after {agents['follow_up_ttft_s']:.2f} s (median of 20" in block
