@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
+from functools import partial
 from itertools import islice
 from pathlib import Path
 
@@ -59,9 +60,17 @@ PREFIX_METRICS = (
 )
 
 
-def turn(url: str, model: str, prompt: list[int], max_tokens: int, logprobs: int = 0) -> dict:
+def turn(
+    url: str,
+    model: str,
+    prompt: list[int],
+    max_tokens: int,
+    logprobs: int = 0,
+    on_first: Callable[[], None] = lambda: None,
+) -> dict:
     """One streamed greedy completion: its time to first token, reply and usage (and with
-    `logprobs`, each token's logprobs: that many of the best)."""
+    `logprobs`, each token's logprobs: that many of the best); `on_first()` once the first
+    token's text came."""
     body = completion_body(model, prompt, max_tokens) | ({"logprobs": logprobs} if logprobs else {})
     t0 = time.perf_counter()
     ttft, text, usage, lps = None, [], None, []
@@ -75,6 +84,7 @@ def turn(url: str, model: str, prompt: list[int], max_tokens: int, logprobs: int
             for choice in event["choices"]:
                 if ttft is None and choice.get("text"):
                     ttft = time.perf_counter() - t0
+                    on_first()
                 text.append(choice.get("text") or "")
                 if choice.get("logprobs"):
                     lps.append(choice["logprobs"])
@@ -147,17 +157,63 @@ def agent(
     return turns
 
 
+def divergence(warm: list[dict], cold: list[dict]) -> dict:
+    """Where two streams' logprobs (completions chunks) part: the first token that differs (None
+    when none does), the largest |logprob difference| of the tokens before it, and each side's
+    margin there (its best logprob less its second best): a first difference inside the earlier
+    tokens' rounding, where the margin is as small, is a near-tie, not a different state."""
+
+    def flat(chunks: list[dict]) -> list[tuple[str, float, list[float]]]:
+        return [
+            (t, lp, sorted(top.values(), reverse=True))
+            for c in chunks
+            for t, lp, top in zip(c["tokens"], c["token_logprobs"], c["top_logprobs"], strict=True)
+        ]
+
+    a, b = flat(warm), flat(cold)
+    first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x[0] != y[0]), None)
+    same = a[:first] if first is not None else a[: len(b)]
+    delta = max((abs(x[1] - y[1]) for x, y in zip(same, b, strict=False)), default=0.0)
+
+    def margin(tops: list[float]) -> float | None:
+        return tops[0] - tops[1] if len(tops) > 1 else None
+
+    return {
+        "first_difference": first,
+        "max_logprob_delta_before": delta,
+        "margin_there": None if first is None else margin(a[first][2]),
+        "cold_margin_there": None if first is None else margin(b[first][2]),
+    }
+
+
+TIMING = (  # /metrics figures whose change from a turn's start to its first token is reported
+    "pyqsa_engine_steps_total",
+    'pyqsa_engine_step_seconds_total{part="forward"}',
+    'pyqsa_engine_step_seconds_total{part="host"}',
+    "pyqsa_prefix_cache_engine_seconds_total",
+)
+
+
+def _scrape_into(out: list[dict], url: str) -> None:
+    out.append(scrape(url))
+
+
 def check(args: Agents, model: str) -> list[dict]:
     """One more agent, alone: its history (check_history_tokens, tokens of its own) and
-    check_turns follow-ups, each sent to the server and then to check_url's (no cache)."""
+    check_turns follow-ups, each sent to the server and then to check_url's (no cache). Per
+    turn also where the replies part (divergence) and, from the server's /metrics, the passes
+    and engine seconds until the first token (`to_first_token`)."""
     rng = random.Random(args.seed + 7919)
     n = args.history_tokens if args.check_history_tokens is None else args.check_history_tokens
     history = [rng.randrange(FIRST_ID, args.vocab) for _ in range(n)]
     out = []
     for k, prompt in enumerate(islice(follow_ups(args, -1, history), args.check_turns + 1)):
-        warm = turn(args.url, model, prompt, args.max_tokens, logprobs=5)
+        start, at_first = scrape(args.url), []
+        on_first = partial(_scrape_into, at_first, args.url)
+        warm = turn(args.url, model, prompt, args.max_tokens, 5, on_first)
         mission.wait_idle(args.url)  # its reply computed again, before the next turn
         cold = turn(args.check_url, model, prompt, args.max_tokens, logprobs=5)
+        first = at_first[0] if at_first else {}
         out.append(
             {
                 "turn": k,
@@ -168,6 +224,10 @@ def check(args: Agents, model: str) -> list[dict]:
                 "cold_cached_tokens": cold["cached_tokens"],
                 "same_tokens": warm["reply"] == cold["reply"],
                 "same_logprobs": warm["logprobs"] == cold["logprobs"],
+                **divergence(warm["logprobs"], cold["logprobs"]),
+                "to_first_token": {
+                    k: round(first[k] - start.get(k, 0.0), 6) for k in TIMING if k in first
+                },
             }
         )
     return out

@@ -55,6 +55,11 @@ def test_follow_ups_reuse_their_history_and_answer_as_cold(servers, tmp_path):
     for c in record["check"]:
         assert c["same_tokens"] and c["same_logprobs"], c
         assert c["cold_cached_tokens"] == 0
+        assert c["first_difference"] is None and c["max_logprob_delta_before"] == 0.0
+        assert c["margin_there"] is None
+        timing = c["to_first_token"]  # the server's passes until the first token
+        assert timing["pyqsa_engine_steps_total"] >= 1, timing
+        assert timing['pyqsa_engine_step_seconds_total{part="forward"}'] > 0, timing
         assert c["cached_tokens"] == (c["prompt_tokens"] - 60 if c["turn"] else 0)
     # each agent's follow-up resumes its prompt in the slot it left (the figures "after" are
     # taken before the lone agent)
@@ -73,3 +78,23 @@ def test_bad_counts_are_usage_errors():
         with pytest.raises(SystemExit) as e:
             agents.main(["http://127.0.0.1:1", *args])
         assert e.value.code == 2
+
+
+def _chunk(token: str, lp: float, top: dict[str, float]) -> dict:
+    return {"tokens": [token], "token_logprobs": [lp], "top_logprobs": [top]}
+
+
+def test_divergence_finds_where_replies_part_and_the_margins_there():
+    warm = [_chunk("a", -0.1, {"a": -0.1, "b": -2.5}), _chunk("c", -0.70, {"c": -0.70, "d": -0.71})]
+    cold = [_chunk("a", -0.1004, {"a": -0.1004, "b": -2.5}), _chunk("d", -0.70, {"d": -0.70})]
+    d = agents.divergence(warm, cold)
+    assert d["first_difference"] == 1
+    assert abs(d["max_logprob_delta_before"] - 0.0004) < 1e-9
+    assert abs(d["margin_there"] - 0.01) < 1e-9 and d["cold_margin_there"] is None
+    same = agents.divergence(warm, warm)
+    assert same == {
+        "first_difference": None,
+        "max_logprob_delta_before": 0.0,
+        "margin_there": None,
+        "cold_margin_there": None,
+    }
