@@ -156,6 +156,8 @@ class Engine:
         self._stopped = False
         self._outbox: list[tuple[Request, Delta | Finished]] = []  # events not yet delivered
         self._broken_sinks: list[Request] = []  # requests whose sink raised, to be cancelled
+        # prompts that ended in the last pass, snapshotted once their first tokens are out
+        self._snapshots_due: list[Request] = []
         # ids of the requests in the forward pass in flight not cancelled yet; None between passes
         self._pass_uncancelled: set[str] | None = None
         self._thread = threading.Thread(target=self._loop, name="pyqsa-engine", daemon=True)
@@ -441,7 +443,10 @@ class Engine:
                 prompt += min(len(c.tokens), len(req.prompt) - req.num_computed_tokens)
             req.num_computed_tokens += len(c.tokens)
             if self.prefix.due(req, c.start):  # the slot holds exactly the tokens computed
-                self.prefix.snapshot(req)
+                if row is None:
+                    self.prefix.snapshot(req)
+                else:  # after its first token is out: the head's copy is not in its TTFT
+                    self._snapshots_due.append(req)
             if row is None:
                 continue
             generated += req.reply_of is None
@@ -452,11 +457,22 @@ class Engine:
                 self._finish(live.req, FinishReason.ERROR, error=f"sampling failed: {drawn}")
             else:
                 self._advance(live, *drawn)
+        if self._snapshots_due:
+            self._deliver()
+            self._take_snapshots()
         with self._lock:
             self._prompt_tokens += prompt
             self._generated += generated
             if generated:
                 self._recent.append((time.monotonic(), generated))
+
+    def _take_snapshots(self, only: Request | None = None) -> None:
+        """Snapshot the slots of the prompts that ended in the last pass (of `only`'s alone when
+        given: it is about to end), which still hold exactly their prompts: no pass ran since."""
+        due = [r for r in self._snapshots_due if only is None or r is only]
+        self._snapshots_due = [r for r in self._snapshots_due if r not in due]
+        for req in due:
+            self.prefix.snapshot(req)
 
     def _sample(
         self, sampled: list[tuple[_Live, np.ndarray | SampleResult]]
@@ -501,6 +517,7 @@ class Engine:
     ) -> None:
         if req.state is RequestState.FINISHED:
             return
+        self._take_snapshots(req)  # while its slot holds its prompt (its reply request needs it)
         replied = reason in (FinishReason.STOP, FinishReason.LENGTH)
         # a slot whose request ended well holds its sequence on, for a reuse in place; after a
         # cancel or an error it may hold a half-computed pass

@@ -264,8 +264,8 @@ def test_a_held_entry_survives_clear_and_cancel_releases_it():
     steps.release(1)  # its first step ends; the clear runs before the next one
     cleared.result(5)
     # the held one is left, and the new prompt's end, taken after the clear (which ran as
-    # that step's pass ended)
-    assert lengths(e) == [4, 6]
+    # that step's pass ended) once its first token is out
+    until(lambda: lengths(e) == [4, 6])
     e.cancel(rid)
     steps.release(1)
     assert sink.wait().reason is FinishReason.CANCELLED
@@ -341,3 +341,39 @@ def test_no_reply_computed_again_while_requests_wait_for_a_slot():
     # the first reply ended with the second request waiting: only the second's is redone
     assert lengths(e) == [5, 5, 8]
     assert e.prefix.cache.contains([11, 12, 13, 14, 15, 16, 17, 18])
+
+
+class _GatedSnapshots(FakeRunner):
+    """A runner whose snapshots wait for `gate` (and count how many were taken)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.taken = 0
+
+    def snapshot(self, slot: int):
+        assert self.gate.wait(10)
+        self.taken += 1
+        return super().snapshot(slot)
+
+
+def test_a_prompts_first_token_leaves_before_its_snapshot_is_taken():
+    runner = _GatedSnapshots()
+    e = engine(runner)
+    sink = Collector()
+    e.submit([1, 2, 3, 4], GREEDY, sink)
+    # the prompt's pass ended and its snapshot waits: the first token is out already
+    assert sink.first.wait(5) and runner.taken == 0
+    runner.gate.set()
+    assert sink.wait().reason is FinishReason.LENGTH
+    idle(e)
+    assert runner.taken >= 1 and 4 in lengths(e)
+
+
+def test_a_request_that_ends_at_its_first_token_is_snapshotted_before_its_slot_goes():
+    e = engine(FakeRunner(), n_slots=1)
+    run(e, [1, 2, 3, 4], ONE)  # ends in the pass that computed its prompt
+    idle(e)
+    assert lengths(e) == [4]
+    fin, _ = run(e, [1, 2, 3, 4, 5, 6], ONE)
+    assert fin.cached_tokens == 4
