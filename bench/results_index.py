@@ -32,6 +32,7 @@ SCENARIOS = {  # kind -> what a reader looks for
     "serve": "server (bench/serve_run.sh)",
     "serve-paged": "server with paging",
     "mission": "long: 8 x 256K through serve (tests/gpu/mission.sh)",
+    "prefix-exact": "prefix cache: a resumed follow-up against a cold engine on CUDA",
     "mission-locality": "long: 8 x 256K through serve, the locality model (mission.sh --locality)",
     "gpu-checks": "checks: CUDA vs CPU op checks and GPU tests",
     "gpu-ops": "checks: CUDA op timings",
