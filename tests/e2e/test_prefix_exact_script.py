@@ -22,6 +22,7 @@ def test_every_case_resumes_and_equals_the_cold_engine(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     record = json.loads(out.read_text())
     assert record["aligned_same"] and record["histories_same"]
+    assert record["scenario"] == "prefix-exact" and record["commit"] and record["utc"]
     assert [c["case"] for c in record["cases"]] == [
         "aligned, unpaged",
         "aligned, paged",

@@ -14,6 +14,8 @@ tokens and logprobs are required); with a chunk of 2048 it computes them inside 
 
     python3 tests/gpu/prefix_exact.py MODEL [--history 12000] [--new 500] [--out FILE]
 
+(PYQSA_BENCH_COMMIT names the commit the record carries, as for bench/gpu_run.sh.)
+
 Exit status 1 when an aligned case or a history differs; one JSON document on stdout.
 """
 
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pyqsa.bench.meta import git_commit, gpu_name
 from pyqsa.engine import EngineConfig, SamplingParams, load_engine
 from pyqsa.engine.request import Delta, Finished
 from pyqsa.engine.runner import LlamaModel
@@ -144,7 +147,15 @@ def main(argv: list[str] | None = None) -> int:
         model.close()
     aligned_ok = all(c["follow_up"]["same"] for c in cases if c["case"].startswith("aligned"))
     histories_ok = all(c["history"]["same"] for c in cases)
-    record = {"model": Path(args.model).name, "history": args.history, "new": args.new}
+    record = {
+        "scenario": "prefix-exact",
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **git_commit(),
+        "gpu": gpu_name(),
+        "model": Path(args.model).name,
+        "history": args.history,
+        "new": args.new,
+    }
     record |= {"aligned_same": aligned_ok, "histories_same": histories_ok, "cases": cases}
     text = json.dumps(record, indent=1)
     print(text)
