@@ -617,32 +617,58 @@ def load_engine(config: EngineConfig, model: LlamaModel | None = None) -> tuple[
     if model is None:
         model = LlamaModel(config.model_path, config.gpu_layers, config.device)
     runner = LlamaRunner(model, config)
-    # a prompt as long as a short request's, within one step and the slot
-    warm_up(runner, model.eos, max(1, min(32, config.max_batch_tokens, config.ctx_per_slot - 2)))
+    room = config.ctx_per_slot - 2
+    if runner.passes_async:
+        # the largest pass the scheduler makes and a decode step of every slot (see warm_up)
+        warm_up(runner, model.eos, max(1, min(runner.max_tokens, room)), config.n_slots)
+    else:  # a prompt as long as a short request's, within one step and the slot
+        warm_up(runner, model.eos, max(1, min(32, config.max_batch_tokens, room)))
     return Engine(config, runner, model).start(), model
 
 
-def warm_up(runner: Runner, token: int, n_prompt: int = 1) -> None:
-    """A prompt of `n_prompt` tokens, then one decode step, on slot 0, released after, each
-    with a drawn token, drawn as the engine draws (on the device when the runner does): so the
-    first request does not pay for what runs once: numpy's lazily imported modules, llama.cpp's
-    first decode (on CUDA also kernel loading and library handles, such as the ones a prefill's
-    matrix products and attention use and a one-token step does not). On CPU with the demo
-    model its engine time to first token went from 42 to 25 ms (medians of 5 starts), as for
-    later requests; its time to its first pass from 13 to 1 ms. On the H200 the first request
-    after a one-token warm-up still took 207-226 ms against 19 ms later (the server runs at
-    cecbeed and 1bf8640, bench/results/*-serve.json), and that warm-up detached slot 0's device
-    sampler, which the first draw attached again (llama.cpp then sets up its compute buffers
-    again); whether this warm-up removes that is for the next GPU run (bench/serve_ttft.py's
-    `first_ms`)."""
-    req = Request("warm-up", [token] * n_prompt, SamplingParams(), lambda ev: None, n_prompt + 2)
-    sampler = Sampler(req.params, seed=0)
-    lease = SlotLease(0, 0, 2)
-    for start in (0, n_prompt):
-        chunk = Chunk(req, lease, start, tuple(req.tokens[start:]))
+def warm_up(runner: Runner, token: int, n_prompt: int = 1, n_slots: int = 1) -> None:
+    """A prompt of `n_prompt` tokens on slot 0, then (`n_slots` > 1) a one-token prompt on each
+    other slot, then one decode step of the `n_slots` slots, all released after, each row with a
+    drawn token, drawn as the engine draws (on the device when the runner does): so requests do
+    not pay for what runs once, and what the device holds once requests end is what it held
+    before them.
+    - What runs once: numpy's lazily imported modules, llama.cpp's first decode (on CUDA also
+      kernel loading and library handles, such as the ones a prefill's matrix products and
+      attention use and a one-token step does not). On CPU with the demo model its engine time
+      to first token went from 42 to 25 ms (medians of 5 starts), as for later requests; its
+      time to its first pass from 13 to 1 ms.
+    - What the device holds: on CUDA, ggml's memory pool (the temporaries of the MoE products,
+      QSA attention's partial sums, the pager's miss lists) and the CUDA graphs grow to the
+      largest shapes a pass has had and keep that memory. After a 32-token warm-up, a load of
+      8 x 255,000-token prompts left nvidia-smi 44 MiB (paged) and 56 MiB (unpaged) above the
+      figure it had before (bench/results/*-mission*.json at efc86b0 and 4c32063) while the
+      ledger was back. Those temporaries are bounded by the pass's tokens, the selection
+      budget and the slots, not by the context, so the largest pass (a chunk of the step
+      budget, whose later rows select a full budget) and a step of every slot reach them."""
+    lengths = [n_prompt] + [1] * (n_slots - 1)
+    reqs = [
+        Request(f"warm-up/{slot}", [token] * n, SamplingParams(), lambda ev: None, n + 2)
+        for slot, n in enumerate(lengths)
+    ]
+    samplers = [Sampler(req.params, seed=0) for req in reqs]
+    leases = [SlotLease(slot, 0, n + 2) for slot, n in enumerate(lengths)]
+    passes = [[0]] + ([list(range(1, n_slots))] if n_slots > 1 else []) + [list(range(n_slots))]
+    for slots in passes:
+        chunks = []
+        for slot in slots:
+            req = reqs[slot]
+            start = len(req.tokens) - 1 if req.num_output_tokens else 0
+            chunks.append(Chunk(req, leases[slot], start, tuple(req.tokens[start:])))
         draws = None
         if runner.samples_on_device:
-            draws = [sampler.device_draw(runner.n_vocab, req.tokens, n_prompt, DEVICE_MAX_ADJUST)]
-        row = runner.run([chunk], draws)[0]
-        req.tokens.append(sampler.next_token(row, req.tokens, n_prompt)[0])
-    runner.release(0)
+            draws = [
+                samplers[c.lease.slot].device_draw(
+                    runner.n_vocab, c.request.tokens, len(c.request.prompt), DEVICE_MAX_ADJUST
+                )
+                for c in chunks
+            ]
+        for c, row in zip(chunks, runner.run(chunks, draws), strict=True):
+            req = c.request
+            req.tokens.append(samplers[c.lease.slot].next_token(row, req.tokens, len(req.prompt))[0])
+    for slot in range(n_slots):
+        runner.release(slot)

@@ -1,5 +1,6 @@
 """The engine thread with a fake runner: events, finish reasons, admission, cancellation."""
 
+import dataclasses
 import threading
 import time
 
@@ -326,6 +327,53 @@ def test_warm_up_runs_a_prompt_and_a_decode_step_and_leaves_the_slot_empty():
     warm_up(runner, 5, n_prompt=3)
     assert runner.batches == [[(0, 0, (5, 5, 5))], [(0, 3, (6,))]]
     assert runner.released == [0] and runner.cached == {}
+
+
+def test_warm_up_of_every_slot_decodes_them_in_one_step_and_releases_them_all():
+    runner = FakeRunner()
+    warm_up(runner, 5, n_prompt=3, n_slots=3)
+    assert runner.batches == [
+        [(0, 0, (5, 5, 5))],
+        [(1, 0, (5,)), (2, 0, (5,))],
+        [(0, 3, (6,)), (1, 1, (6,)), (2, 1, (6,))],
+    ]
+    assert sorted(runner.released) == [0, 1, 2] and runner.cached == {}
+
+
+@pytest.mark.parametrize("on_gpu", [True, False])
+def test_load_engine_warms_up_the_largest_pass_and_every_slot_on_a_gpu(monkeypatch, on_gpu):
+    """On a GPU the device's memory pool grows to the largest shapes a pass has had: the warm-up
+    makes them before the ledger's and nvidia-smi's start figures are taken; on the CPU, whose
+    passes allocate nothing that outlives them, a short prompt suffices."""
+    from pyqsa.engine import engine as engine_mod
+
+    seen = []
+
+    class Runner(FakeRunner):
+        def __init__(self, model, config):
+            super().__init__()
+            self.passes_async = on_gpu
+            self.max_tokens = max(config.max_batch_tokens, config.max_prefill_tokens)
+
+    class Model:
+        eos = EOS
+
+    monkeypatch.setattr(engine_mod, "LlamaRunner", Runner)
+    monkeypatch.setattr(engine_mod, "Engine", lambda config, runner, model: _Started())
+    monkeypatch.setattr(engine_mod, "warm_up", lambda *a: seen.append(a[2:]))
+
+    class _Started:
+        def start(self):
+            return self
+
+    cfg = EngineConfig(
+        "fake.gguf", n_slots=4, ctx_per_slot=1000, max_batch_tokens=64, max_prefill_tokens=512
+    )
+    engine_mod.load_engine(cfg, Model())
+    assert seen == ([(512, 4)] if on_gpu else [(32,)])
+    seen.clear()
+    engine_mod.load_engine(dataclasses.replace(cfg, ctx_per_slot=300), Model())
+    assert seen == ([(298, 4)] if on_gpu else [(32,)])
 
 
 def test_warm_up_draws_on_the_device_when_the_runner_does():
