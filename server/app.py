@@ -306,7 +306,7 @@ def create_app(
             prompt = await run_in_threadpool(tokenizer.tokenize, body.prompt, body.parse_special)
         else:
             prompt = list(body.prompt)
-            if any(not 0 <= t < tokenizer.n_vocab for t in prompt):
+            if prompt and (min(prompt) < 0 or max(prompt) >= tokenizer.n_vocab):
                 raise APIError(400, "prompt: token id out of range", param="prompt")
         return await respond(prompt, body, "text", text_events, text_reply, t0)
 

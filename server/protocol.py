@@ -17,6 +17,7 @@ from .chat_template import CLOSE, forced_call_start
 from .errors import APIError
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_NESTED = frozenset((str, dict, list))  # the JSON values that hold strings
 
 
 def _lone_surrogate_at(value: Any, path: str) -> str | None:
@@ -34,9 +35,11 @@ def _lone_surrogate_at(value: Any, path: str) -> str | None:
                 hit := _lone_surrogate_at(v, where)
             ):
                 return hit
-    if isinstance(value, list):
+    # NOTE: a prompt of token ids is a list of 200K ints: only its strings and containers are
+    # looked into (one pass in C finds whether it has any), and their paths made only for them
+    if isinstance(value, list) and not _NESTED.isdisjoint(map(type, value)):
         for i, v in enumerate(value):
-            if hit := _lone_surrogate_at(v, f"{path}.{i}"):
+            if type(v) in _NESTED and (hit := _lone_surrogate_at(v, f"{path}.{i}")):
                 return hit
     return None
 
@@ -328,7 +331,7 @@ class CompletionRequest(_Sampling):
         the accepted forms (not one about strings)."""
         one = isinstance(value, str) or (
             isinstance(value, list)
-            and (all(type(t) is int for t in value) or all(isinstance(t, str) for t in value))
+            and (set(map(type, value)) <= {int} or all(isinstance(t, str) for t in value))
         )
         if not one:
             raise PydanticCustomError(

@@ -27,7 +27,7 @@ import numpy as np
 from ..native import SampleResult
 from .config import EngineConfig
 from .detokenizer import Detokenizer
-from .prefix_cache import PrefixEntry
+from .prefix_cache import PrefixEntry, Tokens
 from .prefix_reuse import PrefixReuse, PrefixStats
 from .request import (
     Delta,
@@ -234,7 +234,8 @@ class Engine:
             grammar=grammar,
             snapshot_at=snapshot_at,
         )
-        self._inbox.put(("submit", req))
+        tokens = self.prefix.prompt(req.prompt) if self.prefix.enabled else None
+        self._inbox.put(("submit", (req, tokens)))
         return rid
 
     def cancel(self, request_id: str) -> None:
@@ -303,8 +304,7 @@ class Engine:
             except queue.Empty:
                 break
             if cmd == "submit":
-                assert isinstance(arg, Request)
-                self._admit(arg)
+                self._admit(*arg)
         for live in list(self._live.values()):
             self._finish(live.req, reason, error=error)
         self._deliver()
@@ -374,8 +374,7 @@ class Engine:
             if cmd == "stop":
                 return False
             if cmd == "submit":
-                assert isinstance(arg, Request)
-                self._admit(arg)
+                self._admit(*arg)
             elif cmd == "clear_prefix":
                 assert isinstance(arg, Future)
                 self.prefix.clear()
@@ -388,7 +387,10 @@ class Engine:
                 if live is not None:
                     self._finish(live.req, FinishReason.CANCELLED)
 
-    def _admit(self, req: Request) -> None:
+    def _admit(self, req: Request, prompt: Tokens | None = None) -> None:
+        """Queue `req`; `prompt`: its prompt's Tokens, made by the thread that submitted it."""
+        if prompt is not None:
+            self.prefix.adopt(req, prompt)
         seed = hash((self.config.seed, req.arrival)) & 0xFFFFFFFF
         detok = Detokenizer(self.vocab.token_bytes, req.params.stop)
         self._live[req.request_id] = _Live(req, Sampler(req.params, seed, req.grammar), detok)
@@ -525,15 +527,17 @@ class Engine:
         running = req.state is RequestState.RUNNING
         live = self._live.pop(req.request_id)
         live.sampler.close()
+        # the reply's state as a prompt's, for the next turn; not while clients wait for a slot
+        # (theirs next turns then start after their prompts)
+        again = None
+        if req.reply_of is None and replied and not self.scheduler.waiting:
+            again = self.prefix.reply_request(req, self._next_arrival())
         self.prefix.end(req, live.prefix, keep and running)
         self.scheduler.finish(req, keep)
         if req.reply_of is not None:
             return  # the engine's own request: nothing to count or tell
-        # the reply's state as a prompt's, for the next turn; not while clients wait for a slot
-        # (theirs next turns then start after their prompts)
-        if replied and not self.scheduler.waiting:
-            if again := self.prefix.reply_request(req, self._next_arrival()):
-                self._admit(again)
+        if again is not None:
+            self._admit(again)
         with self._lock:
             self._in_flight -= 1
             self._finished[reason.value] += 1
@@ -669,6 +673,8 @@ def warm_up(runner: Runner, token: int, n_prompt: int = 1, n_slots: int = 1) -> 
             ]
         for c, row in zip(chunks, runner.run(chunks, draws), strict=True):
             req = c.request
-            req.tokens.append(samplers[c.lease.slot].next_token(row, req.tokens, len(req.prompt))[0])
+            req.tokens.append(
+                samplers[c.lease.slot].next_token(row, req.tokens, len(req.prompt))[0]
+            )
     for slot in range(n_slots):
         runner.release(slot)

@@ -50,16 +50,23 @@ DEFAULT_BUDGET_UNKNOWN_HOST = 1 << 30  # where MemAvailable cannot be read
 _powers = np.ones(1, np.uint64)  # _HASH_BASE ** i, grown as needed
 
 
-def prefix_hashes(tokens: np.ndarray) -> np.ndarray:
-    """uint64 [n]: the hash of tokens[:i + 1] at i."""
+def _powers_below(n: int) -> np.ndarray:
+    """uint64 [n]: _HASH_BASE ** i at i."""
     global _powers
-    n, powers = len(tokens), _powers
-    if len(powers) < n:
-        grown = np.full(max(n, 2 * len(powers)), _HASH_BASE, np.uint64)
+    if len(_powers) < n:
+        grown = np.full(max(n, 2 * len(_powers)), _HASH_BASE, np.uint64)
         grown[0] = 1
-        powers = _powers = np.cumprod(grown, dtype=np.uint64)
+        _powers = np.cumprod(grown, dtype=np.uint64)
+    return _powers[:n]
+
+
+def prefix_hashes(tokens: np.ndarray, start: int = 0, base: int = 0) -> np.ndarray:
+    """uint64 [n]: the hash of tokens[:i + 1] at i; of tokens that follow `start` others whose
+    hash is `base`, the hashes of the whole at start + i."""
+    powers = _powers_below(start + len(tokens))[start:]
     with np.errstate(over="ignore"):
-        return np.cumsum((tokens.astype(np.uint64) + 1) * powers[:n], dtype=np.uint64)
+        terms = (tokens.astype(np.uint64) + 1) * powers
+        return np.cumsum(terms, dtype=np.uint64) + np.uint64(base)
 
 
 class Tokens:
@@ -75,9 +82,22 @@ class Tokens:
 
     def hash(self, n: int) -> int:
         """The hash of the first n tokens (n >= 1)."""
+        return int(self.hashes()[n - 1])
+
+    def hashes(self) -> np.ndarray:
         if self._hashes is None:
             self._hashes = prefix_hashes(self.array)
-        return int(self._hashes[n - 1])
+        return self._hashes
+
+    def extended(self, more: Sequence[int]) -> Tokens:
+        """These tokens followed by `more`, its hashes made from these ones: the cost of `more`,
+        not of a conversion and a hash of the whole (a reply after a 200K-token prompt)."""
+        tail = np.asarray(more, np.int64)
+        out = Tokens(np.concatenate((self.array, tail)))
+        if len(self):
+            h = self.hashes()
+            out._hashes = np.concatenate((h, prefix_hashes(tail, len(self), int(h[-1]))))
+        return out
 
 
 def _tokens(t: Sequence[int] | Tokens) -> Tokens:

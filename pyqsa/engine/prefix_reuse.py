@@ -181,18 +181,34 @@ class PrefixReuse:
                 self._starts[plan.kind] += 1
         return entry
 
+    def adopt(self, req: Request, prompt: Tokens) -> None:
+        """`prompt`, made off the engine thread, is the Tokens of `req.prompt` (see `prompt`)."""
+        self._prompts[req.request_id] = prompt
+
+    @staticmethod
+    def prompt(tokens: list[int]) -> Tokens:
+        """The Tokens of a prompt with its hashes, for `adopt`: made by the thread that submits
+        it (5 ms for a 200K-token list here), not the engine thread, which every request's steps
+        wait for."""
+        t = Tokens(tokens)
+        t.hashes()
+        return t
+
     def reply_request(self, req: Request, arrival: int) -> Request | None:
-        """For a request that ended with a reply of two tokens or more, the engine's request that
-        computes its prompt and reply (its last token too) as a prompt, to be snapshotted there;
-        None when the cache is off, has that state, or lacks its prompt's (it would compute
-        more than the reply again), or the slot cannot hold one token more."""
+        """For a request that ended with a reply of two tokens or more (called before `end`),
+        the engine's request that computes its prompt and reply (its last token too) as a
+        prompt, to be snapshotted there; None when the cache is off, has that state, or lacks
+        its prompt's (it would compute more than the reply again), or the slot cannot hold one
+        token more."""
         if not self.enabled or req.num_output_tokens < 2 or len(req.tokens) >= req.lease.capacity:
             return None
-        tokens = Tokens(req.tokens)
+        # NOTE: its prompt's tokens and hashes extended by the reply: a conversion and a hash of
+        # the whole would cost the engine thread ~10 ms a 200K-token conversation
+        tokens = self._prompt(req).extended(req.tokens[len(req.prompt) :])
         if self.cache.longest(tokens) < len(req.prompt) or self.cache.contains(tokens):
             return None
         params = SamplingParams(temperature=0, max_tokens=1)
-        return Request(
+        again = Request(
             f"{req.request_id}/reply",
             list(req.tokens),
             params,
@@ -201,6 +217,8 @@ class PrefixReuse:
             arrival=arrival,
             reply_of=req.request_id,
         )
+        self._prompts[again.request_id] = tokens
+        return again
 
     def end(self, req: Request, entry: PrefixEntry | None, keep: bool) -> None:
         """`req`, which started from `entry`, ended; `keep`: its slot holds its sequence on."""

@@ -377,3 +377,30 @@ def test_a_request_that_ends_at_its_first_token_is_snapshotted_before_its_slot_g
     assert lengths(e) == [4]
     fin, _ = run(e, [1, 2, 3, 4, 5, 6], ONE)
     assert fin.cached_tokens == 4
+
+
+def test_the_engine_thread_converts_no_whole_prompt_or_conversation(monkeypatch):
+    """A prompt's Tokens are made from its list by the thread that submits it, and the reply
+    computed again extends its prompt's: the engine thread, which every request's steps wait
+    for, converts no token list (at 200K tokens one costs it ~5 ms)."""
+    from pyqsa.engine import prefix_cache
+
+    made: list[tuple[str, int]] = []
+    init = prefix_cache.Tokens.__init__
+
+    def spy(self, tokens):
+        init(self, tokens)
+        made.append((threading.current_thread().name, isinstance(tokens, list)))
+
+    monkeypatch.setattr(prefix_cache.Tokens, "__init__", spy)
+    runner = FakeRunner()
+    e = engine(runner)
+    prompt = list(range(1, 21))
+    run(e, prompt)
+    idle(e)
+    fin, _ = run(e, prompt + [21, 22, 23, 24, 25])  # its reply (21-23) and two tokens
+    assert fin.cached_tokens == 23
+    idle(e)
+    assert ("MainThread", True) in made and ("pyqsa-engine", False) in made  # the replies'
+    assert ("pyqsa-engine", True) not in made
+    assert len(lengths(e)) == 4  # both prompts' ends and both replies', found by their hashes

@@ -122,6 +122,16 @@ def test_prefix_hashes_match_one_by_one():
     assert Tokens([1, 2]).hash(2) != Tokens([2, 1]).hash(2)
 
 
+@pytest.mark.parametrize("n,m", [(0, 5), (1, 1), (7, 0), (1000, 37), (3, 5000)])
+def test_extended_tokens_are_the_tokens_of_the_whole(n, m):
+    rng = np.random.default_rng(n + m)
+    a, b = rng.integers(0, 150_000, n).tolist(), rng.integers(0, 150_000, m).tolist()
+    prefix_cache._powers = np.ones(1, np.uint64)  # the powers grow for the extension too
+    got, want = Tokens(a).extended(b), Tokens(a + b)
+    assert np.array_equal(got.array, want.array)
+    assert np.array_equal(got.hashes(), want.hashes())
+
+
 def test_entries_share_segments_counted_once():
     """The snapshots of one sequence share its rows: a segment's bytes count once and go with the
     last entry holding it; an entry fits when its new segments do."""

@@ -200,3 +200,21 @@ def test_requests_without_max_tokens_get_the_default_cap(app_server):
         body = {"model": "fake", "prompt": "a", "max_tokens": None, "ignore_eos": True}
         r = client.post(url + "/v1/completions", json=body)
         assert r.json()["usage"]["completion_tokens"] == DEFAULT_MAX_TOKENS
+
+
+def test_a_token_id_prompt_is_not_walked_for_surrogates(monkeypatch):
+    """Only the strings and containers of a list are looked into: a 200K-token prompt cost the
+    event loop ~70 ms in a call (and a path) per id."""
+    from pyqsa.server import protocol
+
+    calls = []
+    walk = protocol._lone_surrogate_at
+
+    def counted(value, path):
+        calls.append(path)
+        return walk(value, path)
+
+    monkeypatch.setattr(protocol, "_lone_surrogate_at", counted)
+    body = protocol.CompletionRequest.model_validate({"model": "m", "prompt": list(range(1000))})
+    assert len(body.prompt) == 1000 and calls.count("prompt") == 1 and len(calls) < 20
+    assert counted([1, 2, ["a", "\ud800"]], "p") == "p.2.1"
