@@ -6,7 +6,10 @@
 // every call there) and upstream's host-sorted path past 128-512 tokens with PYQSA_CUDA_MOE_SYNC=1.
 // Upstream's CPU ops against a double-precision reference, then every other backend against the
 // CPU, each way (the grouped GEMM's 64- and 128-row tiles each forced by PYQSA_CUDA_MOE_BM).
-// `perf` times each way at prefill batches.
+// Products of f16 weights with 1-8 columns (decode steps, MUL_MAT and MUL_MAT_ID) run on pyqsa's
+// gemv (native/ggml/cuda/gemv-f16.cuh), which keeps x in f32: checked against the double reference
+// of the unrounded x; PYQSA_CUDA_GEMV_UPSTREAM=1 puts them back on upstream's MMVF/MMF.
+// `perf` times each way at prefill batches and decode steps.
 //
 //   test-products [test|perf] [-b BACKEND]      exit code 0 when every case passed
 #include "op-check.h"
@@ -92,12 +95,15 @@ product_data make_data(const product_case & c, std::mt19937 & rng) {
     return d;
 }
 
-// the products in double, x rounded to the weights' type first as every backend does
-std::vector<float> reference(const product_case & c, const product_data & d) {
-    std::vector<float> xr(d.x.size());
-    std::vector<uint8_t> tmp(ggml_row_size(c.type, (int64_t) d.x.size()));
-    ggml_get_type_traits_cpu(c.type)->from_float(d.x.data(), tmp.data(), (int64_t) d.x.size());
-    ggml_get_type_traits(c.type)->to_float(tmp.data(), xr.data(), (int64_t) d.x.size());
+// the products in double, x rounded to the weights' type first as the CPU backend does (round_x),
+// or x as it is
+std::vector<float> reference(const product_case & c, const product_data & d, bool round_x = true) {
+    std::vector<float> xr(d.x);
+    if (round_x) {
+        std::vector<uint8_t> tmp(ggml_row_size(c.type, (int64_t) d.x.size()));
+        ggml_get_type_traits_cpu(c.type)->from_float(d.x.data(), tmp.data(), (int64_t) d.x.size());
+        ggml_get_type_traits(c.type)->to_float(tmp.data(), xr.data(), (int64_t) d.x.size());
+    }
     std::vector<float> out(c.n_out * c.n_used * c.n_tok);
     for (int64_t t = 0; t < c.n_tok; ++t)
     for (int64_t i = 0; i < c.n_used; ++i) {
@@ -146,16 +152,25 @@ std::vector<float> run(ggml_backend_t be, const product_case & c, const product_
     return run_op<float>(be, make, upload, supported);
 }
 
-// the ways CUDA can run a case: {variable, value set for it, its CUDA-vs-CPU bound}, pyqsa's own
-// first (no variable). f16 sums (MUL_MAT of f16 weights, upstream's way) meet only a loose bound, enough
+// the ways CUDA can run a case: {variable, value set for it, its CUDA-vs-CPU bound, whether it is
+// held to the unrounded-x reference instead of the CPU}, pyqsa's own first (no variable). f16 sums
+// (MUL_MAT of f16 weights, upstream's way; upstream's MMVF at one column too) meet only a loose bound, enough
 // to catch a wrong row or expert.
 struct product_way {
     const char * var;
     const char * value;
     double       bound;
+    bool         vs_unrounded_x = false;
 };
 
+bool decode_sized(const product_case & c) {
+    return c.type == GGML_TYPE_F16 && c.n_tok <= 8;
+}
+
 std::vector<product_way> ways(const product_case & c) {
+    if (decode_sized(c)) {
+        return { { nullptr, nullptr, 1e-10, true }, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", 1e-4 } };
+    }
     if (c.n_expert == 0) {
         return { { nullptr, nullptr, 1e-9 }, { "PYQSA_CUDA_F16_ACCUMULATE", "1", c.type == GGML_TYPE_F16 ? 1e-3 : 1e-9 } };
     }
@@ -189,10 +204,23 @@ int cmd_test(const char * only_backend) {
         { GGML_TYPE_F16, 128, 256, 64, 6, 900, 1, true },   // 64 experts, half of them idle
         { GGML_TYPE_BF16, 512, 128, 8, 2, 1030, 1, false },
         { GGML_TYPE_F16, 128, 64, 4, 2, 37, 1, false },     // under every limit: the same kernel both ways
+        // decode steps of 1-8 sequences: Flash-Next's projections (rows past a warp's share, 4 rows a
+        // warp at 12288) and experts, one to all tokens on an expert, 64 experts fewer than the slots
+        { GGML_TYPE_F16, 2560, 8192, 0, 1, 1, 1, false },
+        { GGML_TYPE_F16, 2560, 12288, 0, 1, 8, 1, false },
+        { GGML_TYPE_F16, 6144, 2560, 0, 1, 5, 1, false },
+        { GGML_TYPE_F16, 512, 1000, 0, 1, 3, 1, false },
+        { GGML_TYPE_F16, 128, 33, 0, 1, 2, 1, false },
+        { GGML_TYPE_F16, 2560, 512, 8, 2, 8, 1, false },
+        { GGML_TYPE_F16, 512, 2560, 8, 2, 8, 2, false },
+        { GGML_TYPE_F16, 2560, 512, 8, 2, 1, 1, false },
+        { GGML_TYPE_F16, 256, 64, 16, 4, 7, 4, true },
+        { GGML_TYPE_F16, 128, 256, 64, 6, 8, 1, false },
     };
     for (const product_case & c : cases) {
         const product_data d = make_data(c, rng);
         const std::vector<float> ref = reference(c, d);
+        const std::vector<float> ref_x = decode_sized(c) ? reference(c, d, false) : std::vector<float>();
         bool supported = false;
         const std::vector<float> out_cpu = run(cpu, c, d, &supported);
         const double e_cpu = supported ? nmse(out_cpu, ref) : INFINITY;
@@ -202,8 +230,9 @@ int cmd_test(const char * only_backend) {
             on_other_backends(only_backend, c.name() + way_name(w), n_ok, n_fail, [&](ggml_backend_t be) {
                 bool ok = false;
                 const std::vector<float> out = run(be, c, d, &ok);
-                const double e = ok ? nmse(out, out_cpu) : INFINITY;
-                return std::make_pair(ok && e < w.bound, std::string(ok ? "vs CPU: nmse " + sci(e) + " " : "not supported "));
+                const double e = ok ? nmse(out, w.vs_unrounded_x ? ref_x : out_cpu) : INFINITY;
+                const std::string against = w.vs_unrounded_x ? "vs reference of unrounded x: nmse " : "vs CPU: nmse ";
+                return std::make_pair(ok && e < w.bound, ok ? against + sci(e) + " " : std::string("not supported "));
             });
             if (w.var) unsetenv(w.var);
         }
@@ -213,7 +242,13 @@ int cmd_test(const char * only_backend) {
     return n_fail == 0 ? 0 : 1;
 }
 
-// products of a prefill batch, each way; weights zero (a product's time does not depend on its
+double weight_bytes_read(const product_case & c, const std::vector<int32_t> & ids) {
+    std::vector<bool> used(std::max<int64_t>(c.n_expert, 1), false);
+    for (int32_t e : ids) used[e] = true;
+    return 2.0 * c.n_in * c.n_out * (double) std::count(used.begin(), used.end(), true);
+}
+
+// products of a prefill batch or a decode step, each way; weights zero (a product's time does not depend on its
 // values), experts drawn at random per token
 int cmd_perf(const char * only_backend) {
     std::mt19937 rng(5);
@@ -231,6 +266,18 @@ int cmd_perf(const char * only_backend) {
         // many small experts (512 of 512, 10 used, hidden 2048), as the larger Qwen MoE models have
         { GGML_TYPE_F16, 2048, 512, 512, 10, 2048, 1, false },
         { GGML_TYPE_F16, 512, 2048, 512, 10, 2048, 10, false },
+        // decode steps of 1 and 8 sequences: Flash-Next's widest projection, the linear attention's
+        // output, the 8 experts and the real model's 512 (top-10), the output layer (vocab 151936)
+        { GGML_TYPE_F16, 2560, 12288, 0, 1, 1, 1, false },
+        { GGML_TYPE_F16, 2560, 12288, 0, 1, 8, 1, false },
+        { GGML_TYPE_F16, 4096, 2560, 0, 1, 1, 1, false },
+        { GGML_TYPE_F16, 4096, 2560, 0, 1, 8, 1, false },
+        { GGML_TYPE_F16, 2560, 151936, 0, 1, 1, 1, false },
+        { GGML_TYPE_F16, 2560, 151936, 0, 1, 8, 1, false },
+        { GGML_TYPE_F16, 2560, 512, 8, 2, 1, 1, false },
+        { GGML_TYPE_F16, 2560, 512, 8, 2, 8, 1, false },
+        { GGML_TYPE_F16, 512, 2560, 8, 2, 8, 2, false },
+        { GGML_TYPE_F16, 2560, 512, 512, 10, 8, 1, false },
     };
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         ggml_backend_dev_t dev = ggml_backend_dev_get(i);
@@ -251,8 +298,11 @@ int cmd_perf(const char * only_backend) {
                     if (t.ids) ggml_backend_tensor_set(t.ids, ids.data(), 0, ggml_nbytes(t.ids));
                     const double us = time_graph(be, g.gf, 50);
                     const double tflops = 2.0 * c.n_in * c.n_out * c.n_used * c.n_tok / us / 1e6;
-                    std::printf("  %s%s %s: %.1f us/run, %.1f TFLOP/s\n", c.name().c_str(), way_name(w).c_str(),
+                    // decode steps: the weights' bytes a run must read (every expert a token uses, once)
+                    const double gbs = decode_sized(c) ? weight_bytes_read(c, ids) / us / 1e3 : 0.0;
+                    std::printf("  %s%s %s: %.1f us/run, %.1f TFLOP/s", c.name().c_str(), way_name(w).c_str(),
                                 ggml_backend_dev_name(dev), us, tflops);
+                    std::printf(gbs > 0.0 ? ", %.0f GB/s of weights\n" : "\n", gbs);
                 }
                 if (w.var) unsetenv(w.var);
                 ggml_backend_free(be);
