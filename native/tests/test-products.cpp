@@ -6,10 +6,10 @@
 // every call there) and upstream's host-sorted path past 128-512 tokens with PYQSA_CUDA_MOE_SYNC=1.
 // Upstream's CPU ops against a double-precision reference, then every other backend against the
 // CPU, each way (the grouped GEMM's 64- and 128-row tiles each forced by PYQSA_CUDA_MOE_BM).
-// Products of f16 weights with 1-8 columns (decode steps, MUL_MAT and MUL_MAT_ID) run on pyqsa's
-// gemv (native/ggml/cuda/gemv-f16.cuh), which keeps x in f32: checked against the double reference
-// of the unrounded x; PYQSA_CUDA_GEMV_UPSTREAM=1 puts them back on upstream's MMVF/MMF.
-// `perf` times each way at prefill batches and decode steps.
+// Products of f16 weights with one column (a decode step of one sequence, MUL_MAT and MUL_MAT_ID) run
+// on pyqsa's gemv (native/ggml/cuda/gemv-f16.cuh), which keeps x in f32: checked against the double
+// reference of the unrounded x; PYQSA_CUDA_GEMV_UPSTREAM=1 puts them back on upstream's MMVF/MMF.
+// `perf` times each way at prefill batches and one-sequence decode steps.
 //
 //   test-products [test|perf] [-b BACKEND]      exit code 0 when every case passed
 #include "op-check.h"
@@ -164,7 +164,7 @@ struct product_way {
 };
 
 bool decode_sized(const product_case & c) {
-    return c.type == GGML_TYPE_F16 && c.n_tok <= 8;
+    return c.type == GGML_TYPE_F16 && c.n_tok == 1;
 }
 
 std::vector<product_way> ways(const product_case & c) {
@@ -204,18 +204,19 @@ int cmd_test(const char * only_backend) {
         { GGML_TYPE_F16, 128, 256, 64, 6, 900, 1, true },   // 64 experts, half of them idle
         { GGML_TYPE_BF16, 512, 128, 8, 2, 1030, 1, false },
         { GGML_TYPE_F16, 128, 64, 4, 2, 37, 1, false },     // under every limit: the same kernel both ways
-        // decode steps of 1-8 sequences: Flash-Next's projections (rows past a warp's share, 4 rows a
-        // warp at 12288) and experts, one to all tokens on an expert, 64 experts fewer than the slots
+        // decode steps of one sequence: Flash-Next's projections (4 rows a warp at 12288, rows past
+        // a warp's share at 1000 and 33) and experts (each used one with an input row of its own too)
         { GGML_TYPE_F16, 2560, 8192, 0, 1, 1, 1, false },
-        { GGML_TYPE_F16, 2560, 12288, 0, 1, 8, 1, false },
-        { GGML_TYPE_F16, 6144, 2560, 0, 1, 5, 1, false },
-        { GGML_TYPE_F16, 512, 1000, 0, 1, 3, 1, false },
-        { GGML_TYPE_F16, 128, 33, 0, 1, 2, 1, false },
-        { GGML_TYPE_F16, 2560, 512, 8, 2, 8, 1, false },
-        { GGML_TYPE_F16, 512, 2560, 8, 2, 8, 2, false },
+        { GGML_TYPE_F16, 2560, 12288, 0, 1, 1, 1, false },
+        { GGML_TYPE_F16, 6144, 2560, 0, 1, 1, 1, false },
+        { GGML_TYPE_F16, 512, 1000, 0, 1, 1, 1, false },
+        { GGML_TYPE_F16, 128, 33, 0, 1, 1, 1, false },
         { GGML_TYPE_F16, 2560, 512, 8, 2, 1, 1, false },
-        { GGML_TYPE_F16, 256, 64, 16, 4, 7, 4, true },
-        { GGML_TYPE_F16, 128, 256, 64, 6, 8, 1, false },
+        { GGML_TYPE_F16, 512, 2560, 8, 2, 1, 2, false },
+        { GGML_TYPE_F16, 128, 256, 64, 6, 1, 1, false },
+        // 2-8 columns stay on MMF
+        { GGML_TYPE_F16, 2560, 512, 0, 1, 8, 1, false },
+        { GGML_TYPE_F16, 512, 2560, 8, 2, 8, 2, false },
     };
     for (const product_case & c : cases) {
         const product_data d = make_data(c, rng);
@@ -248,7 +249,7 @@ double weight_bytes_read(const product_case & c, const std::vector<int32_t> & id
     return 2.0 * c.n_in * c.n_out * (double) std::count(used.begin(), used.end(), true);
 }
 
-// products of a prefill batch or a decode step, each way; weights zero (a product's time does not depend on its
+// products of a prefill batch or a one-sequence decode step, each way; weights zero (a product's time does not depend on its
 // values), experts drawn at random per token
 int cmd_perf(const char * only_backend) {
     std::mt19937 rng(5);
@@ -266,18 +267,15 @@ int cmd_perf(const char * only_backend) {
         // many small experts (512 of 512, 10 used, hidden 2048), as the larger Qwen MoE models have
         { GGML_TYPE_F16, 2048, 512, 512, 10, 2048, 1, false },
         { GGML_TYPE_F16, 512, 2048, 512, 10, 2048, 10, false },
-        // decode steps of 1 and 8 sequences: Flash-Next's widest projection, the linear attention's
-        // output, the 8 experts and the real model's 512 (top-10), the output layer (vocab 151936)
+        // decode steps of one sequence: Flash-Next's widest projection, the linear attention's
+        // output, the shared expert, the 8 experts and the real model's 512 (top-10), the output layer
         { GGML_TYPE_F16, 2560, 12288, 0, 1, 1, 1, false },
-        { GGML_TYPE_F16, 2560, 12288, 0, 1, 8, 1, false },
         { GGML_TYPE_F16, 4096, 2560, 0, 1, 1, 1, false },
-        { GGML_TYPE_F16, 4096, 2560, 0, 1, 8, 1, false },
+        { GGML_TYPE_F16, 2560, 512, 0, 1, 1, 1, false },
         { GGML_TYPE_F16, 2560, 151936, 0, 1, 1, 1, false },
-        { GGML_TYPE_F16, 2560, 151936, 0, 1, 8, 1, false },
         { GGML_TYPE_F16, 2560, 512, 8, 2, 1, 1, false },
-        { GGML_TYPE_F16, 2560, 512, 8, 2, 8, 1, false },
-        { GGML_TYPE_F16, 512, 2560, 8, 2, 8, 2, false },
-        { GGML_TYPE_F16, 2560, 512, 512, 10, 8, 1, false },
+        { GGML_TYPE_F16, 512, 2560, 8, 2, 1, 2, false },
+        { GGML_TYPE_F16, 2560, 512, 512, 10, 1, 1, false },
     };
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         ggml_backend_dev_t dev = ggml_backend_dev_get(i);
