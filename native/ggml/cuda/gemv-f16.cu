@@ -141,8 +141,11 @@ bool takes(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_te
 }  // namespace
 
 bool pyqsa_cuda_gemv(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_tensor * x, ggml_tensor * dst) {
+    // NOTE: a warp a row reads a narrow matrix with too few warps in flight; upstream's CTA a row
+    // was faster below two rows a warp (4096 x 2560: 12.5 us against 15.2; decode.py at one
+    // sequence 8.7 ms a step against 10.0 with every MUL_MAT here), so those stay there
     if (!takes(ctx, w, x, dst) || w->ne[2] != 1 || x->ne[1] != 1 || x->ne[2] != 1 || dst->ne[1] != 1 ||
-        dst->ne[2] != 1) {
+        dst->ne[2] != 1 || rows_per_warp(w->ne[1], 1, ggml_cuda_info().devices[ctx.device].nsm) < 2) {
         return false;
     }
     const gemv_args a = { (const char *) w->data, w->nb[1], 0,       (const char *) x->data, 0, 1,

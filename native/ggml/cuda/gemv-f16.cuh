@@ -1,6 +1,6 @@
 // Products of f16 weights with one activation column: a decode step of one sequence. Read by the
 // patched ggml-cuda.cu (ggml_patches/0015) before upstream's choice of kernel:
-//   MUL_MAT     dst [N] = w [K, N] x [K]
+//   MUL_MAT     dst [N] = w [K, N] x [K], N large enough for two rows a warp and two CTAs an SM
 //   MUL_MAT_ID  dst [N, n_used] = expert ids[u] of w [K, N, n_expert] times x [K, x_ne1] row
 //               u % x_ne1 (the MoE experts of one token)
 // Upstream runs these on MMVF, which sums f16 weights in f16 on Hopper and loads 4 bytes a thread
