@@ -3,10 +3,10 @@
 Each step has a token budget: `max_batch_tokens`, or `max_prefill_tokens` for a step with no
 decode token whose prompts all need more than `max_batch_tokens` (long prompts only: a short
 prompt's first token never waits for a large step of its own) or that finishes every prompt in
-flight (short prompts that came together: their first tokens come from one pass). Requests whose cache is one
-token behind (decode) go first, one token each, whatever their age, so a running request never
-stalls (the config keeps the budget at least the slot count). The rest of the budget goes to
-prompt chunks, by the prefill policy:
+flight (short prompts that came together: their first tokens come from one pass). Requests
+whose cache is one token behind (decode) go first, one token each, whatever their age, so a
+running request never stalls (the config keeps the budget at least the slot count). The rest of
+the budget goes to prompt chunks, by the prefill policy:
 
 - `fair` (default), max-min fair shares: every prompt in flight gets a chunk every step; a prompt
   that needs less than an equal share of what is left gets all it needs (it finishes its
