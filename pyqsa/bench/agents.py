@@ -5,7 +5,8 @@ prompt plus --turn-tokens new tokens, as an agent resends its whole context ever
 agents run concurrently, each turn after its previous one. Token-id prompts, greedy, exactly
 --max-tokens tokens a reply (ignore_eos).
 
-Per turn: time to first token, the prompt tokens the server reports cached
+Per turn: time to first token (the first streamed token, and `ttft_text_s` to the first
+non-empty text), the prompt tokens the server reports cached
 (usage.prompt_tokens_details.cached_tokens) and the reply's token count; with --cold-url (a server
 started without the cache: --prefix-cache-gib 0) every reply is checked against that server's
 for the same prompt. Concurrent requests round otherwise than one alone (wider passes), so the
@@ -68,12 +69,17 @@ def turn(
     logprobs: int = 0,
     on_first: Callable[[], None] = lambda: None,
 ) -> dict:
-    """One streamed greedy completion: its time to first token, reply and usage (and with
-    `logprobs`, each token's logprobs: that many of the best); `on_first()` once the first
-    token's text came."""
-    body = completion_body(model, prompt, max_tokens) | ({"logprobs": logprobs} if logprobs else {})
+    """One streamed greedy completion: its time to first token, to its first text, reply and
+    usage (and each token's logprobs: the `logprobs` best of each); `on_first()` once the first
+    token came.
+
+    NOTE: logprobs are always asked for (0: the chosen token's alone), so that every token is
+    streamed: a chunk whose text is empty (a token that ends inside a UTF-8 character, a control
+    token: a random-weight model draws them) is sent only with its logprobs, and the first
+    non-empty text may come some decode steps after the first token."""
+    body = completion_body(model, prompt, max_tokens) | {"logprobs": logprobs}
     t0 = time.perf_counter()
-    ttft, text, usage, lps = None, [], None, []
+    ttft, ttft_text, text, usage, lps = None, None, [], None, []
     with httpx.Client(timeout=3600) as c, c.stream("POST", f"{url}/v1/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -82,15 +88,19 @@ def turn(
             event = json.loads(line[len("data: ") :])
             usage = event.get("usage") or usage
             for choice in event["choices"]:
-                if ttft is None and choice.get("text"):
+                lp = choice.get("logprobs")
+                if ttft is None and lp and lp["tokens"]:
                     ttft = time.perf_counter() - t0
                     on_first()
+                if ttft_text is None and choice.get("text"):
+                    ttft_text = time.perf_counter() - t0
                 text.append(choice.get("text") or "")
-                if choice.get("logprobs"):
-                    lps.append(choice["logprobs"])
+                if lp and logprobs:
+                    lps.append(lp)
     details = (usage or {}).get("prompt_tokens_details") or {}
     return {
         "ttft_s": ttft,
+        "ttft_text_s": ttft_text,
         "reply": "".join(text),
         "completion_tokens": (usage or {}).get("completion_tokens"),
         "prompt_tokens": (usage or {}).get("prompt_tokens"),
@@ -280,6 +290,7 @@ def run(args: Agents, on_turn: Callable[[], None] = lambda: None) -> dict:
         "first_turn_ttft_s": med([t["ttft_s"] for t in cold]),
         "follow_up_ttft_s": med([t["ttft_s"] for t in follow]),
         "follow_up_ttft_s_max": max((t["ttft_s"] for t in follow), default=None),
+        "follow_up_ttft_text_s": med([t["ttft_text_s"] for t in follow if t["ttft_text_s"]]),
         "ttft_s_by_turn": {
             k: med([t["ttft_s"] for t in turns if t["turn"] == k]) for k in range(args.turns + 1)
         },

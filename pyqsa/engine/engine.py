@@ -527,10 +527,14 @@ class Engine:
         running = req.state is RequestState.RUNNING
         live = self._live.pop(req.request_id)
         live.sampler.close()
-        # the reply's state as a prompt's, for the next turn; not while clients wait for a slot
-        # (theirs next turns then start after their prompts)
+        # the reply's state as a prompt's, for the next turn, only while no other request runs
+        # or waits. NOTE: it costs the engine thread a head load and a snapshot and its slot a
+        # pass, which other requests' steps and a follow-up waiting for that slot would wait
+        # for; without it, the next turn resumes at its prompt's end in the slot and computes
+        # the reply with its new tokens (exactly the same state: prompt chunks split anywhere)
         again = None
-        if req.reply_of is None and replied and not self.scheduler.waiting:
+        busy = self.scheduler.waiting or any(r is not req for r in self.scheduler.running)
+        if req.reply_of is None and replied and not busy:
             again = self.prefix.reply_request(req, self._next_arrival())
         self.prefix.end(req, live.prefix, keep and running)
         self.scheduler.finish(req, keep)

@@ -19,6 +19,9 @@ one a server without the cache computes for the next turn's prompt. Instead, onc
 ends, a request of the engine's own (`reply_request`) computes its prompt and reply as a
 prompt, from the prompt's cached state (in its own slot: a resume), in chunks; its snapshot is
 what the next turn finds, and its slot holds exactly that for the next turn to continue in place.
+The engine makes one only when no other request runs or waits (Engine._finish): among others its
+head load, pass and snapshot would delay their steps, and the next turn resumes at its prompt's
+end instead, computing the reply with its new tokens.
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 Each step has a token budget: `max_batch_tokens`, or `max_prefill_tokens` for a step with no
 decode token whose prompts all need more than `max_batch_tokens` (long prompts only: a short
-prompt's first token never waits for a large step of its own). Requests whose cache is one
-token behind (decode) go first, one token each, whatever their age, so a running request never
-stalls (the config keeps the budget at least the slot count). The rest of the budget goes to
-prompt chunks, by the prefill policy:
+prompt's first token never waits for a large step of its own) or that finishes every prompt in
+flight (short prompts that came together: their first tokens come from one pass). Requests
+whose cache is one token behind (decode) go first, one token each, whatever their age, so a
+running request never stalls (the config keeps the budget at least the slot count). The rest of
+the budget goes to prompt chunks, by the prefill policy:
 
 - `fair` (default), max-min fair shares: every prompt in flight gets a chunk every step; a prompt
   that needs less than an equal share of what is left gets all it needs (it finishes its
@@ -182,7 +183,12 @@ class Scheduler:
         decode = [r for r in self.running if r.num_pending == 1]
         prompts = [r for r in self.running if r.num_pending > 1]
         remaining = [r.num_pending for r in prompts]
-        large = not decode and min(remaining, default=0) > self.max_batch_tokens
+        # with no decode token: the larger budget for long prompts only, or where it finishes
+        # every prompt in flight at once (several follow-ups that arrived together, each within
+        # a regular step: all their first tokens come from that one pass instead of the last of
+        # the regular steps their fair shares take)
+        fits = self.max_batch_tokens < sum(remaining) <= self.max_prefill_tokens
+        large = not decode and (min(remaining, default=0) > self.max_batch_tokens or fits)
         budget = (self.max_prefill_tokens if large else self.max_batch_tokens) - len(decode)
         if self.long_turns:
             shares = self._long_ones_take_turns(remaining, budget)

@@ -141,18 +141,47 @@ def test_the_least_recently_used_free_slot_is_taken_first():
 
 def test_a_slot_resumes_only_an_entry_of_its_own_rows():
     """Two slots compute one prompt side by side (which rounds otherwise than alone): the entry
-    holds the rows of the slot that took it first, so the other slot's reply starts by a restore
-    of that entry, not by mixing its head with the other slot's rows."""
+    holds the rows of the slot that took it first, so the other slot's follow-up starts by a
+    restore of that entry, not by mixing its head with the other slot's rows."""
+    gate = threading.Event()
+    # slot 0's request waits in its fourth pass (slot 1's ended in its third) until slot 1's
+    # follow-up is in: that one then finds only slot 1 free
+    runner = FakeRunner(lambda chunks: chunks[0].start == 8 and gate.wait(timeout=10))
+    e = engine(runner)
+    a, b, c = Collector(), Collector(), Collector()
+    e.submit([1, 2, 3, 4, 5], SamplingParams(temperature=0, max_tokens=20), a)  # slot 0
+    e.submit([1, 2, 3, 4, 5], GREEDY, b)  # slot 1
+    b.wait()
+    e.submit([1, 2, 3, 4, 5, 6, 7, 8, 40, 41], GREEDY, c)
+    gate.set()
+    fin = c.wait()
+    (entry,) = [en for en in e.prefix.cache.entries() if en.n_tokens == 5]
+    assert [s.slot for s in entry.segments] == [0]
+    assert (fin.cached_tokens, c.tokens) == (5, [42, 43, 44])
+    a.wait()
+    idle(e)
+    assert runner.restored == [(1, 5)]
+    assert e.stats().prefix.starts == {"continue": 0, "resume": 0, "restore": 1}
+
+
+def test_no_reply_is_computed_again_while_other_requests_run():
+    """A reply's own request (its prompt and reply as a prompt) waits for no other request and
+    delays none: made only when its request ends alone. The next turn then resumes the prompt's
+    state in its slot and computes the reply with its new tokens."""
     runner = FakeRunner()
     e = engine(runner)
     a, b = Collector(), Collector()
     e.submit([1, 2, 3, 4, 5], SamplingParams(temperature=0, max_tokens=6), a)  # slot 0
-    e.submit([1, 2, 3, 4, 5], GREEDY, b)  # slot 1, done first: its reply is computed again
+    e.submit([21, 22, 23, 24], GREEDY, b)  # slot 1, ends while slot 0 runs
     a.wait(), b.wait()
     idle(e)
-    (entry,) = [en for en in e.prefix.cache.entries() if en.n_tokens == 5]
-    assert [s.slot for s in entry.segments] == [0]
-    assert runner.restored == [(1, 5)] and runner.resumed == []
+    assert lengths(e) == [4, 5, 11]  # a's prompt and reply again, b's prompt alone
+    assert runner.resumed == [(0, 5)]
+    runner.batches.clear()
+    fin, out = run(e, [21, 22, 23, 24, 25, 26, 27, 30, 31])  # b's prompt, reply, new tokens
+    assert (fin.cached_tokens, out) == (4, [32, 33, 34])
+    assert runner.resumed[1] == (1, 4) and runner.restored == []
+    assert runner.batches[0] == [(1, 4, (25, 26, 27, 30, 31))]
 
 
 def test_at_least_two_tokens_are_computed():

@@ -258,6 +258,22 @@ def test_a_step_of_long_prompts_only_takes_the_prefill_budget():
     assert plan(step) == [("a", 0, 21, 6, False), ("b", 1, 20, 1, True), ("c", 2, 5, 1, True)]
 
 
+def test_short_prompts_that_came_together_finish_in_one_step_of_the_prefill_budget():
+    s = Scheduler(SlotTable(4, 1000, lambda slot: None), max_batch_tokens=8, max_prefill_tokens=32)
+    for name in "abc":
+        s.add(req(name, 10))  # each within a regular step, not all three
+    step = s.schedule()
+    assert plan(step) == [(name, i, 0, 10, True) for i, name in enumerate("abc")]
+    advance(step)
+    s.add(req("d", 10))  # beside decode tokens: a regular step, fairly shared
+    assert plan(s.schedule()) == [
+        ("a", 0, 10, 1, True),
+        ("b", 1, 10, 1, True),
+        ("c", 2, 10, 1, True),
+        ("d", 3, 0, 5, False),
+    ]
+
+
 def test_the_prefill_budget_is_never_below_the_step_budget():
     s = Scheduler(SlotTable(2, 1000, lambda slot: None), max_batch_tokens=8, max_prefill_tokens=4)
     s.add(req("a", 100))
