@@ -267,7 +267,9 @@ def test_prefill_estimates_for_the_budget():
     # bench/results/2026-12-01-cecbeed-decode.json holds upstream at 256K
     found = decode.known_prefills(meta, 512)
     assert any(r["variant"] == "upstream" and r["context"] == 262144 for r in found)
-    assert {r["model"] for r in found} == {"flash-next-synth-bb6a59d2fe27.gguf"}
+    models = {r["model"] for r in found}
+    assert "flash-next-synth-bb6a59d2fe27.gguf" in models
+    assert all(m.startswith("flash-next-synth-") for m in models)
     assert decode.known_prefills({**meta, "model_bytes": 87777792}, 512) == []  # --small
     assert all(r["flags"]["n_batch"] == 512 and r["gpu"] == "NVIDIA H200" for r in found)
     # a larger prefill batch: the smaller batch's times bound its own (cecbeed's upstream at
