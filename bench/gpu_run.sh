@@ -24,7 +24,7 @@
 #                 f16acc: pyqsa's with PYQSA_CUDA_F16_ACCUMULATE=1, upstream's f16 sums on cuBLAS;
 #                 gdnup: pyqsa's with PYQSA_CUDA_GDN_UPSTREAM=1, upstream's gated-delta-rule kernel;
 #                 moemmf: pyqsa's with PYQSA_CUDA_MOE_MMF=1, MoE products of every batch on MMF;
-#                 gemvup: pyqsa's with PYQSA_CUDA_GEMV_UPSTREAM=1, one-column products on upstream's MMVF/MMF)
+#                 gemvup: pyqsa's with PYQSA_CUDA_GEMV_UPSTREAM=1, decode products (1-8 columns) on upstream's MMVF/MMF)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024 --repeats 3")
 #                 --serve "SERVE FLAGS" (after the decode runs: bench/serve_run.sh, the server
 #                 benchmark, with these extra serve flags, e.g. "--sampling device"; "" for none)

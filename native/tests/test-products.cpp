@@ -6,10 +6,11 @@
 // every call there) and upstream's host-sorted path past 128-512 tokens with PYQSA_CUDA_MOE_SYNC=1.
 // Upstream's CPU ops against a double-precision reference, then every other backend against the
 // CPU, each way (the grouped GEMM's 64- and 128-row tiles each forced by PYQSA_CUDA_MOE_BM).
-// Products of f16 weights with one column (a decode step of one sequence, MUL_MAT and MUL_MAT_ID) run
-// on pyqsa's gemv (native/ggml/cuda/gemv-f16.cuh), which keeps x in f32: checked against the double
-// reference of the unrounded x; PYQSA_CUDA_GEMV_UPSTREAM=1 puts them back on upstream's MMVF/MMF.
-// `perf` times each way at prefill batches and one-sequence decode steps.
+// Products of f16 weights with 1-8 columns (decode steps, MUL_MAT and MUL_MAT_ID) run on pyqsa's gemv
+// (native/ggml/cuda/gemv-f16.cuh): with one column it keeps x in f32, checked against the double
+// reference of the unrounded x; with 2-8 it rounds x to f16 as the CPU does, checked against the CPU.
+// PYQSA_CUDA_GEMV_UPSTREAM=1 puts them back on upstream's MMVF/MMF.
+// `perf` times each way at prefill batches and decode steps.
 //
 //   test-products [test|perf] [-b BACKEND]      exit code 0 when every case passed
 #include "op-check.h"
@@ -163,15 +164,24 @@ struct product_way {
     bool         vs_unrounded_x = false;
 };
 
-// the gemv's share: one column, and MUL_MATs wide enough for it on a GPU of up to 256 SMs (the
-// narrower ones stay on upstream's MMVF, which sums in f16)
-bool decode_sized(const product_case & c) {
-    return c.type == GGML_TYPE_F16 && c.n_tok == 1 && (c.n_expert > 0 || c.n_out >= 8192);
+// a decode step's product: f16 weights, 1-8 columns (the gemv's, but for narrow one-column
+// MUL_MATs)
+bool decode_step(const product_case & c) {
+    return c.type == GGML_TYPE_F16 && c.n_tok <= 8;
+}
+
+// the gemv's one-column share that keeps x in f32: MUL_MATs wide enough for it on a GPU of up to
+// 256 SMs (the narrower ones stay on upstream's MMVF, which sums in f16) and one token's experts
+bool one_column_f32_x(const product_case & c) {
+    return decode_step(c) && c.n_tok == 1 && (c.n_expert > 0 || c.n_out >= 8192);
 }
 
 std::vector<product_way> ways(const product_case & c) {
-    if (decode_sized(c)) {
+    if (one_column_f32_x(c)) {
         return { { nullptr, nullptr, 1e-10, true }, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", 1e-4 } };
+    }
+    if (decode_step(c) && c.n_tok >= 2) {
+        return { { nullptr, nullptr, 1e-9 }, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", 1e-9 } };
     }
     if (c.n_expert == 0) {
         return { { nullptr, nullptr, 1e-9 }, { "PYQSA_CUDA_F16_ACCUMULATE", "1", c.type == GGML_TYPE_F16 ? 1e-3 : 1e-9 } };
@@ -214,14 +224,21 @@ int cmd_test(const char * only_backend) {
         { GGML_TYPE_F16, 2560, 512, 8, 2, 1, 1, false },
         { GGML_TYPE_F16, 512, 2560, 8, 2, 1, 2, false },
         { GGML_TYPE_F16, 128, 256, 64, 6, 1, 1, false },
-        // 2-8 columns stay on MMF
-        { GGML_TYPE_F16, 2560, 512, 0, 1, 8, 1, false },
+        // 2-8 columns (32 rows a CTA at 12288, rows past a CTA's at 33), experts with one to all
+        // tokens, 64 experts fewer than the slots
+        { GGML_TYPE_F16, 2560, 12288, 0, 1, 8, 1, false },
+        { GGML_TYPE_F16, 512, 2560, 0, 1, 8, 1, false },
+        { GGML_TYPE_F16, 6144, 2560, 0, 1, 5, 1, false },
+        { GGML_TYPE_F16, 128, 33, 0, 1, 2, 1, false },
+        { GGML_TYPE_F16, 2560, 512, 8, 2, 8, 1, false },
         { GGML_TYPE_F16, 512, 2560, 8, 2, 8, 2, false },
+        { GGML_TYPE_F16, 256, 64, 16, 4, 7, 4, true },
+        { GGML_TYPE_F16, 128, 256, 64, 6, 8, 1, false },
     };
     for (const product_case & c : cases) {
         const product_data d = make_data(c, rng);
         const std::vector<float> ref = reference(c, d);
-        const std::vector<float> ref_x = decode_sized(c) ? reference(c, d, false) : std::vector<float>();
+        const std::vector<float> ref_x = one_column_f32_x(c) ? reference(c, d, false) : std::vector<float>();
         bool supported = false;
         const std::vector<float> out_cpu = run(cpu, c, d, &supported);
         const double e_cpu = supported ? nmse(out_cpu, ref) : INFINITY;
@@ -249,7 +266,7 @@ double weight_bytes_read(const product_case & c, const std::vector<int32_t> & id
     return 2.0 * c.n_in * c.n_out * (double) std::count(used.begin(), used.end(), true);
 }
 
-// products of a prefill batch or a one-sequence decode step, each way; weights zero (a product's time does not depend on its
+// products of a prefill batch or a decode step, each way; weights zero (a product's time does not depend on its
 // values), experts drawn at random per token
 int cmd_perf(const char * only_backend) {
     std::mt19937 rng(5);
@@ -267,11 +284,17 @@ int cmd_perf(const char * only_backend) {
         // many small experts (512 of 512, 10 used, hidden 2048), as the larger Qwen MoE models have
         { GGML_TYPE_F16, 2048, 512, 512, 10, 2048, 1, false },
         { GGML_TYPE_F16, 512, 2048, 512, 10, 2048, 10, false },
-        // decode steps of one sequence: Flash-Next's widest projections, the 8 experts and the real
-        // model's 512 (top-10), the output layer
+        // decode steps of 1 and 8 sequences: Flash-Next's widest projections, the linear
+        // attention's output, the 8 experts and the real model's 512 (top-10), the output layer
         { GGML_TYPE_F16, 2560, 8192, 0, 1, 1, 1, false },
         { GGML_TYPE_F16, 2560, 12288, 0, 1, 1, 1, false },
         { GGML_TYPE_F16, 2560, 151936, 0, 1, 1, 1, false },
+        { GGML_TYPE_F16, 2560, 12288, 0, 1, 8, 1, false },
+        { GGML_TYPE_F16, 4096, 2560, 0, 1, 8, 1, false },
+        { GGML_TYPE_F16, 2560, 151936, 0, 1, 8, 1, false },
+        { GGML_TYPE_F16, 2560, 512, 8, 2, 8, 1, false },
+        { GGML_TYPE_F16, 512, 2560, 8, 2, 8, 2, false },
+        { GGML_TYPE_F16, 2560, 512, 512, 10, 8, 1, false },
         { GGML_TYPE_F16, 2560, 512, 8, 2, 1, 1, false },
         { GGML_TYPE_F16, 512, 2560, 8, 2, 1, 2, false },
         { GGML_TYPE_F16, 2560, 512, 512, 10, 1, 1, false },
@@ -296,7 +319,7 @@ int cmd_perf(const char * only_backend) {
                     const double us = time_graph(be, g.gf, 50);
                     const double tflops = 2.0 * c.n_in * c.n_out * c.n_used * c.n_tok / us / 1e6;
                     // decode steps: the weights' bytes a run must read (every expert a token uses, once)
-                    const double gbs = decode_sized(c) ? weight_bytes_read(c, ids) / us / 1e3 : 0.0;
+                    const double gbs = decode_step(c) ? weight_bytes_read(c, ids) / us / 1e3 : 0.0;
                     std::printf("  %s%s %s: %.1f us/run, %.1f TFLOP/s", c.name().c_str(), way_name(w).c_str(),
                                 ggml_backend_dev_name(dev), us, tflops);
                     std::printf(gbs > 0.0 ? ", %.0f GB/s of weights\n" : "\n", gbs);

@@ -28,8 +28,8 @@ from .meta import RESULTS
 # upstream's host-sorted path); pyqsa-f16acc: PYQSA_CUDA_F16_ACCUMULATE=1 (f16 products on cuBLAS
 # summed in f16, as upstream's); pyqsa-gdnup: PYQSA_CUDA_GDN_UPSTREAM=1 (the gated delta rule on
 # upstream's kernel); pyqsa-moemmf: PYQSA_CUDA_MOE_MMF=1 (MoE products of every batch on MMF, not
-# pyqsa's grouped GEMM); pyqsa-gemvup: PYQSA_CUDA_GEMV_UPSTREAM=1 (one-column products on
-# upstream's MMVF/MMF, not pyqsa's gemv)
+# pyqsa's grouped GEMM); pyqsa-gemvup: PYQSA_CUDA_GEMV_UPSTREAM=1 (decode products of 1-8
+# columns on upstream's MMVF/MMF, not pyqsa's gemv)
 VARIANTS = (
     "pyqsa",
     "upstream",

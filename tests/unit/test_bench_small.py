@@ -322,8 +322,8 @@ def test_decode_under_a_library_switch_is_a_variant_of_its_own(
     `moesync` (PYQSA_CUDA_MOE_SYNC=1: upstream's host-sorted MoE products), `f16acc`
     (PYQSA_CUDA_F16_ACCUMULATE=1: upstream's f16 sums), `gdnup` (PYQSA_CUDA_GDN_UPSTREAM=1:
     upstream's gated-delta-rule kernel), `moemmf` (PYQSA_CUDA_MOE_MMF=1: MoE products on MMF,
-    not the grouped GEMM) and `gemvup` (PYQSA_CUDA_GEMV_UPSTREAM=1: one-column products on
-    upstream's kernels) run pyqsa's library with one switch
+    not the grouped GEMM) and `gemvup` (PYQSA_CUDA_GEMV_UPSTREAM=1: decode products of 1-8
+    columns on upstream's kernels) run pyqsa's library with one switch
     flipped, so decode.py records each as a variant and report.py gives it a column."""
     monkeypatch.setenv(env, value)
     out = tmp_path / "decode.jsonl"

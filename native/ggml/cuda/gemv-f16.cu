@@ -1,6 +1,9 @@
-// f16 weights times one f32 column (see gemv-f16.cuh). One launch: grid (row blocks, n_used),
-// WARPS warps a CTA, R rows a warp. A MUL_MAT is the case of one expert and one column.
+// f16 weights times 1-8 f32 columns (see gemv-f16.cuh). One column: grid (row blocks, n_used),
+// WARPS warps a CTA, R rows a warp, a MUL_MAT being the case of one expert. 2-8 columns: grid
+// (blocks of 16 * RG rows, expert slots), the CTA's warps splitting K, on tensor cores.
 #include "gemv-f16.cuh"
+
+#include "mma-ptx.cuh"
 
 #include <cstdlib>
 #include <cstring>
@@ -99,6 +102,178 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16(const gemv_args a)
     }
 }
 
+// ---- 2-8 columns: m16n8k16 products, rows as A, the columns as B's 8 ----
+
+constexpr int KB        = 32;   // k of a lane-step: 8 halves for each lane of a quad
+constexpr int MAX_SLOTS = 256;  // n_used * n_tok of a MoE call
+
+struct cols_args {
+    const char * w;  // F16 [K, N, n_expert]
+    size_t       w_nb1, w_nb2;
+    const char * x;  // F32: the column of pair (t, u) at x + t * x_nb2 + (u % x_ne1) * x_nb1
+    size_t       x_nb1, x_nb2;
+    int          x_ne1;
+    char *       dst;  // F32: the column of pair (t, u) at dst + t * d_nb2 + u * d_nb1
+    size_t       d_nb1, d_nb2;
+    const char * ids;  // I32 [n_used, n_tok]; nullptr: a MUL_MAT (one expert, n_used 1)
+    size_t       ids_nb0, ids_nb1;
+    int          n_used, n_tok, K, N;
+};
+
+// NOTE: A's and B's k are permuted alike, which leaves each product's sum as it is: lane (g, t)
+// loads the 8 halves k0 + 8t .. + 7 of its rows and of column g in one 16-byte (x: 32-byte) load,
+// and the first product takes halves 0-3 as its k 2t, 2t + 1, 2t + 8, 2t + 9, the second 4-7.
+// x is rounded to f16, as MMF and the CPU backend round it.
+template <int RG>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16_cols(const cols_args a) {
+    __shared__ int   pairs[MAX_SLOTS];  // the pairs (t * n_used + u) this CTA multiplies, in order
+    __shared__ int   expert_of[MAX_SLOTS];
+    __shared__ int   n_pairs, expert;
+    __shared__ float partial[WARPS][RG * 16][8];
+    const int        lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int        g = lane / 4, t = lane % 4;
+    const int        row0    = blockIdx.x * RG * 16;
+    const int        n_slots = a.n_used * a.n_tok;
+
+    size_t row_off[RG][2];
+#pragma unroll
+    for (int i = 0; i < RG; ++i) {
+        row_off[i][0] = (size_t) min(row0 + 16 * i + g, a.N - 1) * a.w_nb1;
+        row_off[i][1] = (size_t) min(row0 + 16 * i + g + 8, a.N - 1) * a.w_nb1;
+    }
+    if (a.ids == nullptr) {  // the weights do not depend on the kernels before: fetch ahead
+#pragma unroll
+        for (int i = 0; i < RG; ++i) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(a.w + row_off[i][j] + (size_t) (warp * KB + t * 8) * 2));
+            }
+        }
+    }
+    ggml_cuda_pdl_sync();
+    if (a.ids == nullptr) {
+        if (threadIdx.x < n_slots) {
+            pairs[threadIdx.x] = threadIdx.x;
+        }
+        if (threadIdx.x == 0) {
+            n_pairs = n_slots;
+            expert  = 0;
+        }
+    } else {
+        for (int p = threadIdx.x; p < n_slots; p += blockDim.x) {
+            expert_of[p] = *(const int32_t *) (a.ids + (size_t) (p / a.n_used) * a.ids_nb1 +
+                                               (size_t) (p % a.n_used) * a.ids_nb0);
+        }
+        __syncthreads();
+        // a pair whose expert no earlier pair has marks its expert's first appearance
+        for (int p = threadIdx.x; p < n_slots; p += blockDim.x) {
+            bool first = true;
+            for (int q = 0; q < p && first; ++q) {
+                first = expert_of[q] != expert_of[p];
+            }
+            pairs[p] = first;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int e = -1;
+            for (int p = 0, seen = 0; p < n_slots && e < 0; ++p) {
+                if (pairs[p] && seen++ == (int) blockIdx.y) {
+                    e = expert_of[p];
+                }
+            }
+            int n = 0;
+            for (int p = 0; p < n_slots && e >= 0; ++p) {
+                if (expert_of[p] == e) {
+                    pairs[n++] = p;
+                }
+            }
+            expert  = e;
+            n_pairs = n;
+        }
+    }
+    __syncthreads();
+    if (expert < 0) {
+        return;
+    }
+    const char * w = a.w + (size_t) expert * a.w_nb2;
+    for (int c0 = 0; c0 < n_pairs; c0 += 8) {
+        const int     nc = min(8, n_pairs - c0);
+        const float * x  = nullptr;  // column g's, none past the CTA's columns
+        if (g < nc) {
+            const int p = pairs[c0 + g];
+            x = (const float *) (a.x + (size_t) (p / a.n_used) * a.x_nb2 + (size_t) (p % a.n_used % a.x_ne1) * a.x_nb1);
+        }
+        float d[RG][4] = {};
+#pragma unroll 4
+        for (int k0 = warp * KB; k0 < a.K; k0 += WARPS * KB) {
+            const int k = k0 + t * 8;
+            uint4     wv[RG][2];
+#pragma unroll
+            for (int i = 0; i < RG; ++i) {
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    wv[i][j] = __ldcs((const uint4 *) (w + row_off[i][j] + (size_t) k * 2));
+                }
+            }
+            uint32_t b[4] = {};
+            if (x != nullptr) {
+                const float4 x0 = __ldg((const float4 *) (x + k));
+                const float4 x1 = __ldg((const float4 *) (x + k) + 1);
+                const half2  h[4] = { __floats2half2_rn(x0.x, x0.y), __floats2half2_rn(x0.z, x0.w),
+                                      __floats2half2_rn(x1.x, x1.y), __floats2half2_rn(x1.z, x1.w) };
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    b[i] = *(const uint32_t *) &h[i];
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < RG; ++i) {
+                const uint32_t a0[4] = { wv[i][0].x, wv[i][1].x, wv[i][0].y, wv[i][1].y };
+                const uint32_t a1[4] = { wv[i][0].z, wv[i][1].z, wv[i][0].w, wv[i][1].w };
+                pyqsa_mma::mma_f16(d[i], a0, b[0], b[1]);
+                pyqsa_mma::mma_f16(d[i], a1, b[2], b[3]);
+            }
+        }
+        // d[i]: rows 16 i + g (0, 1) and + 8 (2, 3), columns 2t and 2t + 1; the warps' K shares
+        // summed in warp order
+#pragma unroll
+        for (int i = 0; i < RG; ++i) {
+            partial[warp][16 * i + g][2 * t]         = d[i][0];
+            partial[warp][16 * i + g][2 * t + 1]     = d[i][1];
+            partial[warp][16 * i + g + 8][2 * t]     = d[i][2];
+            partial[warp][16 * i + g + 8][2 * t + 1] = d[i][3];
+        }
+        __syncthreads();
+        for (int o = threadIdx.x; o < RG * 16 * 8; o += blockDim.x) {
+            const int r = o / 8, c = o % 8;
+            if (c < nc && row0 + r < a.N) {
+                float sum = 0.0f;
+#pragma unroll
+                for (int v = 0; v < WARPS; ++v) {
+                    sum += partial[v][r][c];
+                }
+                const int p = pairs[c0 + c];
+                float *   y = (float *) (a.dst + (size_t) (p / a.n_used) * a.d_nb2 + (size_t) (p % a.n_used) * a.d_nb1);
+                y[row0 + r] = sum;
+            }
+        }
+        __syncthreads();
+    }
+    ggml_cuda_pdl_lc();
+}
+
+void launch_cols(ggml_backend_cuda_context & ctx, const cols_args & a, int grid_y) {
+    const int n_sm = ggml_cuda_info().devices[ctx.device].nsm;
+    const bool two = (a.N + 31) / 32 * grid_y >= 2 * n_sm;  // two row groups a CTA still give every SM two
+    const ggml_cuda_kernel_launch_params p(dim3((a.N + (two ? 31 : 15)) / (two ? 32 : 16), grid_y),
+                                           dim3(WARPS * WARP_SIZE), 0, ctx.stream());
+    if (two) {
+        ggml_cuda_kernel_launch(gemv_f16_cols<2>, p, a);
+    } else {
+        ggml_cuda_kernel_launch(gemv_f16_cols<1>, p, a);
+    }
+}
+
 bool gemv_on() {
     const char * v = getenv("PYQSA_CUDA_GEMV_UPSTREAM");
     return v == nullptr || *v == '\0' || strcmp(v, "0") == 0;
@@ -129,18 +304,31 @@ void launch(ggml_backend_cuda_context & ctx, const gemv_args & a, int n_used) {
     }
 }
 
-// the checks every call makes: f16 rows of 16-byte chunks, f32 x of one token, NVIDIA warps
+// the checks every call makes: f16 rows of 16-byte chunks, f32 x in 16-byte columns, NVIDIA warps
 bool takes(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_tensor * x, const ggml_tensor * dst) {
     return gemv_on() && w->type == GGML_TYPE_F16 && x->type == GGML_TYPE_F32 && dst->type == GGML_TYPE_F32 &&
            GGML_CUDA_CC_IS_NVIDIA(ggml_cuda_info().devices[ctx.device].cc) && w->ne[0] % CHUNK == 0 &&
            w->ne[1] <= INT32_MAX && x->ne[0] == w->ne[0] && dst->ne[0] == w->ne[1] && w->nb[0] == sizeof(half) &&
            x->nb[0] == sizeof(float) && dst->nb[0] == sizeof(float) && w->ne[3] == 1 && x->ne[3] == 1 &&
-           dst->ne[3] == 1 && aligned16(w->data, w->nb[1], w->nb[2]) && aligned16(x->data, x->nb[1], 0);
+           dst->ne[3] == 1 && aligned16(w->data, w->nb[1], w->nb[2]) && aligned16(x->data, x->nb[1], x->nb[2]);
 }
 
 }  // namespace
 
 bool pyqsa_cuda_gemv(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_tensor * x, ggml_tensor * dst) {
+    const int64_t T = x->ne[1];
+    if (T >= 2 && T <= PYQSA_GEMV_MAX_COLS) {
+        if (!takes(ctx, w, x, dst) || w->ne[0] % KB != 0 || w->ne[2] != 1 || x->ne[2] != 1 || dst->ne[1] != T ||
+            dst->ne[2] != 1) {
+            return false;
+        }
+        // T columns as one expert's pairs (t, 0): x column t at t * nb1, dst column t at t * nb1
+        const cols_args a = { (const char *) w->data, w->nb[1], 0, (const char *) x->data, 0, x->nb[1], 1,
+                              (char *) dst->data,     0,        dst->nb[1], nullptr, 0, 0, 1, (int) T,
+                              (int) w->ne[0],         (int) w->ne[1] };
+        launch_cols(ctx, a, 1);
+        return true;
+    }
     // NOTE: a warp a row reads a narrow matrix with too few warps in flight; upstream's CTA a row
     // was faster below two rows a warp (4096 x 2560: 12.5 us against 15.2; decode.py at one
     // sequence 8.7 ms a step against 10.0 with every MUL_MAT here), so those stay there
@@ -159,7 +347,19 @@ bool pyqsa_cuda_gemv_id(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggml_tensor * w      = dst->src[0];
     const ggml_tensor * x      = dst->src[1];
     const ggml_tensor * ids    = dst->src[2];
-    const int64_t       n_used = ids->ne[0];
+    const int64_t       n_used = ids->ne[0], n_tok = ids->ne[1];
+    if (n_tok >= 2 && n_tok <= PYQSA_GEMV_MAX_COLS) {
+        if (!takes(ctx, w, x, dst) || ids->type != GGML_TYPE_I32 || w->ne[0] % KB != 0 ||
+            n_used * n_tok > MAX_SLOTS || x->ne[2] != n_tok || dst->ne[1] != n_used || dst->ne[2] != n_tok) {
+            return false;
+        }
+        const cols_args a = { (const char *) w->data, w->nb[1],  w->nb[2],   (const char *) x->data, x->nb[1],
+                              x->nb[2],               (int) x->ne[1], (char *) dst->data, dst->nb[1], dst->nb[2],
+                              (const char *) ids->data, ids->nb[0], ids->nb[1], (int) n_used, (int) n_tok,
+                              (int) w->ne[0],         (int) w->ne[1] };
+        launch_cols(ctx, a, (int) std::min<int64_t>(n_used * n_tok, w->ne[2]));
+        return true;
+    }
     if (!takes(ctx, w, x, dst) || ids->type != GGML_TYPE_I32 || ids->ne[1] != 1 || x->ne[2] != 1 ||
         dst->ne[1] != n_used || dst->ne[2] != 1 || n_used > 65535) {
         return false;

@@ -1,20 +1,28 @@
-// Products of f16 weights with one activation column: a decode step of one sequence. Read by the
+// Products of f16 weights with 1-8 activation columns: a decode step of 1-8 sequences. Read by the
 // patched ggml-cuda.cu (ggml_patches/0015) before upstream's choice of kernel:
-//   MUL_MAT     dst [N] = w [K, N] x [K], N large enough for two rows a warp and two CTAs an SM
-//   MUL_MAT_ID  dst [N, n_used] = expert ids[u] of w [K, N, n_expert] times x [K, x_ne1] row
-//               u % x_ne1 (the MoE experts of one token)
-// Upstream runs these on MMVF, which sums f16 weights in f16 on Hopper and loads 4 bytes a thread
-// (test-products perf on the H200, 2560 x 12288: 1.76 TB/s of weights; the 151936-row output
-// layer 2.6 TB/s). Here each warp streams R rows of w in 16-byte loads, the first ones prefetched
-// into L2 before the launch waits for the kernel before it (PDL), and sums in f32; x stays f32.
-// 2-8 columns stay on upstream's MMF: a first version of this kernel for them, f32 FMAs on CUDA
-// cores, ran 1.4-2.6x slower than MMF's tensor cores there (test-products perf, decode.py at 8
-// sequences 27.3 ms a step against 18.0).
+//   MUL_MAT     dst [N, T] = w [K, N] x [K, T], T <= 8 (one column: N large enough for two rows
+//               a warp and two CTAs an SM)
+//   MUL_MAT_ID  dst [N, n_used, n_tok] = expert ids[u, t] of w [K, N, n_expert] times
+//               x [K, x_ne1, n_tok] row u % x_ne1 of token t, n_tok <= 8 (the MoE experts)
+// One column: upstream's MMVF sums f16 weights in f16 on Hopper and loads 4 bytes a thread
+// (test-products perf on the H200, 2560 x 12288: 1.76 TB/s of weights; the output layer 2.6
+// TB/s). Here each warp streams R rows of w in 16-byte loads, the first ones prefetched into L2
+// before the launch waits for the kernel before it (PDL), and sums in f32; x stays f32.
+// 2-8 columns: upstream's MMF tiles are made for wider batches (1.4-1.9 TB/s on Flash-Next's
+// widest projections, under 1.1 on its experts). Here a CTA takes 16 or 32 rows and every column,
+// its warps splitting K, each lane loading 16 bytes of two rows and 32 of its column a step into
+// m16n8k16 tensor-core products (x rounded to f16, as MMF and the CPU backend round it; f32 sums);
+// a MoE expert's rows are read once for all the tokens routed to it, found on the device (no host
+// sync: CUDA graphs stay valid). A first version of 2-8 columns on CUDA-core FMAs ran 1.4-2.6x
+// slower than MMF (decode.py at 8 sequences 27.3 ms a step against 18.0).
 // PYQSA_CUDA_GEMV_UPSTREAM=1 leaves every call to upstream's kernels (read at every call, so that
 // test-products checks and times both ways in one process).
 #pragma once
 
 #include "ggml-cuda/common.cuh"
+
+// the most activation columns (tokens) a call takes
+constexpr int PYQSA_GEMV_MAX_COLS = 8;
 
 // runs the MUL_MAT dst = w x and returns true, or returns false (nothing launched)
 bool pyqsa_cuda_gemv(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_tensor * x, ggml_tensor * dst);
