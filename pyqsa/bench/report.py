@@ -214,9 +214,31 @@ def _paged_decode(doc: Doc) -> list[tuple[int, int, str]]:
     )
 
 
+def _gemv_decode(doc: Doc) -> list[tuple[int, int]]:
+    """(context, sequences) where pyqsa decoded with its decode products and with upstream's."""
+    return sorted(
+        (r["context"], r["n_seq"])
+        for r in doc.data.get("decode", [])
+        if r.get("pyqsa") and r.get("pyqsa-gemvup")
+    )
+
+
 def locality_rows(docs: list[Doc]) -> list[Row]:
     """The locality model's figures (docs: results.load(folder, "locality"))."""
     out = []
+    fast = results.newest(docs, ("decode-locality", *results.DECODE_KINDS), _gemv_decode)
+    if fast is not None:
+        ctx, n = _gemv_decode(fast)[0]
+        mine, theirs = (
+            results.decode_cell(fast, v, ctx, n)["step_ms_median"]
+            for v in ("pyqsa", "pyqsa-gemvup")
+        )
+        text = (
+            f"decode, {n} x {context_label(ctx)} (bench/decode.py): {mine:.2f} ms a step "
+            f"({1000 * n / mine:.0f} tok/s) against {theirs:.2f} with upstream's products for "
+            f"1-8 columns (`PYQSA_CUDA_GEMV_UPSTREAM=1`), {theirs / mine:.2f}x"
+        )
+        out.append(("speed", text, fast))
     dec = results.newest(docs, ("decode-locality", *results.DECODE_KINDS), _paged_decode)
     if dec is not None:
         ctx, n, variant = _paged_decode(dec)[-1]

@@ -114,6 +114,7 @@ def test_the_locality_model_has_a_table_of_its_own():
     assert "-locality" not in head.split("| --- |", 1)[1]
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
     assert [r.split(" | ")[0].lstrip("| ") for r in rows[1:]] == [
+        "speed",
         "long context",
         "long context",
         "prefix",
