@@ -234,7 +234,7 @@ UPSTREAM_SWITCHES = {
     "PYQSA_CUDA_F16_ACCUMULATE": "-f16acc",  # f16 products on cuBLAS summed in f16
     "PYQSA_CUDA_GDN_UPSTREAM": "-gdnup",  # the gated delta rule on upstream's kernel
     "PYQSA_CUDA_MOE_MMF": "-moemmf",  # MoE products of every batch on MMF, no grouped GEMM
-    "PYQSA_CUDA_GEMV_UPSTREAM": "-gemvup",  # decode products (1-8 columns) on MMVF/MMF, not pyqsa's gemv
+    "PYQSA_CUDA_GEMV_UPSTREAM": "-gemvup",  # decode products (1-8 columns) on MMVF/MMF
 }
 
 
