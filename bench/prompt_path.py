@@ -27,11 +27,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "unit")]
 from engine_fakes import FakeRunner, FakeVocab  # noqa: E402
 
 from pyqsa.engine import Engine, EngineConfig, QueueFull, SamplingParams  # noqa: E402
-from pyqsa.engine.prefix_reuse import PrefixReuse  # noqa: E402
-from pyqsa.engine.request import Request  # noqa: E402
 from server.app import create_app  # noqa: E402
 from server.chat_template import ChatTemplate  # noqa: E402
-from server.protocol import CompletionRequest  # noqa: E402
+from server.json_body import loads  # noqa: E402
+from server.protocol import CompletionRequest, token_ids  # noqa: E402
 from server.qwen_template import QWEN_TEMPLATE  # noqa: E402
 
 N_VOCAB = 151_936  # Qwen's
@@ -109,26 +108,18 @@ def main(tokens: int, repeats: int) -> None:
     ids = [rng.randrange(N_VOCAB) for _ in range(tokens)]
     request = {"model": "m", "prompt": ids, "max_tokens": 1}
     body = json.dumps(request).encode()
-    parsed = json.loads(body)
+    parsed = loads(body)
     model = CompletionRequest.model_validate(parsed)
+    ids_array = token_ids(model.prompt, N_VOCAB)
     params = SamplingParams(max_tokens=1)
-
-    def prompt() -> list[int]:  # server/app.py's completions()
-        prompt = list(model.prompt)
-        if prompt and (min(prompt) < 0 or max(prompt) >= N_VOCAB):
-            raise AssertionError("out of range")
-        return prompt
-
-    def handoff() -> None:  # Engine.submit's Request and prompt Tokens
-        req = Request("r", list(ids), params, lambda ev: None, max_len=tokens + 1)
-        PrefixReuse.prompt(req.prompt)
+    eng = engine(tokens)
 
     steps = {
         "client json.dumps": lambda: json.dumps(request).encode(),
-        "parse": lambda: json.loads(body),
+        "parse": lambda: loads(body),
         "validate": lambda: CompletionRequest.model_validate(parsed),
-        "prompt check": prompt,
-        "engine handoff": handoff,
+        "prompt check": lambda: token_ids(model.prompt, N_VOCAB),
+        "Engine.submit": lambda: eng.submit(model.prompt, params, lambda ev: None, ids=ids_array),
     }
     print(f"{tokens} token ids, {len(body)} bytes; median (fastest) of {repeats}, ms")
     for name, f in steps.items():
