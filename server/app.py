@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from typing import Protocol
 
 import anyio
+import numpy as np
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -29,8 +30,16 @@ from . import errors
 from .chat_prompt import ChatPrompt, PlainTokenizer
 from .chat_template import OPEN, ChatTemplate, ParsedToolCall, ToolCallStream, parse_tool_calls
 from .errors import APIError
+from .json_body import JSONRoute
 from .metrics import Metrics
-from .protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, Shaper, usage
+from .protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    Shaper,
+    token_ids,
+    usage,
+)
 from .streams import EngineStream, WholeReply, sse_response
 
 
@@ -85,6 +94,7 @@ def create_app(
     app = FastAPI(
         title="pyqsa", docs_url=None, redoc_url=None, openapi_url=None, lifespan=_load_anyio
     )
+    app.router.route_class = JSONRoute
     errors.install(app)
     app.add_middleware(errors.BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(errors.CatchAll)  # outermost: sees whatever no handler took
@@ -150,13 +160,15 @@ def create_app(
         reply: Callable[..., Awaitable[dict]],
         t0: float,
         snapshot_at: int | None = None,
+        ids: np.ndarray | None = None,
     ) -> Response:
         """Submit the request; stream it as SSE events (events) or answer once it is whole
-        (reply). kind: "chat" or "text", the shape of the objects; snapshot_at: Engine.submit's."""
+        (reply). kind: "chat" or "text", the shape of the objects; snapshot_at and ids:
+        Engine.submit's."""
         params = body.params(tokenizer.n_vocab, default_max_tokens)
         stream = EngineStream(engine, metrics)
         try:
-            stream.submit(prompt, params, snapshot_at)
+            stream.submit(prompt, params, snapshot_at, ids)
         except BaseException:
             stream.close()
             raise
@@ -304,11 +316,9 @@ def create_app(
             body.prompt = body.prompt[0]
         if isinstance(body.prompt, str):
             prompt = await run_in_threadpool(tokenizer.tokenize, body.prompt, body.parse_special)
-        else:
-            prompt = list(body.prompt)
-            if prompt and (min(prompt) < 0 or max(prompt) >= tokenizer.n_vocab):
-                raise APIError(400, "prompt: token id out of range", param="prompt")
-        return await respond(prompt, body, "text", text_events, text_reply, t0)
+            return await respond(prompt, body, "text", text_events, text_reply, t0)
+        ids = token_ids(body.prompt, tokenizer.n_vocab)
+        return await respond(body.prompt, body, "text", text_events, text_reply, t0, ids=ids)
 
     async def text_reply(
         stream: EngineStream, shaper: Shaper, body: CompletionRequest, t0: float

@@ -7,6 +7,7 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
@@ -324,14 +325,19 @@ class CompletionRequest(_Sampling):
     suffix: None = None
     best_of: Literal[1] = 1  # like n: one completion per request
 
-    @field_validator("prompt", mode="before")
+    @field_validator("prompt", mode="wrap")
     @classmethod
-    def _one_prompt(cls, value: Any) -> Any:
+    def _one_prompt(cls, value: Any, handler: Any) -> Any:
         """A batch of token-id lists, or anything else that is no prompt, gets a 400 that names
         the accepted forms (not one about strings)."""
+        types = set(map(type, value)) if isinstance(value, list) else set()
+        if value and types == {int}:
+            # NOTE: a list of token ids is whole once this one pass has seen its types: the
+            # union below would check each id again, and the surrogate check look at each (most
+            # of the 17 ms that validating 200K ids took here); token_ids checks their range
+            return value
         one = isinstance(value, str) or (
-            isinstance(value, list)
-            and (set(map(type, value)) <= {int} or all(isinstance(t, str) for t in value))
+            isinstance(value, list) and (types <= {int} or all(isinstance(t, str) for t in value))
         )
         if not one:
             raise PydanticCustomError(
@@ -339,7 +345,7 @@ class CompletionRequest(_Sampling):
                 "prompt is a string, a list of token ids or a list of one string (one prompt "
                 "per request)",
             )
-        return value
+        return handler(value)
 
     # extension: parse control tokens (<|im_start|>...) in a string prompt; off, so text from
     # an untrusted source cannot forge turns unless the caller says it is trusted
@@ -347,6 +353,22 @@ class CompletionRequest(_Sampling):
 
     def params(self, n_vocab: int, default_max_tokens: int) -> SamplingParams:
         return self.sampling(n_vocab, self.max_tokens or default_max_tokens, self.logprobs)
+
+
+def token_ids(prompt: list[int], n_vocab: int) -> np.ndarray:
+    """A prompt of token ids (CompletionRequest checked their types) as an int64 array; a 400
+    for an id outside the vocabulary. An empty prompt is the engine's 400.
+
+    NOTE: the one conversion of the ids: numpy checks their range (min and max of a 200K list
+    took 8 ms here) and the prefix cache hashes the array as it is (Engine.submit's `ids`).
+    """
+    try:
+        ids = np.array(prompt, np.int64)
+    except OverflowError:  # beyond int64
+        ids = None
+    if ids is None or ids.size and (ids.min() < 0 or ids.max() >= n_vocab):
+        raise APIError(400, "prompt: token id out of range", param="prompt")
+    return ids
 
 
 # -- responses -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
+import numpy as np
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
@@ -86,11 +87,15 @@ class EngineStream:
         metrics.open_requests.inc()
 
     def submit(
-        self, prompt: list[int], params: SamplingParams, snapshot_at: int | None = None
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        snapshot_at: int | None = None,
+        ids: np.ndarray | None = None,
     ) -> None:
         try:
             self.request_id = self.engine.submit(
-                prompt, params, self._sink, snapshot_at=snapshot_at
+                prompt, params, self._sink, snapshot_at=snapshot_at, ids=ids
             )
         except PromptTooLong as e:
             self.metrics.refused.labels("400").inc()

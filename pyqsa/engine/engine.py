@@ -194,10 +194,13 @@ class Engine:
         sink: EventSink,
         request_id: str | None = None,
         snapshot_at: int | None = None,
+        ids: np.ndarray | None = None,
     ) -> str:
         """Queue a request; its events go to `sink`. Raises an AdmissionError when refused.
         `snapshot_at`: a prompt length where the prefix cache also takes a snapshot (the chat
-        server's: the conversation before the reply's generation prompt)."""
+        server's: the conversation before the reply's generation prompt). `ids`: the prompt as
+        an int64 array, where the caller has one, that the prefix cache takes instead of
+        converting the prompt again (4 ms for 200K tokens here)."""
         cap = self.config.ctx_per_slot
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -234,7 +237,9 @@ class Engine:
             grammar=grammar,
             snapshot_at=snapshot_at,
         )
-        tokens = self.prefix.prompt(req.prompt) if self.prefix.enabled else None
+        tokens = (
+            self.prefix.prompt(req.prompt if ids is None else ids) if self.prefix.enabled else None
+        )
         self._inbox.put(("submit", (req, tokens)))
         return rid
 

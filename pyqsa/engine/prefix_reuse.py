@@ -189,7 +189,7 @@ class PrefixReuse:
         self._prompts[req.request_id] = prompt
 
     @staticmethod
-    def prompt(tokens: list[int]) -> Tokens:
+    def prompt(tokens: list[int] | np.ndarray) -> Tokens:
         """The Tokens of a prompt with its hashes, for `adopt`: made by the thread that submits
         it (5 ms for a 200K-token list here), not the engine thread, which every request's steps
         wait for."""

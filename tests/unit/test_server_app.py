@@ -3,10 +3,12 @@ every /v1 route, status -> error type, internal errors, default output limit."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 
 import httpx
+import numpy as np
 import pytest
 from engine_fakes import N_VOCAB, FakeRunner, FakeVocab
 from pyqsa.server.app import create_app
@@ -204,7 +206,8 @@ def test_requests_without_max_tokens_get_the_default_cap(app_server):
 
 def test_a_token_id_prompt_is_not_walked_for_surrogates(monkeypatch):
     """Only the strings and containers of a list are looked into: a 200K-token prompt cost the
-    event loop ~70 ms in a call (and a path) per id."""
+    event loop ~70 ms in a call (and a path) per id. A token-id prompt is not looked into at
+    all: its one pass over the types found no strings."""
     from pyqsa.server import protocol
 
     calls = []
@@ -216,5 +219,55 @@ def test_a_token_id_prompt_is_not_walked_for_surrogates(monkeypatch):
 
     monkeypatch.setattr(protocol, "_lone_surrogate_at", counted)
     body = protocol.CompletionRequest.model_validate({"model": "m", "prompt": list(range(1000))})
-    assert len(body.prompt) == 1000 and calls.count("prompt") == 1 and len(calls) < 20
+    assert len(body.prompt) == 1000 and calls.count("prompt") == 0 and len(calls) < 20
     assert counted([1, 2, ["a", "\ud800"]], "p") == "p.2.1"
+
+
+@pytest.mark.parametrize("ids", [[-1], [N_VOCAB], [2**63], [-(2**64)], [10**30, 1]], ids=str)
+def test_token_ids_outside_the_vocabulary_are_refused(app_server, ids):
+    _, url, _ = app_server
+    body = {"model": "fake", "prompt": ids, "max_tokens": 1}
+    r = httpx.post(url + "/v1/completions", json=body, headers=AUTH, timeout=30)
+    assert r.status_code == 400
+    assert r.json()["error"] == {
+        "message": "prompt: token id out of range",
+        "type": "invalid_request_error",
+        "param": "prompt",
+        "code": None,
+    }
+
+
+def test_token_ids_reach_the_engine_as_sent():
+    from pyqsa.server.protocol import token_ids
+
+    ids = token_ids([0, 5, N_VOCAB - 1], N_VOCAB)
+    assert ids.dtype == np.int64 and ids.tolist() == [0, 5, N_VOCAB - 1]
+    assert token_ids([], N_VOCAB).size == 0  # the engine refuses it, as any empty prompt
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"a": [1, 2.5, -0.0, 1e999, NaN, -Infinity, 123456789012345678901234567890]}',
+        b'{"a": "\\ud83d\\ude42 \\u0000 \\/", "a": null}',
+        b'{"a": "x\\ud800"}',  # a lone surrogate: jiter refuses, json takes
+        b'{"a": "x\xed\xa0\x80"}',
+        b"\xef\xbb\xbf{}",
+        '{"a": 1}'.encode("utf-16"),
+        b"[" * 300 + b"]" * 300,
+    ],
+)
+def test_bodies_parse_as_json_parses_them(body):
+    from pyqsa.server.json_body import loads
+
+    assert repr(loads(body)) == repr(json.loads(body))
+
+
+@pytest.mark.parametrize("body", [b"", b"{", b"[1,]", b'"a\x01"', b"01", b"\xff"])
+def test_bodies_json_refuses_are_refused_as_json_refuses_them(body):
+    from pyqsa.server.json_body import loads
+
+    with pytest.raises(ValueError) as want:
+        json.loads(body)
+    with pytest.raises(type(want.value)):
+        loads(body)
