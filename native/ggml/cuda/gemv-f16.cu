@@ -5,9 +5,6 @@
 
 #include "mma-ptx.cuh"
 
-#include <cstdlib>
-#include <cstring>
-
 namespace {
 
 constexpr int WARPS    = 8;
@@ -274,11 +271,6 @@ void launch_cols(ggml_backend_cuda_context & ctx, const cols_args & a, int grid_
     }
 }
 
-bool gemv_on() {
-    const char * v = getenv("PYQSA_CUDA_GEMV_UPSTREAM");
-    return v == nullptr || *v == '\0' || strcmp(v, "0") == 0;
-}
-
 bool aligned16(const void * p, size_t a, size_t b) {
     return (((uintptr_t) p | a | b) % 16) == 0;
 }
@@ -306,7 +298,7 @@ void launch(ggml_backend_cuda_context & ctx, const gemv_args & a, int n_used) {
 
 // the checks every call makes: f16 rows of 16-byte chunks, f32 x in 16-byte columns, NVIDIA warps
 bool takes(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_tensor * x, const ggml_tensor * dst) {
-    return gemv_on() && w->type == GGML_TYPE_F16 && x->type == GGML_TYPE_F32 && dst->type == GGML_TYPE_F32 &&
+    return pyqsa_cuda_gemv_on() && w->type == GGML_TYPE_F16 && x->type == GGML_TYPE_F32 && dst->type == GGML_TYPE_F32 &&
            GGML_CUDA_CC_IS_NVIDIA(ggml_cuda_info().devices[ctx.device].cc) && w->ne[0] % CHUNK == 0 &&
            w->ne[1] <= INT32_MAX && x->ne[0] == w->ne[0] && dst->ne[0] == w->ne[1] && w->nb[0] == sizeof(half) &&
            x->nb[0] == sizeof(float) && dst->nb[0] == sizeof(float) && w->ne[3] == 1 && x->ne[3] == 1 &&

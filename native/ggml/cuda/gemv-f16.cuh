@@ -24,6 +24,9 @@
 // the most activation columns (tokens) a call takes
 constexpr int PYQSA_GEMV_MAX_COLS = 8;
 
+// PYQSA_CUDA_GEMV_UPSTREAM unset or "0" (pyqsa-cuda.cu reads it at every call)
+bool pyqsa_cuda_gemv_on();
+
 // runs the MUL_MAT dst = w x and returns true, or returns false (nothing launched)
 bool pyqsa_cuda_gemv(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_tensor * x, ggml_tensor * dst);
 

@@ -1,6 +1,7 @@
 // CUDA dispatch of GGML_OP_PYQSA on the sub-op in op_params[0].
 #include "pyqsa-cuda.cuh"
 #include "gdn-prefill.cuh"
+#include "gemv-f16.cuh"
 #include "pyqsa-cuda-moe.h"
 #include "pyqsa-cuda-precision.h"
 
@@ -127,6 +128,10 @@ bool pyqsa_cuda_moe_grouped() {
 
 bool pyqsa_cuda_gdn_staged() {
     return !env_switch_on("PYQSA_CUDA_GDN_UPSTREAM");
+}
+
+bool pyqsa_cuda_gemv_on() {
+    return !env_switch_on("PYQSA_CUDA_GEMV_UPSTREAM");
 }
 
 int pyqsa_cuda_gdn_lanes() {
