@@ -46,6 +46,11 @@ def _both_prefill(doc: Doc, a: str, b: str) -> list[int]:
     return sorted(r["context"] for r in rows if r.get(a) and r.get(b))
 
 
+def _both_decode(doc: Doc, a: str, b: str) -> list[tuple[int, int]]:
+    rows = doc.data.get("decode", [])
+    return sorted((r["context"], r["n_seq"]) for r in rows if r.get(a) and r.get(b))
+
+
 def capacity_rows(docs: list[Doc]) -> list[Row]:
     out = []
     long = results.long_source(docs)
@@ -214,25 +219,17 @@ def _paged_decode(doc: Doc) -> list[tuple[int, int, str]]:
     )
 
 
-def _gemv_decode(doc: Doc) -> list[tuple[int, int]]:
-    """(context, sequences) where pyqsa decoded with its decode products and with upstream's."""
-    return sorted(
-        (r["context"], r["n_seq"])
-        for r in doc.data.get("decode", [])
-        if r.get("pyqsa") and r.get("pyqsa-gemvup")
-    )
-
-
 def locality_rows(docs: list[Doc]) -> list[Row]:
     """The locality model's figures (docs: results.load(folder, "locality"))."""
     out = []
-    fast = results.newest(docs, ("decode-locality", *results.DECODE_KINDS), _gemv_decode)
+    # pyqsa's decode products against upstream's (gpu_run.sh's gemvup)
+    both = ("pyqsa", "pyqsa-gemvup")
+    fast = results.newest(
+        docs, ("decode-locality", *results.DECODE_KINDS), lambda d: _both_decode(d, *both)
+    )
     if fast is not None:
-        ctx, n = _gemv_decode(fast)[0]
-        mine, theirs = (
-            results.decode_cell(fast, v, ctx, n)["step_ms_median"]
-            for v in ("pyqsa", "pyqsa-gemvup")
-        )
+        ctx, n = _both_decode(fast, *both)[0]
+        mine, theirs = (results.decode_cell(fast, v, ctx, n)["step_ms_median"] for v in both)
         text = (
             f"decode, {n} x {context_label(ctx)} (bench/decode.py): {mine:.2f} ms a step "
             f"({1000 * n / mine:.0f} tok/s) against {theirs:.2f} with upstream's products for "
