@@ -20,6 +20,10 @@ the device ledger before and after; with --smi (bench/mission.py smi's samples o
 nvidia-smi's figure before and after. One JSON document on stdout (and --out, and with --results
 a file <date>-<commit>-prefix.json in that folder).
 
+`combine RUN.json...` makes one record of several runs' (each a server started afresh): the
+follow-up figure is the median of the runs' medians, with their spread, each run's summary and
+every turn and check tagged with its run.
+
     pyqsa serve MODEL --slots 4 --ctx 204800 --kv-offload host &
     python bench/agents.py http://127.0.0.1:8000 --agents 4 --history-tokens 200000 \\
         --shared-tokens 20000 --turns 5 --turn-tokens 500 --out agents.json
@@ -45,6 +49,7 @@ import httpx
 from . import mission
 from .meta import git_commit, gpu_name, source_digest
 from .serve_load import completion_body, scrape
+from .smi import smi_changes
 
 FIRST_ID = 100  # prompt token ids from here (below --vocab): clear of the special tokens
 PREFIX_METRICS = (
@@ -303,6 +308,9 @@ def run(args: Agents, on_turn: Callable[[], None] = lambda: None) -> dict:
             "before": device_before,
             "after": device_after,
             "back_to_baseline": mission.compare(device_before, device_after),
+            "nvidia_smi_changes": smi_changes(
+                args.smi, device_before["unix"], device_after["unix"]
+            ),
         },
         "before": before,
         "after": after,
@@ -311,7 +319,74 @@ def run(args: Agents, on_turn: Callable[[], None] = lambda: None) -> dict:
     return record
 
 
+def combine(records: list[dict]) -> dict:
+    """One record of runs of the same scenario and commit (see the module's docstring)."""
+    keys = ("commit", "model", "agents", "history_tokens", "turns", "turn_tokens", "max_tokens")
+    first = records[0]
+    for r in records[1:]:
+        if any(r[k] != first[k] for k in keys):
+            raise ValueError(
+                f"runs of another scenario or commit: {[k for k in keys if r[k] != first[k]]}"
+            )
+    medians = [r["follow_up_ttft_s"] for r in records]
+    follow = [t["ttft_s"] for r in records for t in r["turn_records"] if t["turn"] > 0]
+    summary = (
+        "utc", "wall_s", "first_turn_ttft_s", "follow_up_ttft_s", "follow_up_ttft_s_max",
+        "ttft_s_by_turn", "host_bytes_held", "device",
+    )  # fmt: skip
+    return {
+        **first,
+        "note": f"{first['note']} {len(records)} runs, each on servers started afresh; "
+        "follow_up_ttft_s is the median of the runs' medians.",
+        "utc": records[-1]["utc"],
+        "runs": [{k: r[k] for k in summary} for r in records],
+        "first_turn_ttft_s": statistics.median(r["first_turn_ttft_s"] for r in records),
+        "follow_up_ttft_s": statistics.median(medians),
+        "follow_up_ttft_s_spread": [min(medians), max(medians)],
+        "follow_up_ttft_s_pooled": statistics.median(follow),
+        "follow_up_ttft_s_max": max(follow),
+        "follow_up_ttft_text_s": statistics.median(r["follow_up_ttft_text_s"] for r in records),
+        "ttft_s_by_turn": {
+            k: statistics.median(r["ttft_s_by_turn"][k] for r in records)
+            for k in first["ttft_s_by_turn"]
+        },
+        "same_as_cold": None
+        if any(r["same_as_cold"] is None for r in records)
+        else all(r["same_as_cold"] for r in records),
+        "check": [{"run": i, **c} for i, r in enumerate(records) for c in r["check"] or []] or None,
+        "device": {
+            **records[-1]["device"],
+            "back_to_baseline_runs": [r["device"]["back_to_baseline"] for r in records],
+        },
+        "turn_records": [{"run": i, **t} for i, r in enumerate(records) for t in r["turn_records"]],
+    }
+
+
+def _write(record: dict, results: Path | None, out: Path | None) -> None:
+    if results:
+        sha = (record["commit"] or "unknown")[:7]
+        name = f"{time.strftime('%Y-%m-%d', time.gmtime())}-{sha}-prefix.json"
+        results.mkdir(parents=True, exist_ok=True)
+        mission.write_json(results / name, record)
+        print(f"agents: {results / name}", file=sys.stderr)
+    if out:  # last, whole or not at all: tests/gpu/agents.sh waits for it
+        mission.write_json(out, record)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["combine"]:
+        ap = argparse.ArgumentParser(prog="agents.py combine", description=combine.__doc__)
+        ap.add_argument("runs", type=Path, nargs="+", help="the runs' records (--out files)")
+        ap.add_argument("--results", type=Path, help="a folder for <date>-<commit>-prefix.json")
+        ap.add_argument("--out", type=Path)
+        args = ap.parse_args(argv[1:])
+        try:
+            record = combine([json.loads(p.read_text()) for p in args.runs])
+        except (OSError, ValueError, KeyError) as e:
+            ap.error(str(e))
+        _write(record, args.results, args.out)
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
     ap.add_argument("--cold-url", help="a server without the prefix cache, for the same replies")
@@ -343,14 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = Agents(**{f.name: getattr(args, f.name) for f in fields(Agents)})
     record = run(spec)
     print(json.dumps(record, indent=1))
-    if args.results:
-        sha = (record["commit"] or "unknown")[:7]
-        name = f"{time.strftime('%Y-%m-%d', time.gmtime())}-{sha}-prefix.json"
-        args.results.mkdir(parents=True, exist_ok=True)
-        mission.write_json(args.results / name, record)
-        print(f"agents: {args.results / name}", file=sys.stderr)
-    if args.out:  # last, whole or not at all: tests/gpu/agents.sh waits for it
-        mission.write_json(args.out, record)
+    _write(record, args.results, args.out)
     return 0
 
 

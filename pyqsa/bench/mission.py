@@ -44,7 +44,7 @@ import httpx
 
 from . import serve_load
 from .meta import git_commit, gpu_name, source_digest
-from .smi import smi_after, smi_peak, smi_sample, smi_source
+from .smi import smi_after, smi_changes, smi_peak, smi_sample, smi_source
 
 GiB = 2**30
 LEDGER = re.compile(r'^pyqsa_ledger_bytes\{category="([^"]+)"\}$')
@@ -337,6 +337,9 @@ async def cancel_check(url: str, model: str, prompt: list[int], when: str, poll:
             await task
         except asyncio.CancelledError:
             pass
+        # NOTE: passes are counted from here: one that ended between `last` and the hang-up
+        # is not one after it
+        hung_up = await _scrape(client, url)
         while True:
             s = await _scrape(client, url)
             freed = time.perf_counter()
@@ -344,7 +347,7 @@ async def cancel_check(url: str, model: str, prompt: list[int], when: str, poll:
                 break
             await asyncio.sleep(poll)
     prompt_in = last.get(PROMPT_TOKENS, 0) - start.get(PROMPT_TOKENS, 0)
-    passes = s.get(STEPS, 0) - last.get(STEPS, 0)
+    passes = s.get(STEPS, 0) - hung_up.get(STEPS, 0)
     # the passes' mean length over the request's last few seconds before the hang-up
     recent = [h for t, h in history if t >= cancelled - 5.0] + [last]
     steps = recent[-1].get(STEPS, 0) - recent[0].get(STEPS, 0)
@@ -412,6 +415,7 @@ def load_record(
     record["end"] = end
     record["back_to_baseline"] = compare(baseline, end)
     record["peak_nvidia_smi_mib"] = smi_peak(smi, since=0.0)  # over the server's life
+    record["nvidia_smi_changes"] = smi_changes(smi, baseline["unix"], end["unix"])
     print(f"load: back to baseline {json.dumps(record['back_to_baseline'])}", flush=True)
     return record
 
@@ -456,6 +460,7 @@ def figures(load: dict[str, Any] | None) -> dict[str, Any]:
             "nvidia_smi_source": source,
             "ledger": gib(load["peak_ledger_device_bytes"]),
         },
+        "nvidia_smi_changes": load.get("nvidia_smi_changes"),
         "start_lines": load["baseline"].get("start_lines", []),
     }
 

@@ -277,10 +277,17 @@ def locality_rows(docs: list[Doc]) -> list[Row]:
                 f"; one agent alone: {warm[0]:.2f}-{warm[-1]:.2f} s against "
                 f"{cold[0]:.1f}-{cold[-1]:.1f} s without the cache"
             )
+        runs = d.get("runs")
+        median = (
+            f"median of {len(runs)} runs' medians, {d['follow_up_ttft_s_spread'][0]:.2f}-"
+            f"{d['follow_up_ttft_s_spread'][1]:.2f}; {len(follow)} follow-ups "
+            if runs
+            else f"median of {len(follow)}, "
+        )
         text = (
             f"prefix cache, {d['agents']} agents at once, {d['history_tokens']:,}-token "
             f"histories: a follow-up of {d['turn_tokens']} new tokens has its first token after "
-            f"{d['follow_up_ttft_s']:.2f} s (median of {len(follow)}, "
+            f"{d['follow_up_ttft_s']:.2f} s ({median}"
             f"{min(follow):.2f}-{max(follow):.2f}), the first turn after "
             f"{d['first_turn_ttft_s']:.1f} s{lone}"
         )

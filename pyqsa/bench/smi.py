@@ -94,3 +94,12 @@ def smi_after(path: Path | None, since: float, timeout: float = 10.0) -> int | N
 def smi_peak(path: Path | None, since: float) -> int | None:
     seen = [mib for t, mib in smi_samples(path) if t >= since]
     return max(seen) if seen else None
+
+
+def smi_changes(path: Path | None, since: float, until: float, most: int = 64) -> list[list[float]]:
+    """[seconds after `since`, MiB] of each sample between the unix times `since` and `until`
+    whose figure differs from the sample before it (the first `most`): when the device memory
+    outside the ledger grew, against the load's progress."""
+    seen = [(t, mib) for t, mib in smi_samples(path) if since <= t <= until]
+    pairs = zip(seen, seen[1:], strict=False)
+    return [[round(t - since, 1), mib] for (_, a), (t, mib) in pairs if mib != a][:most]

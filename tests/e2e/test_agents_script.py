@@ -1,6 +1,7 @@
-"""tests/gpu/agents.sh --small on the CPU, as the GPU machine runs it: the demo model served
-paged with the prefix cache and without it, bench/agents.py's agents, the lone agent compared on
-both, and a record with every figure tests/gpu/agents.sh promises."""
+"""tests/gpu/agents.sh --small --runs 2 on the CPU, as the GPU machine runs it: the demo model
+served paged with the prefix cache and without it, bench/agents.py's agents, the lone agent
+compared on both, twice on servers started afresh, and one record of both runs with every figure
+tests/gpu/agents.sh promises."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def record(tmp_path_factory, cache_dir):
     try:
         for _ in range(5):  # 75: still running, the same command again
             run = subprocess.run(
-                [str(SCRIPT), "--small", "--wait", "300"],
+                [str(SCRIPT), "--small", "--runs", "2", "--wait", "300"],
                 cwd=ROOT,
                 env=env,
                 capture_output=True,
@@ -43,9 +44,20 @@ def record(tmp_path_factory, cache_dir):
         assert run.returncode == 0, f"{run.stdout}\n{run.stderr}"
         assert "check:" in run.stdout
     finally:
-        subprocess.run([str(SCRIPT), "--small", "stop"], cwd=ROOT, env=env, timeout=120)
-    assert not (tmp / "state" / "warm.pid").exists()  # the servers were stopped
-    return json.loads((tmp / "out" / "agents.json").read_text())
+        subprocess.run(
+            [str(SCRIPT), "--small", "--runs", "2", "stop"], cwd=ROOT, env=env, timeout=120
+        )
+    for run in ("run1", "run2"):
+        assert not (tmp / "state" / run / "warm.pid").exists()  # the servers were stopped
+    return json.loads((tmp / "out" / "agents-runs.json").read_text())
+
+
+def test_the_record_is_both_runs(record):
+    medians = sorted(r["follow_up_ttft_s"] for r in record["runs"])
+    assert record["follow_up_ttft_s_spread"] == medians
+    assert record["follow_up_ttft_s"] == pytest.approx(sum(medians) / 2)
+    assert {t["run"] for t in record["turn_records"]} == {0, 1}
+    assert len(record["device"]["back_to_baseline_runs"]) == 2
 
 
 def test_the_record_has_every_figure(record):
@@ -57,6 +69,8 @@ def test_the_record_has_every_figure(record):
 
 
 def test_the_lone_agent_answers_as_the_server_without_the_cache(record):
-    assert [c["turn"] for c in record["check"]] == [0, 1, 2]
+    assert [(c["run"], c["turn"]) for c in record["check"]] == [
+        (r, t) for r in (0, 1) for t in (0, 1, 2)
+    ]
     assert all(c["same_tokens"] and c["same_logprobs"] for c in record["check"])
-    assert [c["cached_tokens"] > 0 for c in record["check"]] == [False, True, True]
+    assert [c["cached_tokens"] > 0 for c in record["check"]] == [False, True, True] * 2

@@ -6,10 +6,11 @@
 # device memory before and after); then one more agent alone, on that server and on a paged
 # server without the cache, every reply's tokens and logprobs compared. The record:
 # bench/results/<date>-<commit>-prefix.json and a copy in $OUT.
-#   tests/gpu/agents.sh [--small] [--locality] [--commit SHA] [--wait S] [stop]
+#   tests/gpu/agents.sh [--small] [--locality] [--commit SHA] [--wait S] [--runs N] [stop]
 # One command: it waits at most --wait seconds (default 540), the servers and the load outliving
 # it (setsid); exit status 75 means still running: run the same command again (0 done, else a
-# failure). `stop` stops what it started. --commit names the commit the record carries
+# failure). `stop` stops what it started. --runs N: N runs, each on servers started afresh (state
+# run1..runN), then one record of them all (bench/agents.py combine). --commit names the commit the record carries
 # (PYQSA_BENCH_COMMIT). AGENTS_ARGS replaces bench/agents.py's sizes, AGENTS_CHECK_TOKENS the
 # lone agent's history, AGENTS_CACHE_GIB the cache's budget (default 40), AGENTS_BUDGET the
 # device budget's flags (default --gpu-memory 24). --small: 4 x 20,000-token histories, the same
@@ -19,12 +20,13 @@
 # ($AGENTS_STATE names another).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-small= locality= wait_s=540 phase=run
+small= locality= wait_s=540 phase=run runs=
 while [ $# -gt 0 ]; do
     case "$1" in
         --small) small=1 ;;
         --locality) locality=1 ;;
         --wait) wait_s=$2; shift ;;
+        --runs) runs=$2; shift ;;
         --commit) export PYQSA_BENCH_COMMIT=$2; shift ;;
         stop) phase=stop ;;
         *) echo "agents.sh: unknown argument $1" >&2; sed -n '2,20p' "$0"; exit 2 ;;
@@ -75,6 +77,23 @@ stop() {
     stop_server cold
 }
 
+if [ -n "$runs" ]; then  # each run by this script on its own state, then their record
+    self=("$0" ${small:+--small} ${locality:+--locality})
+    records=()
+    for i in $(seq 1 "$runs"); do
+        left=$(( t_end - $(date +%s) ))
+        if [ "$phase" = stop ]; then
+            AGENTS_STATE=$state/run$i "${self[@]}" stop
+            continue
+        fi
+        [ "$left" -gt 0 ] || { echo "still running; run \`$rerun --runs $runs\` again"; exit 75; }
+        AGENTS_STATE=$state/run$i "${self[@]}" --wait "$left" || exit $?
+        records+=("$state/run$i/agents.json")
+    done
+    [ "$phase" = stop ] && exit 0
+    "$py" bench/agents.py combine "${records[@]}" ${results[@]+"${results[@]}"} --out "$out/agents-runs.json"
+    exit $?
+fi
 if [ "$phase" = stop ]; then stop; exit 0; fi
 if [ -f "$state/agents.json" ]; then
     echo "agents.sh: done before; its record is $state/agents.json (rm -r $state to run again)"

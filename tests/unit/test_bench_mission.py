@@ -46,3 +46,11 @@ def test_the_end_state_names_what_did_not_come_back():
     assert got["ledger"] is False and got["host_store"] is True and got["host_buffers"] is False
     assert got["nvidia_smi"] is False and got["all"] is False
     assert got["changed"] == {"host.compute": [5, 6], "nvidia_smi_mib": [900, 950]}
+
+
+def test_the_changes_name_when_the_figure_moved(tmp_path):
+    rows = ["10.0,,100", "11.0,,100", "12.0,,164", "13.0,,164", "14.5,,172", "20.0,,999"]
+    (tmp_path / "smi.csv").write_text("\n".join(rows) + "\n")
+    assert smi.smi_changes(tmp_path / "smi.csv", since=10.0, until=15.0) == [[2.0, 164], [4.5, 172]]
+    assert smi.smi_changes(tmp_path / "smi.csv", since=10.0, until=15.0, most=1) == [[2.0, 164]]
+    assert smi.smi_changes(None, since=0.0, until=1.0) == []
