@@ -16,15 +16,22 @@ from . import native
 
 
 class TensorCapture:
-    """Calls on_tensor(name, array) for every computed tensor whose name matches pattern.
+    """Calls on_tensor(name, array) for every computed tensor whose name matches pattern, and
+    on_node(name) (when given) for every node of every graph the context computes.
 
     Give `cap.callback` to the context (`open_context(..., cb_eval=cap.callback)`); keep the
     object alive as long as the context lives (ctypes callbacks must not be garbage-collected).
     """
 
-    def __init__(self, pattern: str, on_tensor: Callable[[str, np.ndarray], None]):
+    def __init__(
+        self,
+        pattern: str,
+        on_tensor: Callable[[str, np.ndarray], None],
+        on_node: Callable[[str], None] | None = None,
+    ):
         self._regex = re.compile(pattern)
         self._on_tensor = on_tensor
+        self._on_node = on_node
         self._ffi, self._lib = native.raw()
         self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._eval)
         self.error: BaseException | None = None
@@ -53,6 +60,8 @@ class TensorCapture:
         if view is None:
             return False
         name = self._ffi.string(view.name).decode()
+        if ask and self._on_node is not None:
+            self._on_node(name)
         if not self._regex.fullmatch(name):
             return not ask  # ask: we don't want it; after compute: keep going
         if ask:

@@ -2,6 +2,7 @@
 target_sources(ggml-cuda PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cuda/gdn-prefill.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/gemv-f16.cu
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/hc-combine.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/moe-gemm.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/pyqsa-cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-attn.cu
@@ -17,5 +18,6 @@ target_sources(ggml-cuda PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-score.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-score-mma.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-topk.cu
-    ${CMAKE_CURRENT_LIST_DIR}/cuda/sample.cu)
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/sample.cu
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/silu-scaled.cu)
 target_include_directories(ggml-cuda PRIVATE ${CMAKE_CURRENT_LIST_DIR}/cuda)

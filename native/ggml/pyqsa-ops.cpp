@@ -355,3 +355,35 @@ struct ggml_tensor * pyqsa_ggml_sample(struct ggml_context * ctx, struct ggml_te
     result->src[2] = adjust;
     return result;
 }
+
+struct ggml_tensor * pyqsa_ggml_hc_combine(struct ggml_context * ctx, struct ggml_tensor * x,
+                                           struct ggml_tensor * residual, struct ggml_tensor * inject,
+                                           float scale) {
+    for (const ggml_tensor * t : { x, residual, inject }) {
+        GGML_ASSERT(t->type == GGML_TYPE_F32 && t->nb[0] == sizeof(float));
+    }
+    const int64_t n_embd = x->ne[0], hc = residual->ne[1], n_tokens = x->ne[1];
+    GGML_ASSERT(x->ne[2] == 1 && x->ne[3] == 1);
+    GGML_ASSERT(residual->ne[0] == n_embd && residual->ne[2] == n_tokens && residual->ne[3] == 1);
+    GGML_ASSERT(inject->ne[0] == hc && inject->ne[1] == n_tokens && inject->ne[2] == 1 && inject->ne[3] == 1);
+
+    struct ggml_tensor * result = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, n_embd, hc, n_tokens);
+    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_HC_COMBINE);
+    ggml_set_op_params_f32(result, 1, scale);
+    result->op     = GGML_OP_PYQSA;
+    result->src[0] = x;
+    result->src[1] = residual;
+    result->src[2] = inject;
+    return result;
+}
+
+struct ggml_tensor * pyqsa_ggml_silu_scaled(struct ggml_context * ctx, struct ggml_tensor * x, float scale) {
+    GGML_ASSERT(x->type == GGML_TYPE_F32 && x->nb[0] == sizeof(float));
+
+    struct ggml_tensor * result = ggml_new_tensor(ctx, GGML_TYPE_F32, GGML_MAX_DIMS, x->ne);
+    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_SILU_SCALED);
+    ggml_set_op_params_f32(result, 1, scale);
+    result->op     = GGML_OP_PYQSA;
+    result->src[0] = x;
+    return result;
+}

@@ -24,6 +24,8 @@ enum pyqsa_ggml_op {
     PYQSA_GGML_OP_SAMPLE         = 10,
     PYQSA_GGML_OP_QSA_PAGE_FETCH = 11,
     PYQSA_GGML_OP_QSA_PAGE_FETCH_WAIT = 12,
+    PYQSA_GGML_OP_HC_COMBINE     = 13,
+    PYQSA_GGML_OP_SILU_SCALED    = 14,
 };
 
 // Sparse attention: every query attends only to the KV cells listed for it (QSA: the selected
@@ -313,6 +315,32 @@ GGML_API struct ggml_tensor * pyqsa_ggml_sample(struct ggml_context * ctx,
 GGML_API void pyqsa_sample_row(const float * logits, int64_t n_vocab, const struct pyqsa_sample_params * params,
                                const struct pyqsa_logit_adjust * adjust, int64_t n_adjust,
                                struct pyqsa_sample_result * out);
+
+// The combine of hyper-connections (qwen4exp's build_hc_combine) in one op: each of the hc
+// residual streams adds the block's output, scaled by its own weight 2 * sigmoid(scale * inject):
+//   out[e, c, t] = x[e, t] * (2 * sigmoid(scale * inject[c, t])) + residual[e, c, t]
+//   x:        F32 [n_embd, n_tokens] (the block's output)
+//   residual: F32 [n_embd, hc, n_tokens] (the streams)
+//   inject:   F32 [hc, n_tokens] (the scatter logits)
+// any strides, elements contiguous (nb[0] = 4); returns F32 [n_embd, hc, n_tokens]. Each step
+// is rounded to f32 as the unfused ops round it (ggml_scale, ggml_sigmoid, ggml_scale by 2,
+// ggml_dsv4_hc_post without comb), so on one backend the two agree bit for bit; one launch
+// where they take four.
+GGML_API struct ggml_tensor * pyqsa_ggml_hc_combine(struct ggml_context * ctx,
+                                                    struct ggml_tensor * x,
+                                                    struct ggml_tensor * residual,
+                                                    struct ggml_tensor * inject,
+                                                    float scale);
+
+// SiLU of scaled inputs, silu(scale * x), as one op (qwen4exp's hyper-connection gate,
+// silu(lo / hc)):
+//   x: F32, rows contiguous (nb[0] = 4), any shape
+// returns F32 of x's shape, contiguous. Each step rounded as ggml_scale then ggml_silu round it
+// (on the CPU through the same vectorized SiLU over each row), so on one backend the two agree
+// bit for bit.
+GGML_API struct ggml_tensor * pyqsa_ggml_silu_scaled(struct ggml_context * ctx,
+                                                     struct ggml_tensor * x,
+                                                     float scale);
 
 // Host address i (0 or 1) that a pyqsa op keeps in its params from index first_param on.
 GGML_API void * pyqsa_ggml_host_ptr(const struct ggml_tensor * op, int first_param);

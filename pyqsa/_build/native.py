@@ -28,6 +28,7 @@ DEFAULT_TARGETS = [
     "test-sample",
     "test-products",
     "test-gdn",
+    "test-hc",
 ]
 PYTHON_LOADED = ["libllama.so", "libggml.so"]
 

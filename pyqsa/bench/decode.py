@@ -235,12 +235,13 @@ UPSTREAM_SWITCHES = {
     "PYQSA_CUDA_GDN_UPSTREAM": "-gdnup",  # the gated delta rule on upstream's kernel
     "PYQSA_CUDA_MOE_MMF": "-moemmf",  # MoE products of every batch on MMF, no grouped GEMM
     "PYQSA_CUDA_GEMV_UPSTREAM": "-gemvup",  # decode products (1-8 columns) on MMVF/MMF
+    "PYQSA_HC_UNFUSED": "-hcunf",  # the hyper-connection combine as upstream's four ops
 }
 
 
 def library_switch_on(name: str) -> bool:
-    """As the library reads a switch variable (native/ggml/cuda/pyqsa-cuda.cu): on when set to
-    anything but "" or "0"."""
+    """As the library reads a switch variable (native/ggml/cuda/pyqsa-cuda.cu,
+    native/src/hc-fused.cpp): on when set to anything but "" or "0"."""
     return os.environ.get(name, "") not in ("", "0")
 
 

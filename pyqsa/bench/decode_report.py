@@ -29,7 +29,8 @@ from .meta import RESULTS
 # summed in f16, as upstream's); pyqsa-gdnup: PYQSA_CUDA_GDN_UPSTREAM=1 (the gated delta rule on
 # upstream's kernel); pyqsa-moemmf: PYQSA_CUDA_MOE_MMF=1 (MoE products of every batch on MMF, not
 # pyqsa's grouped GEMM); pyqsa-gemvup: PYQSA_CUDA_GEMV_UPSTREAM=1 (decode products of 1-8
-# columns on upstream's MMVF/MMF, not pyqsa's gemv)
+# columns on upstream's MMVF/MMF, not pyqsa's gemv); pyqsa-hcunf: PYQSA_HC_UNFUSED=1 (the
+# hyper-connection combine as upstream's four ops, not pyqsa's hc_combine)
 VARIANTS = (
     "pyqsa",
     "upstream",
@@ -43,6 +44,7 @@ VARIANTS = (
     "pyqsa-gdnup",
     "pyqsa-moemmf",
     "pyqsa-gemvup",
+    "pyqsa-hcunf",
 )
 SHORT = {
     "pyqsa": "pyqsa",
@@ -57,6 +59,7 @@ SHORT = {
     "pyqsa-gdnup": "gdnup",
     "pyqsa-moemmf": "moemf",
     "pyqsa-gemvup": "gemvu",
+    "pyqsa-hcunf": "hcunf",
 }
 # the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)
 PAGED = (

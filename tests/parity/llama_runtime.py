@@ -50,6 +50,7 @@ class LlamaRuntime:
     block keys kept in the indexer cache, per-step inputs O(n_tokens); "sparse": the selection
     mask of upstream's per-step pooling, then the same sparse attention; both need the V cache
     in rows (flash attention on). "masked": upstream's dense attention under the selection mask.
+    on_node: called with the name of every node of every graph computed (pyqsa.debug.TensorCapture).
     """
 
     def __init__(
@@ -60,6 +61,7 @@ class LlamaRuntime:
         n_batch: int = 1024,
         attn: str = "positional",
         kv_type: str = "f32",
+        on_node=None,
     ):
         llama_cpp.llama_backend_init()
         # the GPU machine runs the same tests with every layer offloaded (tests/gpu/parity.sh)
@@ -68,7 +70,7 @@ class LlamaRuntime:
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.selections = Selections()
-        self._capture = TensorCapture(_SELECTION.pattern, self.selections.on_tensor)
+        self._capture = TensorCapture(_SELECTION.pattern, self.selections.on_tensor, on_node)
         cfg = ContextConfig(
             n_seqs=n_seq,
             ctx_per_seq=n_ctx,

@@ -313,6 +313,7 @@ def test_decode_profile_without_a_cuda_profiler_is_a_one_line_error(tmp_path):
         ("PYQSA_CUDA_GDN_UPSTREAM", "1", "pyqsa-gdnup", "gdnup"),
         ("PYQSA_CUDA_MOE_MMF", "1", "pyqsa-moemmf", "moemf"),
         ("PYQSA_CUDA_GEMV_UPSTREAM", "1", "pyqsa-gemvup", "gemvu"),
+        ("PYQSA_HC_UNFUSED", "1", "pyqsa-hcunf", "hcunf"),
     ],
 )
 def test_decode_under_a_library_switch_is_a_variant_of_its_own(
@@ -322,8 +323,9 @@ def test_decode_under_a_library_switch_is_a_variant_of_its_own(
     `moesync` (PYQSA_CUDA_MOE_SYNC=1: upstream's host-sorted MoE products), `f16acc`
     (PYQSA_CUDA_F16_ACCUMULATE=1: upstream's f16 sums), `gdnup` (PYQSA_CUDA_GDN_UPSTREAM=1:
     upstream's gated-delta-rule kernel), `moemmf` (PYQSA_CUDA_MOE_MMF=1: MoE products on MMF,
-    not the grouped GEMM) and `gemvup` (PYQSA_CUDA_GEMV_UPSTREAM=1: decode products of 1-8
-    columns on upstream's kernels) run pyqsa's library with one switch
+    not the grouped GEMM), `gemvup` (PYQSA_CUDA_GEMV_UPSTREAM=1: decode products of 1-8
+    columns on upstream's kernels) and `hcunf` (PYQSA_HC_UNFUSED=1: the hyper-connection combine
+    as upstream's four ops) run pyqsa's library with one switch
     flipped, so decode.py records each as a variant and report.py gives it a column."""
     monkeypatch.setenv(env, value)
     out = tmp_path / "decode.jsonl"

@@ -6,7 +6,8 @@ native/tests/test-sample.cpp) and test-products (upstream's MUL_MAT and MUL_MAT_
 CUDA dispatch and precision pyqsa changes, against a double-precision reference,
 native/tests/test-products.cpp) and test-gdn (upstream's GATED_DELTA_NET, whose prefill
 pyqsa runs on its own CUDA kernel, against a double-precision recurrence,
-native/tests/test-gdn.cpp).
+native/tests/test-gdn.cpp) and test-hc (the hyper-connection combine and gate as pyqsa's
+ops, against the graphs of upstream's ops they replace, bit for bit, native/tests/test-hc.cpp).
 
 On a CPU-only machine this checks the CPU kernels; on the GPU machine the same binaries also
 check CUDA against CPU (tests/gpu/backend_ops.sh)."""
@@ -27,6 +28,7 @@ from pyqsa._build.native import BuildConfig
         ("test-sample", 14),
         ("test-products", 12),
         ("test-gdn", 9),
+        ("test-hc", 10),
     ],
 )
 def test_ops_match_their_references(binary, min_checks):

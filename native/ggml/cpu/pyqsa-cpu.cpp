@@ -2,6 +2,7 @@
 #include "pyqsa-cpu.h"
 
 #include "ggml-impl.h"
+#include "hc-combine.h"
 #include "pyqsa-ggml.h"
 #include "qsa-attn.h"
 #include "qsa-attn-part.h"
@@ -14,6 +15,7 @@
 #include "qsa-score.h"
 #include "qsa-topk.h"
 #include "sample.h"
+#include "silu-scaled.h"
 
 void pyqsa_cpu_forward(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
     switch (ggml_get_op_params_i32(dst, 0)) {
@@ -51,6 +53,12 @@ void pyqsa_cpu_forward(const struct ggml_compute_params * params, struct ggml_te
             pyqsa_cpu_qsa_page_fetch(params, dst);
             break;
         case PYQSA_GGML_OP_QSA_PAGE_FETCH_WAIT:
+            break;
+        case PYQSA_GGML_OP_HC_COMBINE:
+            pyqsa_cpu_hc_combine(params, dst);
+            break;
+        case PYQSA_GGML_OP_SILU_SCALED:
+            pyqsa_cpu_silu_scaled(params, dst);
             break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));

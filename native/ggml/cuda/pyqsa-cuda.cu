@@ -2,6 +2,7 @@
 #include "pyqsa-cuda.cuh"
 #include "gdn-prefill.cuh"
 #include "gemv-f16.cuh"
+#include "hc-combine.cuh"
 #include "pyqsa-cuda-moe.h"
 #include "pyqsa-cuda-precision.h"
 
@@ -17,6 +18,7 @@
 #include "qsa-score.cuh"
 #include "qsa-topk.cuh"
 #include "sample.cuh"
+#include "silu-scaled.cuh"
 
 #include <cstdlib>
 #include <cstring>
@@ -59,6 +61,12 @@ void pyqsa_cuda_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         case PYQSA_GGML_OP_QSA_PAGE_FETCH_WAIT:
             pyqsa_cuda_qsa_page_fetch_wait(ctx, dst);
             break;
+        case PYQSA_GGML_OP_HC_COMBINE:
+            pyqsa_cuda_hc_combine(ctx, dst);
+            break;
+        case PYQSA_GGML_OP_SILU_SCALED:
+            pyqsa_cuda_silu_scaled(ctx, dst);
+            break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));
     }
@@ -85,6 +93,8 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
         case PYQSA_GGML_OP_QSA_PAGE_FETCH:
             return pyqsa_cuda_qsa_page_fetch_supported(op);
         case PYQSA_GGML_OP_QSA_PAGE_FETCH_WAIT:
+        case PYQSA_GGML_OP_HC_COMBINE:
+        case PYQSA_GGML_OP_SILU_SCALED:
             return true;
         case PYQSA_GGML_OP_QSA_TOPK:
         case PYQSA_GGML_OP_QSA_BLOCK_CELLS:

@@ -1,0 +1,242 @@
+// qwen4exp's hyper-connection ops as pyqsa runs them: PYQSA_GGML_OP_HC_COMBINE (one op) against
+// the graph upstream builds for it (ggml_scale, ggml_sigmoid, ggml_scale by 2, ggml_dsv4_hc_post
+// without comb), and PYQSA_GGML_OP_SILU_SCALED against ggml_scale then ggml_silu, bit for bit on
+// each backend; then every other backend's op against the CPU's. `perf` times both ways at decode
+// and prefill shapes.
+//
+//   test-hc [test|perf] [-b BACKEND]      exit code 0 when every case passed
+#include "op-check.h"
+#include "pyqsa-ggml.h"
+
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+// x [n_embd, n_tokens] (with x_pad, a view whose rows are x_pad floats wider), residual
+// [n_embd, hc, n_tokens], inject [hc, n_tokens] (with inject_pad, a view of a wider tensor)
+struct hc_case {
+    int64_t n_embd, hc, n_tokens, x_pad, inject_pad;
+
+    std::string name() const {
+        char buf[128];
+        std::snprintf(buf, sizeof(buf), "HC_COMBINE(n_embd=%lld,hc=%lld,n_tokens=%lld%s)", (long long) n_embd,
+                      (long long) hc, (long long) n_tokens, x_pad || inject_pad ? ",views" : "");
+        return buf;
+    }
+};
+
+struct hc_data {
+    std::vector<float> x, residual, inject;  // the buffers the tensors (or views) read
+};
+
+// inject spans the sigmoid's range, its tails saturated
+hc_data make_data(const hc_case & c, std::mt19937 & rng) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    hc_data                         d;
+    d.x.resize((c.n_embd + c.x_pad) * c.n_tokens);
+    d.residual.resize(c.n_embd * c.hc * c.n_tokens);
+    d.inject.resize((c.hc + c.inject_pad) * c.n_tokens);
+    for (float & v : d.x) v = nd(rng);
+    for (float & v : d.residual) v = 4.0f * nd(rng);
+    for (float & v : d.inject) v = 12.0f * nd(rng);
+    return d;
+}
+
+struct hc_tensors {
+    ggml_tensor *x_buf, *residual, *inject_buf, *out;
+};
+
+// the op (fused) or upstream's graph of it, as qwen4exp's build_hc_combine makes them
+hc_tensors make_hc(ggml_context * ctx, const hc_case & c, bool fused) {
+    hc_tensors t;
+    t.x_buf               = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n_embd + c.x_pad, c.n_tokens);
+    t.residual            = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.n_embd, c.hc, c.n_tokens);
+    t.inject_buf          = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.hc + c.inject_pad, c.n_tokens);
+    ggml_tensor * x       = ggml_view_2d(ctx, t.x_buf, c.n_embd, c.n_tokens, t.x_buf->nb[1], 0);
+    ggml_tensor * inject  = ggml_view_2d(ctx, t.inject_buf, c.hc, c.n_tokens, t.inject_buf->nb[1], 0);
+    const float   inv_hc  = 1.0f / (float) c.hc;
+    // (upstream's CPU scale takes only contiguous rows: a copy of a view first, which changes no bit)
+    if (fused) {
+        t.out = pyqsa_ggml_hc_combine(ctx, x, t.residual, inject, inv_hc);
+    } else {
+        ggml_tensor * w = ggml_sigmoid(ctx, ggml_scale(ctx, ggml_cont(ctx, inject), inv_hc));
+        w               = ggml_scale(ctx, w, 2.0f);
+        t.out           = ggml_dsv4_hc_post(ctx, x, t.residual, w, nullptr);
+    }
+    return t;
+}
+
+size_t ctx_size() {
+    return ggml_tensor_overhead() * 16 + ggml_graph_overhead();
+}
+
+// the result on be; empty when be does not support the graph
+std::vector<float> run(ggml_backend_t be, const hc_case & c, const hc_data & d, bool fused) {
+    graph_run g;
+    ggml_init_params ip = { ctx_size(), nullptr, true };
+    g.ctx               = ggml_init(ip);
+    const hc_tensors t  = make_hc(g.ctx, c, fused);
+    if (!graph_place(g, be, t.out)) return {};
+    ggml_backend_tensor_set(t.x_buf, d.x.data(), 0, ggml_nbytes(t.x_buf));
+    ggml_backend_tensor_set(t.residual, d.residual.data(), 0, ggml_nbytes(t.residual));
+    ggml_backend_tensor_set(t.inject_buf, d.inject.data(), 0, ggml_nbytes(t.inject_buf));
+    if (ggml_backend_graph_compute(be, g.gf) != GGML_STATUS_SUCCESS) return {};
+    std::vector<float> out(ggml_nelements(t.out));
+    ggml_backend_tensor_get(t.out, out.data(), 0, ggml_nbytes(t.out));
+    return out;
+}
+
+// how many elements differ in their bits (all of them when the sizes differ)
+size_t bits_differ(const std::vector<float> & a, const std::vector<float> & b) {
+    if (a.size() != b.size() || a.empty()) return a.size() + b.size() + 1;
+    size_t n = 0;
+    for (size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return n;
+}
+
+// x [n, rows] (with pad, a view whose rows are pad floats wider)
+struct silu_case {
+    int64_t n, rows, pad;
+
+    std::string name() const {
+        char buf[96];
+        std::snprintf(buf, sizeof(buf), "SILU_SCALED(n=%lld,rows=%lld%s)", (long long) n, (long long) rows,
+                      pad ? ",view" : "");
+        return buf;
+    }
+};
+
+// silu(x / 4) as the op (fused) or as upstream's two ops
+ggml_tensor * make_silu(ggml_context * ctx, const silu_case & c, bool fused, ggml_tensor ** buf) {
+    *buf            = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n + c.pad, c.rows);
+    ggml_tensor * x = ggml_view_2d(ctx, *buf, c.n, c.rows, (*buf)->nb[1], 0);
+    return fused ? pyqsa_ggml_silu_scaled(ctx, x, 0.25f) : ggml_silu(ctx, ggml_scale(ctx, ggml_cont(ctx, x), 0.25f));
+}
+
+std::vector<float> run_silu(ggml_backend_t be, const silu_case & c, const std::vector<float> & x, bool fused) {
+    graph_run g;
+    ggml_init_params ip = { ctx_size(), nullptr, true };
+    g.ctx               = ggml_init(ip);
+    ggml_tensor * buf   = nullptr;
+    if (!graph_place(g, be, make_silu(g.ctx, c, fused, &buf))) return {};
+    ggml_backend_tensor_set(buf, x.data(), 0, ggml_nbytes(buf));
+    if (ggml_backend_graph_compute(be, g.gf) != GGML_STATUS_SUCCESS) return {};
+    std::vector<float> out(ggml_nelements(g.out));
+    ggml_backend_tensor_get(g.out, out.data(), 0, ggml_nbytes(g.out));
+    return out;
+}
+
+// another backend's expf (CUDA's fast-math one: ~1e-6 relative at |x| ~ 10) and its contraction
+// of the sum into an FMA, against the CPU's; a wrong element would give ~1
+constexpr double BOUND = 1e-10;
+
+int cmd_test(const char * only_backend) {
+    std::mt19937 rng(41);
+    int n_ok = 0, n_fail = 0;
+    ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    ggml_backend_cpu_set_n_threads(cpu, 4);
+    const hc_case cases[] = {
+        { 2048, 4, 1, 0, 0 },    // a decode step of one sequence
+        { 2048, 4, 8, 0, 0 },    // eight
+        { 256, 4, 300, 0, 0 },   // a prefill chunk
+        { 96, 2, 17, 8, 3 },     // x and inject views of wider tensors
+        { 33, 3, 5, 1, 1 },      // odd sizes
+    };
+    for (const hc_case & c : cases) {
+        const hc_data            d     = make_data(c, rng);
+        const std::vector<float> fused = run(cpu, c, d, true);
+        const std::vector<float> graph = run(cpu, c, d, false);
+        const size_t             n_cpu = bits_differ(fused, graph);
+        report(c.name(), "CPU", "vs upstream's ops: " + std::to_string(n_cpu) + " elements differ in their bits ",
+               n_cpu == 0, n_ok, n_fail);
+        on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
+            const std::vector<float> f = run(be, c, d, true);
+            const std::vector<float> u = run(be, c, d, false);
+            if (f.empty()) return std::make_pair(false, std::string("not supported "));
+            const size_t n = bits_differ(f, u);
+            const double e = nmse(f, fused);
+            return std::make_pair(n == 0 && e < BOUND, "vs upstream's ops there: " + std::to_string(n) +
+                                                           " elements differ in their bits; vs CPU: nmse " + sci(e) + " ");
+        });
+    }
+    // the rank of the gate (64 of the model's, a row per token) and odd ones past the SIMD width
+    const silu_case silu_cases[] = { { 64, 1, 0 }, { 64, 8, 0 }, { 64, 300, 0 }, { 37, 5, 3 }, { 7, 2, 0 } };
+    std::normal_distribution<float> nd(0.0f, 8.0f);
+    for (const silu_case & c : silu_cases) {
+        std::vector<float> x((c.n + c.pad) * c.rows);
+        for (float & v : x) v = nd(rng);
+        const std::vector<float> fused = run_silu(cpu, c, x, true);
+        const std::vector<float> graph = run_silu(cpu, c, x, false);
+        const size_t             n_cpu = bits_differ(fused, graph);
+        report(c.name(), "CPU", "vs upstream's ops: " + std::to_string(n_cpu) + " elements differ in their bits ",
+               n_cpu == 0, n_ok, n_fail);
+        on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
+            const std::vector<float> f = run_silu(be, c, x, true);
+            const std::vector<float> u = run_silu(be, c, x, false);
+            if (f.empty()) return std::make_pair(false, std::string("not supported "));
+            const size_t n = bits_differ(f, u);
+            const double e = nmse(f, fused);
+            return std::make_pair(n == 0 && e < BOUND, "vs upstream's ops there: " + std::to_string(n) +
+                                                           " elements differ in their bits; vs CPU: nmse " + sci(e) + " ");
+        });
+    }
+    ggml_backend_free(cpu);
+    std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
+    return n_fail == 0 ? 0 : 1;
+}
+
+// Flash-Next's width, streams and gate rank: a decode step of 1 and 8 sequences and a 2048-token
+// chunk, each op and upstream's ops; inputs zero (the time does not depend on them)
+int cmd_perf(const char * only_backend) {
+    const hc_case shapes[] = { { 2048, 4, 1, 0, 0 }, { 2048, 4, 8, 0, 0 }, { 2048, 4, 2048, 0, 0 } };
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
+        ggml_backend_t be    = ggml_backend_dev_init(dev, nullptr);
+        const int      iters = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU ? 5 : 200;
+        for (const hc_case & c : shapes) {
+            for (const bool fused : { true, false }) {
+                graph_run g;
+                ggml_init_params ip = { ctx_size(), nullptr, true };
+                g.ctx               = ggml_init(ip);
+                const hc_tensors t  = make_hc(g.ctx, c, fused);
+                if (graph_place(g, be, t.out)) {
+                    ggml_backend_buffer_clear(g.buf, 0);
+                    std::printf("  %s %s %s: %.1f us/run\n", c.name().c_str(), fused ? "op" : "upstream's ops",
+                                ggml_backend_dev_name(dev), time_graph(be, g.gf, iters));
+                }
+            }
+        }
+        for (const silu_case & c : { silu_case{ 64, 1, 0 }, silu_case{ 64, 8, 0 }, silu_case{ 64, 2048, 0 } }) {
+            for (const bool fused : { true, false }) {
+                graph_run g;
+                ggml_init_params ip = { ctx_size(), nullptr, true };
+                g.ctx               = ggml_init(ip);
+                ggml_tensor * buf   = nullptr;
+                if (graph_place(g, be, make_silu(g.ctx, c, fused, &buf))) {
+                    ggml_backend_buffer_clear(g.buf, 0);
+                    std::printf("  %s %s %s: %.1f us/run\n", c.name().c_str(), fused ? "op" : "upstream's ops",
+                                ggml_backend_dev_name(dev), time_graph(be, g.gf, iters));
+                }
+            }
+        }
+        ggml_backend_free(be);
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    return op_check_main(argc, argv, { { "test", cmd_test }, { "perf", cmd_perf } });
+}
