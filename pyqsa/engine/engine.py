@@ -630,21 +630,23 @@ def load_engine(config: EngineConfig, model: LlamaModel | None = None) -> tuple[
     if model is None:
         model = LlamaModel(config.model_path, config.gpu_layers, config.device)
     runner = LlamaRunner(model, config)
-    room = config.ctx_per_slot - 2
     if runner.passes_async:
-        # the largest pass the scheduler makes and a decode step of every slot (see warm_up)
+        # the largest pass the scheduler makes and decode steps of each slot count (see warm_up),
+        # within the slot: the prompt, a token a step, one more
+        room = config.ctx_per_slot - config.n_slots - 1
         warm_up(runner, model.eos, max(1, min(runner.max_tokens, room)), config.n_slots)
     else:  # a prompt as long as a short request's, within one step and the slot
+        room = config.ctx_per_slot - 2
         warm_up(runner, model.eos, max(1, min(32, config.max_batch_tokens, room)))
     return Engine(config, runner, model).start(), model
 
 
 def warm_up(runner: Runner, token: int, n_prompt: int = 1, n_slots: int = 1) -> None:
     """A prompt of `n_prompt` tokens on slot 0, then (`n_slots` > 1) a one-token prompt on each
-    other slot, then one decode step of the `n_slots` slots, all released after, each row with a
-    drawn token, drawn as the engine draws (on the device when the runner does): so requests do
-    not pay for what runs once, and what the device holds once requests end is what it held
-    before them.
+    other slot, then decode steps of the first `n_slots`, `n_slots` - 1, ..., 1 slots, all
+    released after, each row with a drawn token, drawn as the engine draws (on the device when
+    the runner does): so requests do not pay for what runs once, and what the device holds once
+    requests end is what it held before them.
     - What runs once: numpy's lazily imported modules, llama.cpp's first decode (on CUDA also
       kernel loading and library handles, such as the ones a prefill's matrix products and
       attention use and a one-token step does not). On CPU with the demo model its engine time
@@ -657,15 +659,23 @@ def warm_up(runner: Runner, token: int, n_prompt: int = 1, n_slots: int = 1) -> 
       figure it had before (bench/results/*-mission*.json at efc86b0 and 4c32063) while the
       ledger was back. Those temporaries are bounded by the pass's tokens, the selection
       budget and the slots, not by the context, so the largest pass (a chunk of the step
-      budget, whose later rows select a full budget) and a step of every slot reach them."""
+      budget, whose later rows select a full budget) and a step of every slot reach them.
+    - What loads once: CUDA loads a kernel into device memory the first time it runs, and the
+      decode products have a kernel of their own for each column count (1-8 sequences a step).
+      After a warm-up with one decode step of all slots, nvidia-smi ended 70-78 MiB above its
+      start after the mission's loads and 72 MiB after each agents run (68157f3), 10 MiB at
+      5d7286a, before the products of 2-8 columns had kernels of their own: so a decode step of
+      each slot count. (That this closes the gap is not yet measured.)"""
     lengths = [n_prompt] + [1] * (n_slots - 1)
+    room = n_slots + 1  # every decode step's token, and one more
     reqs = [
-        Request(f"warm-up/{slot}", [token] * n, SamplingParams(), lambda ev: None, n + 2)
+        Request(f"warm-up/{slot}", [token] * n, SamplingParams(), lambda ev: None, n + room)
         for slot, n in enumerate(lengths)
     ]
     samplers = [Sampler(req.params, seed=0) for req in reqs]
-    leases = [SlotLease(slot, 0, n + 2) for slot, n in enumerate(lengths)]
-    passes = [[0]] + ([list(range(1, n_slots))] if n_slots > 1 else []) + [list(range(n_slots))]
+    leases = [SlotLease(slot, 0, n + room) for slot, n in enumerate(lengths)]
+    prompts = [[0]] + ([list(range(1, n_slots))] if n_slots > 1 else [])
+    passes = prompts + [list(range(k)) for k in range(n_slots, 0, -1)]
     for slots in passes:
         chunks = []
         for slot in slots:
