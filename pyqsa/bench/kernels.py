@@ -30,10 +30,14 @@ def kernel_totals(trace: dict[str, Any]) -> list[tuple[str, int, float]]:
 
 
 def table(title: str, rows: list[tuple[str, int, float]], per: int = 1, top: int = 30) -> str:
-    """The rows as text: each kernel's share of all kernel time, and its time and calls per
-    `per` (steps or chunks) of the stretch."""
+    """The rows as text: the launches per `per` (steps or chunks) of the stretch, each kernel's
+    share of all kernel time, and its time and calls per `per`."""
     all_us = sum(r[2] for r in rows)
-    out = [f"## {title}: {all_us / per / 1e3:.3f} ms of kernels per step, {len(rows)} kernels"]
+    launches = sum(r[1] for r in rows) / per
+    out = [
+        f"## {title}: {all_us / per / 1e3:.3f} ms of kernels per step, {launches:.1f} launches "
+        f"of {len(rows)} kernels"
+    ]
     out.append(f"{'share':>6} {'ms/step':>9} {'calls/step':>10}  kernel")
     for name, calls, us in rows[:top]:
         share = us / all_us if all_us else 0.0

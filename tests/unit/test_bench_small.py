@@ -217,9 +217,10 @@ def test_decode_profile_writes_kernel_tables_and_no_records(small_gguf, tmp_path
     titles = [line for line in text.splitlines() if line.startswith("## ")]
     # the last 2 prefill batches (up to 256 - 2 x 3 decode positions), then 2 timed steps each
     assert titles == [
-        "## prefill, the batches of 64 up to 250 tokens: 0.060 ms of kernels per step, 1 kernels",
-        "## decode, 1 x 251 tokens: 0.060 ms of kernels per step, 1 kernels",
-        "## decode, 2 x 254 tokens: 0.060 ms of kernels per step, 1 kernels",
+        "## prefill, the batches of 64 up to 250 tokens: 0.060 ms of kernels per step, "
+        "1.5 launches of 1 kernels",
+        "## decode, 1 x 251 tokens: 0.060 ms of kernels per step, 1.5 launches of 1 kernels",
+        "## decode, 2 x 254 tokens: 0.060 ms of kernels per step, 1.5 launches of 1 kernels",
     ]
     assert "100.0%     0.060        1.5  qsa_attn_kernel" in text
 
@@ -239,7 +240,7 @@ def test_kernel_totals_and_table():
     rows = kernel_totals(trace)
     assert rows == [("b", 2, 12.0), ("a", 1, 10.0)]
     text = table("t", rows, per=2, top=1).splitlines()
-    assert text[0] == "## t: 0.011 ms of kernels per step, 2 kernels"
+    assert text[0] == "## t: 0.011 ms of kernels per step, 1.5 launches of 2 kernels"
     assert text[2] == " 54.5%     0.006        1.0  b"
     assert text[3].startswith(" 45.5%     0.005") and text[3].endswith("(1 more)")
 
