@@ -195,6 +195,21 @@ def paging_layers(ctx: int) -> dict[int, tuple[int, int]] | None:
         out[int(il[0])] = (int(hits[0]), int(misses[0]))
 
 
+CUDA_GRAPH_FIELDS = ("direct", "captured", "replayed")
+
+
+def cuda_graph_counts() -> dict[str, int] | None:
+    """How the CUDA backend ran graphs since the process started (pyqsa_cuda_graph_counts_get
+    in pyqsa.h): kernel by kernel, captured into a CUDA graph, replayed; None without CUDA."""
+    ffi, lib = _api()
+    out = ffi.new("uint64_t[3]")
+    rc = lib.pyqsa_cuda_graph_counts_get(out)
+    if rc == lib.PYQSA_ERR_UNSUPPORTED:
+        return None
+    _check(rc, "pyqsa_cuda_graph_counts_get")
+    return {f: int(out[i]) for i, f in enumerate(CUDA_GRAPH_FIELDS)}
+
+
 class SeqRows:
     """Where a saved sequence's rows are (pyqsa_seq_rows in pyqsa.h): `get` copies a segment on
     any thread, as long as the sequence's cells of those positions are not written meanwhile (it

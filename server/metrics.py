@@ -49,6 +49,22 @@ class _EngineCollector(Collector):
         for part, seconds in s.step_seconds.items():
             step_seconds.add_metric([part], seconds)
         yield step_seconds
+        if "reused" in s.graphs:
+            yield CounterMetricFamily(
+                "pyqsa_graph_reuses",
+                "Forward passes that kept the previous pass's graph (llama.cpp built none)",
+                value=s.graphs["reused"],
+            )
+        if "captured" in s.graphs:
+            cuda = CounterMetricFamily(
+                "pyqsa_cuda_graph_computes",
+                "Graph computes on CUDA: direct (kernel by kernel: graphs off, warming up, or the "
+                "graph changed), captured into a CUDA graph, replayed from one",
+                labels=["how"],
+            )
+            for how in ("direct", "captured", "replayed"):
+                cuda.add_metric([how], s.graphs[how])
+            yield cuda
         if limit := self.engine.config.device_memory_limit:
             yield GaugeMetricFamily(
                 "pyqsa_device_memory_limit_bytes",

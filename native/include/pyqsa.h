@@ -53,6 +53,12 @@ PYQSA_API int32_t pyqsa_device_count(void);
 // or PYQSA_ERR_OUT_OF_RANGE when i is not in [0, pyqsa_device_count()).
 PYQSA_API int32_t pyqsa_device_info_get(int32_t i, pyqsa_device_info * out);
 
+// How the CUDA backend has run graphs since the process started (every context's):
+// out[0] kernel by kernel (CUDA graphs off, warming up, or the graph changed), out[1] captured
+// into a CUDA graph, out[2] replays of a captured graph. Returns PYQSA_OK, PYQSA_ERR_INVALID_ARG
+// when out is NULL, or PYQSA_ERR_UNSUPPORTED without a CUDA backend.
+PYQSA_API int32_t pyqsa_cuda_graph_counts_get(uint64_t out[3]);
+
 // Debug view of a ggml tensor seen by llama's cb_eval callback (llama_context_params.cb_eval):
 // lets tests and calibration read named intermediates (e.g. "indexer_sel-3", "Kcur-3").
 typedef struct pyqsa_tensor_view {

@@ -61,6 +61,19 @@ int32_t pyqsa_device_info_get(int32_t i, pyqsa_device_info * out) {
     return PYQSA_OK;
 }
 
+int32_t pyqsa_cuda_graph_counts_get(uint64_t out[3]) {
+    if (out == nullptr) {
+        return PYQSA_ERR_INVALID_ARG;
+    }
+    ggml_backend_reg_t reg = ggml_backend_reg_by_name("CUDA");
+    void *             fn  = reg ? ggml_backend_reg_get_proc_address(reg, "pyqsa_cuda_graph_counts") : nullptr;
+    if (fn == nullptr) {
+        return PYQSA_ERR_UNSUPPORTED;
+    }
+    reinterpret_cast<void (*)(uint64_t *)>(fn)(out);
+    return PYQSA_OK;
+}
+
 bool pyqsa_abort_flag_is_set(void * flag) {
     // relaxed: the flag only asks the compute loop to stop; it orders no other memory
     return flag != nullptr &&

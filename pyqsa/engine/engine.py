@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -100,6 +100,7 @@ class EngineStats:
     # model layer index -> (hits, misses) of each paged layer, read with `paging`
     paging_layers: dict[int, tuple[int, int]] | None = None
     prefix: PrefixStats | None = None  # the prefix cache's figures, as of the last step
+    graphs: dict[str, int] = field(default_factory=dict)  # Runner.graph_stats, as of the last step
 
 
 @dataclass(eq=False)
@@ -147,6 +148,7 @@ class Engine:
         self._ledger: dict[str, int] = {}
         self._paging: dict[str, int] | None = None
         self._paging_layers: dict[int, tuple[int, int]] | None = None
+        self._graphs: dict[str, int] = {}
         self._paging_due = float("-inf")  # time.monotonic() from which they may be read again
         self._paging_stale = False  # forward passes ran since they were read (when it pages)
         self._prefix_stats: PrefixStats | None = None
@@ -288,6 +290,7 @@ class Engine:
                 if self._paging_layers is not None
                 else None,
                 prefix=self._prefix_stats,
+                graphs=dict(self._graphs),
             )
 
     # -- engine thread ---------------------------------------------------------------------
@@ -615,6 +618,7 @@ class Engine:
         # NOTE: not in the ledger, whose every figure is back at its start once requests end:
         # the cache holds its bytes on purpose (EngineStats.prefix, until cleared or evicted)
         prefix = self.prefix.stats()
+        graphs = self.runner.graph_stats()
         with self._lock:
             self._busy = self.slots.busy
             self._waiting = len(self.scheduler.waiting)
@@ -622,6 +626,7 @@ class Engine:
             self._prefix_stats = prefix
             self._paging = paging
             self._paging_layers = layers
+            self._graphs = graphs
 
 
 def load_engine(config: EngineConfig, model: LlamaModel | None = None) -> tuple[Engine, LlamaModel]:

@@ -107,6 +107,13 @@ class Runner(Protocol):
         (pyqsa.native.paging_layers); None when the runner does not page."""
         ...
 
+    def graph_stats(self) -> dict[str, int]:
+        """How passes ran their graphs since the start, as far as the backend tells: "reused"
+        (passes that kept the previous pass's graph, not building one), and on CUDA "direct"
+        (run kernel by kernel), "captured" (into a CUDA graph) and "replayed" (a captured
+        graph: pyqsa.native.cuda_graph_counts); cheap, no wait for the device."""
+        ...
+
 
 def _llama():
     import llama_cpp
@@ -385,6 +392,10 @@ class LlamaRunner:
 
     def paging_layers(self) -> dict[int, tuple[int, int]] | None:
         return native.paging_layers(self.ctx)
+
+    def graph_stats(self) -> dict[str, int]:
+        reused = {"reused": int(_llama().llama_perf_context(self.ctx).n_reused)}
+        return reused | (native.cuda_graph_counts() or {})
 
     def close(self) -> None:
         L = _llama()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import httpx
 
+from pyqsa import native
+
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
 CHATML = (
     "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
@@ -143,3 +145,22 @@ def test_seeded_sampling_repeats_and_stop_strings_cut(server):
     )
     assert cut.choices[0].text == greedy[: greedy.index(stop)]
     assert cut.choices[0].finish_reason == "stop"
+
+
+HOW = sorted(native.CUDA_GRAPH_FIELDS)
+
+
+def test_metrics_count_the_passes_that_reused_their_graph(server):
+    """Decode steps of one sequence keep the graph of the step before (llama.cpp builds none):
+    /metrics counts them; the CUDA backend's graph computes appear only where it runs."""
+    before = server.metrics().get("pyqsa_graph_reuses_total", 0.0)
+    server.openai().completions.create(
+        model=server.model, prompt="The quick brown fox", max_tokens=8, temperature=0
+    )
+    m = server.metrics()
+    assert m["pyqsa_graph_reuses_total"] >= before + 5  # of the 7 steps after the first token
+    cuda = sorted(k for k in m if k.startswith("pyqsa_cuda_graph_computes_total"))
+    on_cuda = native.cuda_graph_counts() is not None  # this build has the CUDA backend
+    assert cuda == (
+        [f'pyqsa_cuda_graph_computes_total{{how="{h}"}}' for h in HOW] if on_cuda else []
+    )

@@ -160,6 +160,9 @@ class FakeRunner:
     def paging_layers(self) -> dict[int, tuple[int, int]] | None:
         return None
 
+    def graph_stats(self) -> dict[str, int]:
+        return {}
+
 
 class FakeVocab:
     def __init__(self, pieces: dict[int, bytes] | None = None) -> None:

@@ -143,6 +143,9 @@ class PagingRunner(FakeRunner):
         n = len(self.batches)
         return {3: (2 * n, n), 7: (n, 0)}
 
+    def graph_stats(self) -> dict[str, int]:
+        return {}
+
 
 def _poll(until, timeout: float = 5.0):
     """until() once true (the paging counters are read at most once a second), or fail."""

@@ -20,6 +20,7 @@
 #include "sample.cuh"
 #include "silu-scaled.cuh"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -156,4 +157,20 @@ bool pyqsa_cuda_host_mapped(const void * p) {
         return false;
     }
     return attr.type != cudaMemoryTypeUnregistered;
+}
+
+namespace {
+
+std::atomic<uint64_t> graph_computes[3];  // kernel by kernel, captured, replayed
+
+}  // namespace
+
+void pyqsa_cuda_graph_count(bool use_graph, bool capture) {
+    graph_computes[!use_graph ? 0 : capture ? 1 : 2].fetch_add(1, std::memory_order_relaxed);
+}
+
+void pyqsa_cuda_graph_counts(uint64_t * out) {
+    for (int i = 0; i < 3; ++i) {
+        out[i] = graph_computes[i].load(std::memory_order_relaxed);
+    }
 }

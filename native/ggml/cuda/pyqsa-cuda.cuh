@@ -14,3 +14,12 @@ int pyqsa_cuda_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgr
 
 // whether the GPU can read p in place: device or pinned host memory, not pageable
 bool pyqsa_cuda_host_mapped(const void * p);
+
+// a compute of a graph: run kernel by kernel (use_graph false: a CUDA graph is off, warming up or
+// its properties changed), captured into a CUDA graph (capture) or a replay of the one it has
+// (called from the patched ggml_backend_cuda_graph_compute)
+void pyqsa_cuda_graph_count(bool use_graph, bool capture);
+
+// the counts since the process started: out[0] run kernel by kernel, out[1] captured, out[2]
+// replayed (given by the CUDA backend's get_proc_address as "pyqsa_cuda_graph_counts")
+void pyqsa_cuda_graph_counts(uint64_t * out);
