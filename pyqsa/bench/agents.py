@@ -157,11 +157,21 @@ def follow_ups(args: Agents, index: int, history: list[int]):
 
 
 def agent(
-    args: Agents, model: str, index: int, history: list[int], on_turn: Callable[[], None]
+    args: Agents,
+    model: str,
+    index: int,
+    history: list[int],
+    on_turn: Callable[[], None],
+    t0: float,
 ) -> list:
+    """Agent `index`'s turns, each with when it was sent and answered (`sent_s`, `done_s`:
+    seconds after `t0`, the run's start on time.perf_counter's clock): the timeline in which
+    the agents' turns meet on the server."""
     turns = []
     for k, prompt in enumerate(islice(follow_ups(args, index, history), args.turns + 1)):
+        sent = time.perf_counter()
         t = turn(args.url, model, prompt, args.max_tokens)
+        t["sent_s"], t["done_s"] = round(sent - t0, 3), round(time.perf_counter() - t0, 3)
         if args.cold_url:
             t["same_as_cold"] = (
                 turn(args.cold_url, model, prompt, args.max_tokens)["reply"] == t["reply"]
@@ -265,7 +275,7 @@ def run(args: Agents, on_turn: Callable[[], None] = lambda: None) -> dict:
     t0 = time.perf_counter()
     stories = histories(args, args.vocab)
     with ThreadPoolExecutor(args.agents) as pool:
-        jobs = [pool.submit(agent, args, model, i, h, on_turn) for i, h in enumerate(stories)]
+        jobs = [pool.submit(agent, args, model, i, h, on_turn, t0) for i, h in enumerate(stories)]
         turns = [t for j in jobs for t in j.result()]
     wall = time.perf_counter() - t0
     mission.wait_idle(args.url)  # the replies computed again as prompts too

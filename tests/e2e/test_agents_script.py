@@ -66,6 +66,13 @@ def test_the_record_has_every_figure(record):
     assert record["follow_up_ttft_s"] > 0 and record["follow_up_cached_share"] > 0.9
     assert record["host_bytes_held"] > 0
     assert record["device"]["back_to_baseline"]["ledger"] is True
+    # the timeline: each agent's turns one after another, each answered after it was sent
+    for run in (0, 1):
+        for a in range(record["agents"]):
+            mine = [t for t in record["turn_records"] if (t["run"], t["agent"]) == (run, a)]
+            assert [t["turn"] for t in mine] == [0, 1, 2]
+            assert all(0 <= t["sent_s"] < t["sent_s"] + t["ttft_s"] <= t["done_s"] for t in mine)
+            assert all(x["done_s"] <= y["sent_s"] for x, y in zip(mine, mine[1:], strict=False))
 
 
 def test_the_lone_agent_answers_as_the_server_without_the_cache(record):
