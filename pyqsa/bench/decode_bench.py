@@ -116,6 +116,16 @@ class Bench:
             paging["layers"] = native.paging_layers(self.ctx)
         return {"ledger": native.ledger(self.ctx), **({"paging": paging} if paging else {})}
 
+    def graph_counts(self) -> dict[str, int]:
+        """Passes so far that kept their graph (llama.cpp's count), and with pyqsa's library on
+        CUDA how the backend ran graphs (pyqsa.native.cuda_graph_counts)."""
+        out = {"reused": int(self.L.llama_perf_context(self.ctx).n_reused)}
+        if self.args.variant == "pyqsa":
+            from pyqsa import native
+
+            out |= native.cuda_graph_counts() or {}
+        return out
+
     def close(self) -> None:
         if self.ctx:
             self.L.llama_batch_free(self.batch)
@@ -216,6 +226,7 @@ class Bench:
             if step == a.warmup:
                 title = f"decode, {n_seq} x {pos + step} tokens"
                 profiled.enter_context(self._profiled(title, a.steps))
+                graphs = self.graph_counts()
             if step == 0:  # the same token everywhere: every copy must give sequence 0's logits
                 tokens = np.full(n_seq, self.rng.integers(0, self.n_vocab), np.int32)
             else:
@@ -243,6 +254,9 @@ class Bench:
             elif step >= a.warmup:
                 times.append(dt)
         profiled.close()
+        # per timed step: on CUDA a step that replays its captured graph is the fast path
+        after = self.graph_counts()
+        graphs = {k: round((after[k] - graphs[k]) / a.steps, 3) for k in after}
         med = statistics.median(times)
         return {
             "pos_start": pos,
@@ -253,5 +267,6 @@ class Bench:
             "step_ms_max": max(times) * 1e3,
             "step_ms": [round(t * 1e3, 3) for t in times],
             "tok_s": n_seq / med,
+            "graphs_per_step": graphs,
             **check,
         }

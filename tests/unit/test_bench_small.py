@@ -79,6 +79,10 @@ def test_decode_repeats_and_their_median(small_gguf, tmp_path):
     # only the first run decodes fresh copies of sequence 0; later ones hold diverged sequences
     assert recs[1]["copy_max_abs_diff"] == 0.0
     assert all("copy_max_abs_diff" not in r for r in recs[2:])
+    # the later runs' steps each kept the graph of the step before (the first run's first timed
+    # step, the second after the prefill, may build one); the CPU build has no CUDA counts
+    assert all(set(r["graphs_per_step"]) == {"reused"} for r in recs[1:])
+    assert [r["graphs_per_step"]["reused"] for r in recs[2:]] == [1.0, 1.0]
     rep = run(str(BENCH / "report.py"), str(out), "--no-save")
     ms = sorted(r["step_ms_median"] for r in recs[1:])
     assert f"pyqsa 256 x 2: 3 runs, {ms[0]:.2f}-{ms[2]:.2f} ms/step" in rep.stdout
