@@ -26,10 +26,12 @@
 #include "qsa-pager.h"
 #include "seq-state-io.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <set>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 using namespace pyqsa_seq_state;
@@ -47,7 +49,8 @@ struct rows_run {
 };
 
 // the pager's ring rows a sequence of n tokens in stream s needs: per paged layer the tail's raw
-// keys and K/V (a ring row per position, wrapping)
+// keys, then its K, then its V (a ring row per position, wrapping), each as runs of consecutive
+// rows, so a head's tail is a few copies per layer, not three per position
 std::vector<rows_run> tail_rows(const llama_model & model, const pyqsa_kv_pager & pager, uint32_t s, uint32_t n) {
     std::vector<rows_run> runs;
     const int64_t         W = pager.ring();
@@ -58,10 +61,13 @@ std::vector<rows_run> tail_rows(const llama_model & model, const pyqsa_kv_pager 
         }
         const int64_t n_key0 = pager.kv_size() / l->r;    // the key ring's first row
         const int64_t n_ring = pager.slots(l->r) * l->r;  // the K/V ring's first row
-        for (int64_t p = (n / l->r) * l->r; p < n; ++p) {
-            runs.push_back({ l->keys, s * l->keys->nb[2] + (n_key0 + p % W) * l->keys->nb[1], l->keys->nb[1] });
-            for (ggml_tensor * t : { l->dev_k, l->dev_v }) {
-                runs.push_back({ t, s * t->nb[2] + (n_ring + p % W) * t->nb[1], t->nb[1] });
+        const std::pair<ggml_tensor *, int64_t> rings[] = { { l->keys, n_key0 }, { l->dev_k, n_ring },
+                                                            { l->dev_v, n_ring } };
+        for (const auto & [t, row0] : rings) {
+            for (int64_t p = (n / l->r) * l->r; p < n;) {
+                const int64_t at = p % W, len = std::min<int64_t>(n - p, W - at);
+                runs.push_back({ t, s * t->nb[2] + (row0 + at) * t->nb[1], (size_t) len * t->nb[1] });
+                p += len;
             }
         }
     }

@@ -22,7 +22,7 @@
 namespace pyqsa_seq_state {
 
 constexpr uint32_t magic   = 0x51534153;  // "QSAS"
-constexpr uint32_t version = 2;
+constexpr uint32_t version = 3;  // 3: a head's tail rows in runs per ring tensor
 
 struct header {
     uint32_t magic;

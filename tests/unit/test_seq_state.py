@@ -23,6 +23,9 @@ RNG = np.random.default_rng(3)
 PREFIX = [int(t) for t in RNG.integers(100, 5000, 103)]
 OTHER = [int(t) for t in RNG.integers(100, 5000, 90)]
 NEXT = [int(t) for t in RNG.integers(100, 5000, 9)]
+# 135 positions: the tail block, 132..134, wraps in the paged context's ring of 67 rows (n_ubatch
+# + r - 1) between 133 and 134, so its rows are two runs
+LONG = [int(t) for t in RNG.integers(100, 5000, 135)]
 
 
 class Context:
@@ -102,10 +105,11 @@ def grow(c: Context, seq: int, at: int) -> None:
         c.feed(seq, at + i, OTHER[i % 64 : i % 64 + 16])
 
 
-def test_a_sequence_resumes_a_shorter_state_of_its_own(context):
+@pytest.mark.parametrize("prompt", [PREFIX[:101], LONG], ids=["tail-1", "tail-3-wrapping"])
+def test_a_sequence_resumes_a_shorter_state_of_its_own(context, prompt):
     c = context
-    n = 101  # 25 blocks + 1: the next two steps attend the incomplete tail block
-    c.prefill(0, PREFIX[:n])
+    n = len(prompt)  # 101 = 25 blocks + 1: the next two steps attend the incomplete tail block
+    c.prefill(0, prompt)
     head, rows = native.seq_state_save(c.ctx, 0)
     rows.close()
     want = c.continue_(0, n)
