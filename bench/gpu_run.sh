@@ -25,14 +25,15 @@
 #                 gdnup: pyqsa's with PYQSA_CUDA_GDN_UPSTREAM=1, upstream's gated-delta-rule kernel;
 #                 moemmf: pyqsa's with PYQSA_CUDA_MOE_MMF=1, MoE products of every batch on MMF;
 #                 gemvup: pyqsa's with PYQSA_CUDA_GEMV_UPSTREAM=1, decode products (1-8 columns) on upstream's MMVF/MMF;
-#                 hcunf: pyqsa's with PYQSA_HC_UNFUSED=1, the hyper-connection combine as upstream's four ops)
+#                 hcunf: pyqsa's with PYQSA_HC_UNFUSED=1, the hyper-connection combine and gate as upstream's ops)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024 --repeats 3")
 #                 --serve "SERVE FLAGS" (after the decode runs: bench/serve_run.sh, the server
 #                 benchmark, with these extra serve flags, e.g. "--sampling device"; "" for none)
-#                 --checks (after the builds: test-qsa-ops, test-qsa-page and test-sample CUDA vs CPU and
+#                 --checks (after the builds: the op-check binaries (test-qsa-ops, test-qsa-page, test-sample,
+#                 test-products, test-gdn, test-hc) CUDA vs CPU and
 #                 their timings, tests/gpu/paging.sh, tests/gpu/sampling.sh, tests/gpu/serve_paged.sh (serve --slots 8
 #                 --ctx 262144 with paging, 8 concurrent requests), then tests/gpu/parity.sh)
-#                 --op-checks (the first part of --checks only: the three op-check binaries, CUDA vs CPU
+#                 --op-checks (the first part of --checks only: the op-check binaries, CUDA vs CPU
 #                 and their timings, a minute or two where --checks takes many)
 #                 --dev (the studies of native/dev, each built with nvcc and run while the builds
 #                 run, finished before any timing; each one's output in $OUT/dev-NAME.txt)

@@ -235,7 +235,7 @@ UPSTREAM_SWITCHES = {
     "PYQSA_CUDA_GDN_UPSTREAM": "-gdnup",  # the gated delta rule on upstream's kernel
     "PYQSA_CUDA_MOE_MMF": "-moemmf",  # MoE products of every batch on MMF, no grouped GEMM
     "PYQSA_CUDA_GEMV_UPSTREAM": "-gemvup",  # decode products (1-8 columns) on MMVF/MMF
-    "PYQSA_HC_UNFUSED": "-hcunf",  # the hyper-connection combine as upstream's four ops
+    "PYQSA_HC_UNFUSED": "-hcunf",  # the hyper-connection combine and gate as upstream's ops
 }
 
 

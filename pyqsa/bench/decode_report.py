@@ -30,7 +30,7 @@ from .meta import RESULTS
 # upstream's kernel); pyqsa-moemmf: PYQSA_CUDA_MOE_MMF=1 (MoE products of every batch on MMF, not
 # pyqsa's grouped GEMM); pyqsa-gemvup: PYQSA_CUDA_GEMV_UPSTREAM=1 (decode products of 1-8
 # columns on upstream's MMVF/MMF, not pyqsa's gemv); pyqsa-hcunf: PYQSA_HC_UNFUSED=1 (the
-# hyper-connection combine as upstream's four ops, not pyqsa's hc_combine)
+# hyper-connection combine and gate as upstream's ops, not pyqsa's hc_combine and silu_scaled)
 VARIANTS = (
     "pyqsa",
     "upstream",

@@ -330,7 +330,7 @@ def test_decode_under_a_library_switch_is_a_variant_of_its_own(
     upstream's gated-delta-rule kernel), `moemmf` (PYQSA_CUDA_MOE_MMF=1: MoE products on MMF,
     not the grouped GEMM), `gemvup` (PYQSA_CUDA_GEMV_UPSTREAM=1: decode products of 1-8
     columns on upstream's kernels) and `hcunf` (PYQSA_HC_UNFUSED=1: the hyper-connection combine
-    as upstream's four ops) run pyqsa's library with one switch
+    and gate as upstream's ops) run pyqsa's library with one switch
     flipped, so decode.py records each as a variant and report.py gives it a column."""
     monkeypatch.setenv(env, value)
     out = tmp_path / "decode.jsonl"
