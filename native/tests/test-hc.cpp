@@ -82,18 +82,20 @@ size_t ctx_size() {
 
 // the result on be; empty when be does not support the graph
 std::vector<float> run(ggml_backend_t be, const hc_case & c, const hc_data & d, bool fused) {
-    graph_run g;
-    ggml_init_params ip = { ctx_size(), nullptr, true };
-    g.ctx               = ggml_init(ip);
-    const hc_tensors t  = make_hc(g.ctx, c, fused);
-    if (!graph_place(g, be, t.out)) return {};
-    ggml_backend_tensor_set(t.x_buf, d.x.data(), 0, ggml_nbytes(t.x_buf));
-    ggml_backend_tensor_set(t.residual, d.residual.data(), 0, ggml_nbytes(t.residual));
-    ggml_backend_tensor_set(t.inject_buf, d.inject.data(), 0, ggml_nbytes(t.inject_buf));
-    if (ggml_backend_graph_compute(be, g.gf) != GGML_STATUS_SUCCESS) return {};
-    std::vector<float> out(ggml_nelements(t.out));
-    ggml_backend_tensor_get(t.out, out.data(), 0, ggml_nbytes(t.out));
-    return out;
+    hc_tensors t{};
+    bool       supported = false;
+    return run_op<float>(
+        be,
+        [&](ggml_context * ctx) {
+            t = make_hc(ctx, c, fused);
+            return std::make_pair(t.x_buf, t.out);
+        },
+        [&](ggml_tensor * x_buf) {
+            ggml_backend_tensor_set(x_buf, d.x.data(), 0, ggml_nbytes(x_buf));
+            ggml_backend_tensor_set(t.residual, d.residual.data(), 0, ggml_nbytes(t.residual));
+            ggml_backend_tensor_set(t.inject_buf, d.inject.data(), 0, ggml_nbytes(t.inject_buf));
+        },
+        &supported);
 }
 
 // how many elements differ in their bits (all of them when the sizes differ)
@@ -124,21 +126,39 @@ ggml_tensor * make_silu(ggml_context * ctx, const silu_case & c, bool fused, ggm
 }
 
 std::vector<float> run_silu(ggml_backend_t be, const silu_case & c, const std::vector<float> & x, bool fused) {
-    graph_run g;
-    ggml_init_params ip = { ctx_size(), nullptr, true };
-    g.ctx               = ggml_init(ip);
-    ggml_tensor * buf   = nullptr;
-    if (!graph_place(g, be, make_silu(g.ctx, c, fused, &buf))) return {};
-    ggml_backend_tensor_set(buf, x.data(), 0, ggml_nbytes(buf));
-    if (ggml_backend_graph_compute(be, g.gf) != GGML_STATUS_SUCCESS) return {};
-    std::vector<float> out(ggml_nelements(g.out));
-    ggml_backend_tensor_get(g.out, out.data(), 0, ggml_nbytes(g.out));
-    return out;
+    bool supported = false;
+    return run_op<float>(
+        be,
+        [&](ggml_context * ctx) {
+            ggml_tensor * buf = nullptr;
+            ggml_tensor * out = make_silu(ctx, c, fused, &buf);
+            return std::make_pair(buf, out);
+        },
+        [&](ggml_tensor * buf) { ggml_backend_tensor_set(buf, x.data(), 0, ggml_nbytes(buf)); }, &supported);
 }
 
 // another backend's expf (CUDA's fast-math one: ~1e-6 relative at |x| ~ 10) and its contraction
 // of the sum into an FMA, against the CPU's; a wrong element would give ~1
 constexpr double BOUND = 1e-10;
+
+// an op against upstream's ops: run(be, fused) on the CPU and on every other backend, bit for bit
+// on each, and each other backend's op against the CPU's
+template <typename Run>
+void check_fused(const std::string & name, ggml_backend_t cpu, const char * only_backend, int & n_ok, int & n_fail,
+                 Run && run) {
+    const std::vector<float> fused = run(cpu, true);
+    const size_t             n_cpu = bits_differ(fused, run(cpu, false));
+    report(name, "CPU", "vs upstream's ops: " + std::to_string(n_cpu) + " elements differ in their bits ", n_cpu == 0,
+           n_ok, n_fail);
+    on_other_backends(only_backend, name, n_ok, n_fail, [&](ggml_backend_t be) {
+        const std::vector<float> f = run(be, true);
+        if (f.empty()) return std::make_pair(false, std::string("not supported "));
+        const size_t n = bits_differ(f, run(be, false));
+        const double e = nmse(f, fused);
+        return std::make_pair(n == 0 && e < BOUND, "vs upstream's ops there: " + std::to_string(n) +
+                                                       " elements differ in their bits; vs CPU: nmse " + sci(e) + " ");
+    });
+}
 
 int cmd_test(const char * only_backend) {
     std::mt19937 rng(41);
@@ -153,21 +173,9 @@ int cmd_test(const char * only_backend) {
         { 33, 3, 5, 1, 1 },      // odd sizes
     };
     for (const hc_case & c : cases) {
-        const hc_data            d     = make_data(c, rng);
-        const std::vector<float> fused = run(cpu, c, d, true);
-        const std::vector<float> graph = run(cpu, c, d, false);
-        const size_t             n_cpu = bits_differ(fused, graph);
-        report(c.name(), "CPU", "vs upstream's ops: " + std::to_string(n_cpu) + " elements differ in their bits ",
-               n_cpu == 0, n_ok, n_fail);
-        on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
-            const std::vector<float> f = run(be, c, d, true);
-            const std::vector<float> u = run(be, c, d, false);
-            if (f.empty()) return std::make_pair(false, std::string("not supported "));
-            const size_t n = bits_differ(f, u);
-            const double e = nmse(f, fused);
-            return std::make_pair(n == 0 && e < BOUND, "vs upstream's ops there: " + std::to_string(n) +
-                                                           " elements differ in their bits; vs CPU: nmse " + sci(e) + " ");
-        });
+        const hc_data d = make_data(c, rng);
+        check_fused(c.name(), cpu, only_backend, n_ok, n_fail,
+                    [&](ggml_backend_t be, bool fused) { return run(be, c, d, fused); });
     }
     // the rank of the gate (64 of the model's, a row per token) and odd ones past the SIMD width
     const silu_case silu_cases[] = { { 64, 1, 0 }, { 64, 8, 0 }, { 64, 300, 0 }, { 37, 5, 3 }, { 7, 2, 0 } };
@@ -175,20 +183,8 @@ int cmd_test(const char * only_backend) {
     for (const silu_case & c : silu_cases) {
         std::vector<float> x((c.n + c.pad) * c.rows);
         for (float & v : x) v = nd(rng);
-        const std::vector<float> fused = run_silu(cpu, c, x, true);
-        const std::vector<float> graph = run_silu(cpu, c, x, false);
-        const size_t             n_cpu = bits_differ(fused, graph);
-        report(c.name(), "CPU", "vs upstream's ops: " + std::to_string(n_cpu) + " elements differ in their bits ",
-               n_cpu == 0, n_ok, n_fail);
-        on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
-            const std::vector<float> f = run_silu(be, c, x, true);
-            const std::vector<float> u = run_silu(be, c, x, false);
-            if (f.empty()) return std::make_pair(false, std::string("not supported "));
-            const size_t n = bits_differ(f, u);
-            const double e = nmse(f, fused);
-            return std::make_pair(n == 0 && e < BOUND, "vs upstream's ops there: " + std::to_string(n) +
-                                                           " elements differ in their bits; vs CPU: nmse " + sci(e) + " ");
-        });
+        check_fused(c.name(), cpu, only_backend, n_ok, n_fail,
+                    [&](ggml_backend_t be, bool fused) { return run_silu(be, c, x, fused); });
     }
     ggml_backend_free(cpu);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
@@ -197,6 +193,21 @@ int cmd_test(const char * only_backend) {
 
 // Flash-Next's width, streams and gate rank: a decode step of 1 and 8 sequences and a 2048-token
 // chunk, each op and upstream's ops; inputs zero (the time does not depend on them)
+// the microseconds of a graph of make(ctx, fused) on be, the op's and upstream's, inputs zero
+template <typename Make>
+void time_both(ggml_backend_t be, const std::string & name, int iters, Make && make) {
+    for (const bool fused : { true, false }) {
+        graph_run g;
+        ggml_init_params ip = { ctx_size(), nullptr, true };
+        g.ctx               = ggml_init(ip);
+        if (graph_place(g, be, make(g.ctx, fused))) {
+            ggml_backend_buffer_clear(g.buf, 0);
+            std::printf("  %s %s %s: %.1f us/run\n", name.c_str(), fused ? "op" : "upstream's ops",
+                        ggml_backend_name(be), time_graph(be, g.gf, iters));
+        }
+    }
+}
+
 int cmd_perf(const char * only_backend) {
     const hc_case shapes[] = { { 2048, 4, 1, 0, 0 }, { 2048, 4, 8, 0, 0 }, { 2048, 4, 2048, 0, 0 } };
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
@@ -205,30 +216,13 @@ int cmd_perf(const char * only_backend) {
         ggml_backend_t be    = ggml_backend_dev_init(dev, nullptr);
         const int      iters = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU ? 5 : 200;
         for (const hc_case & c : shapes) {
-            for (const bool fused : { true, false }) {
-                graph_run g;
-                ggml_init_params ip = { ctx_size(), nullptr, true };
-                g.ctx               = ggml_init(ip);
-                const hc_tensors t  = make_hc(g.ctx, c, fused);
-                if (graph_place(g, be, t.out)) {
-                    ggml_backend_buffer_clear(g.buf, 0);
-                    std::printf("  %s %s %s: %.1f us/run\n", c.name().c_str(), fused ? "op" : "upstream's ops",
-                                ggml_backend_dev_name(dev), time_graph(be, g.gf, iters));
-                }
-            }
+            time_both(be, c.name(), iters, [&](ggml_context * ctx, bool fused) { return make_hc(ctx, c, fused).out; });
         }
         for (const silu_case & c : { silu_case{ 64, 1, 0 }, silu_case{ 64, 8, 0 }, silu_case{ 64, 2048, 0 } }) {
-            for (const bool fused : { true, false }) {
-                graph_run g;
-                ggml_init_params ip = { ctx_size(), nullptr, true };
-                g.ctx               = ggml_init(ip);
-                ggml_tensor * buf   = nullptr;
-                if (graph_place(g, be, make_silu(g.ctx, c, fused, &buf))) {
-                    ggml_backend_buffer_clear(g.buf, 0);
-                    std::printf("  %s %s %s: %.1f us/run\n", c.name().c_str(), fused ? "op" : "upstream's ops",
-                                ggml_backend_dev_name(dev), time_graph(be, g.gf, iters));
-                }
-            }
+            time_both(be, c.name(), iters, [&](ggml_context * ctx, bool fused) {
+                ggml_tensor * buf = nullptr;
+                return make_silu(ctx, c, fused, &buf);
+            });
         }
         ggml_backend_free(be);
     }
