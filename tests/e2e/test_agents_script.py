@@ -81,3 +81,18 @@ def test_the_lone_agent_answers_as_the_server_without_the_cache(record):
     ]
     assert all(c["same_tokens"] and c["same_logprobs"] for c in record["check"])
     assert [c["cached_tokens"] > 0 for c in record["check"]] == [False, True, True] * 2
+
+
+@pytest.mark.parametrize("runs", ["x", "0", "-1", "2.5"])
+def test_a_bad_run_count_is_a_one_line_error(runs, tmp_path):
+    proc = subprocess.run(
+        [str(SCRIPT), "--small", "--runs", runs],
+        cwd=ROOT,
+        env={**os.environ, "AGENTS_STATE": str(tmp_path / "state"), "OUT": str(tmp_path / "out")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"agents.sh: --runs takes a count of 1 or more, not '{runs}'"
+    )

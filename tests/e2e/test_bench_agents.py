@@ -80,6 +80,34 @@ def test_bad_counts_are_usage_errors():
         assert e.value.code == 2
 
 
+def test_combine_refuses_what_is_no_run_of_the_scenario(tmp_path, capsys):
+    """`agents.py combine`: a file that is no JSON record, a record without the figures, or runs
+    of another commit end in argparse's one-line error, not a traceback."""
+    run = {
+        "commit": "abc1234",
+        "model": "m",
+        "agents": 2,
+        "history_tokens": 10,
+        "turns": 1,
+        "turn_tokens": 5,
+        "max_tokens": 2,
+    }
+    (tmp_path / "garbage.json").write_text("{not json")
+    (tmp_path / "bare.json").write_text(json.dumps(run))
+    (tmp_path / "other.json").write_text(json.dumps(run | {"commit": "def5678"}))
+    for files, says in (
+        (["garbage.json"], "Expecting property name"),
+        (["bare.json"], "follow_up_ttft_s"),
+        (["bare.json", "other.json"], "runs of another scenario or commit: ['commit']"),
+        (["missing.json"], "No such file"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            agents.main(["combine", *(str(tmp_path / f) for f in files)])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith("agents.py combine: error: ") and says in err, err
+
+
 def _chunk(token: str, lp: float, top: dict[str, float]) -> dict:
     return {"tokens": [token], "token_logprobs": [lp], "top_logprobs": [top]}
 

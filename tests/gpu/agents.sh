@@ -33,6 +33,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+[ -z "$runs" ] || [[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "agents.sh: --runs takes a count of 1 or more, not '$runs'" >&2; exit 2; }
 t_end=$(( $(date +%s) + wait_s ))
 state=${AGENTS_STATE:-.build/agents${small:+-small}${locality:+-locality}}
 mkdir -p "$state"
