@@ -1,7 +1,7 @@
 """Where a follow-up's time to first token goes, from the server's side: `serve` runs `pyqsa serve`
 (the same arguments) with the engine's methods wrapped to record timestamps (submit, admit, the
 prefix start, every step's chunks and forward pass, snapshots, waits for row copies, the first
-token emitted and delivered), written as JSON to $TRACE_OUT at exit (SIGINT); `report TRACE
+token emitted and delivered), written as JSON to $TRACE_OUT at exit (SIGINT or SIGTERM); `report TRACE
 HISTORY` prints, per request whose prompt is longer than HISTORY tokens, the seconds of each part:
 submit (conversion and hashes), inbox (the engine busy in a step), slot_wait, start (resume or
 restore, copy waits included), its forward passes until the first token, and emit to delivery.
@@ -15,6 +15,7 @@ A dev tool: it wraps private methods, so it follows their names.
 import atexit
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -194,5 +195,8 @@ if __name__ == "__main__":
         from pyqsa.cli import main
 
         atexit.register(dump)
+        # uvicorn raises the signal it stopped for again once it has shut down: exit through
+        # SystemExit there, so that atexit writes the trace
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         sys.argv = ["pyqsa", *sys.argv[1:]]
         main()

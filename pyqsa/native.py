@@ -244,19 +244,20 @@ class SeqRows:
 
 
 def seq_state_save(ctx: int, seq_id: int) -> tuple[np.ndarray, SeqRows]:
-    """Sequence `seq_id`'s state (pyqsa_seq_state_save in pyqsa.h): its head (uint8) and the
-    handle on its rows, for seq_state_load into a sequence of a context with the same settings
-    (or seq_state_resume). Waits for the device."""
+    """Sequence `seq_id`'s state (pyqsa_seq_state_save in pyqsa.h): its head (uint8, in the
+    native buffer it was written to, freed with the array) and the handle on its rows,
+    for seq_state_load into a sequence of a context with the same settings (or
+    seq_state_resume). Waits for the device."""
     ffi, lib = _api()
-    size = ffi.new("size_t *")
-    c = ffi.cast("void *", ctx)
-    _check(lib.pyqsa_seq_state_save(c, seq_id, ffi.NULL, 0, size, ffi.NULL), "pyqsa_seq_state_save")
     import numpy as np
 
-    head = np.empty(size[0], np.uint8)  # not zeroed: every byte is written
+    ptr, size = ffi.new("void **"), ffi.new("size_t *")
     rows = ffi.new("pyqsa_seq_rows **")
-    rc = lib.pyqsa_seq_state_save(c, seq_id, ffi.from_buffer(head), len(head), size, rows)
+    rc = lib.pyqsa_seq_state_save(ffi.cast("void *", ctx), seq_id, ptr, size, rows)
     _check(rc, "pyqsa_seq_state_save")
+    # the array keeps its buffer object, which keeps the pointer that frees it, alive
+    owned = ffi.gc(ptr[0], lib.pyqsa_seq_head_free, size=size[0])
+    head = np.frombuffer(ffi.buffer(owned, size[0]), np.uint8)
     return head, SeqRows(rows[0], seq_state_length(head), head)
 
 

@@ -24,6 +24,7 @@ extern "C" {
 #define PYQSA_ERR_INVALID_ARG   -1
 #define PYQSA_ERR_OUT_OF_RANGE  -2
 #define PYQSA_ERR_UNSUPPORTED   -3
+#define PYQSA_ERR_OUT_OF_MEMORY -4
 
 typedef struct pyqsa_build_info {
     const char * version;          // pyqsa version, e.g. "0.1.0"
@@ -204,14 +205,15 @@ typedef struct pyqsa_rows_segment {
     uint32_t     end;
 } pyqsa_rows_segment;
 
-// Writes the head of sequence seq_id into dst (cap bytes) and its length into *size; with a NULL
-// dst it only sets *size. With dst and a non-NULL rows, *rows becomes a new handle on the
+// Writes the head of sequence seq_id into a buffer of its own: *head (free it with
+// pyqsa_seq_head_free), *size its length; with a non-NULL rows, *rows becomes a new handle on the
 // sequence's rows as of now (free it with pyqsa_seq_rows_free). Waits for the device. Returns
-// PYQSA_OK, PYQSA_ERR_INVALID_ARG for a NULL ctx or size or a seq_id outside the context,
-// PYQSA_ERR_OUT_OF_RANGE when cap is too small, PYQSA_ERR_UNSUPPORTED for a context without a
-// hybrid memory or cells not in position order (or a transposed V cache).
-PYQSA_API int32_t pyqsa_seq_state_save(void * ctx, int32_t seq_id, void * dst, size_t cap, size_t * size,
-                                       pyqsa_seq_rows ** rows);
+// PYQSA_OK, PYQSA_ERR_INVALID_ARG for a NULL ctx, head or size or a seq_id outside the context,
+// PYQSA_ERR_OUT_OF_MEMORY when the host has no room for the head, PYQSA_ERR_UNSUPPORTED for a
+// context without a hybrid memory or cells not in position order (or a transposed V cache).
+PYQSA_API int32_t pyqsa_seq_state_save(void * ctx, int32_t seq_id, void ** head, size_t * size, pyqsa_seq_rows ** rows);
+
+PYQSA_API void pyqsa_seq_head_free(void * head);
 
 // The bytes of the segment [start, end) of a state whose head is given. Returns PYQSA_OK,
 // PYQSA_ERR_INVALID_ARG for a NULL argument or bytes that are no head, PYQSA_ERR_OUT_OF_RANGE

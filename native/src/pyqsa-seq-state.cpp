@@ -106,18 +106,27 @@ struct pyqsa_seq_rows {
 
 namespace {
 
-int32_t save(llama_context * ctx, int32_t seq_id, uint8_t * dst, size_t cap, size_t * out_size,
-             pyqsa_seq_rows ** rows_out) {
+// what a head of n positions is likely to take: the recurrent state, and a few dozen bytes of
+// cell metadata per position (grown past it when not)
+size_t head_estimate(const llama_memory_hybrid & mem, uint32_t n) {
+    size_t bytes = 1u << 20;
+    for (const ggml_tensor * t : recurrent_tensors(mem)) {
+        bytes += t->nb[1];  // one sequence's row
+    }
+    return bytes + (size_t) n * 64;
+}
+
+void save(llama_context * ctx, int32_t seq_id, uint8_t ** out, size_t * out_size, pyqsa_seq_rows ** rows_out) {
     llama_memory_hybrid_idx * mem = hybrid_of(ctx);
     if (mem == nullptr) {
-        return PYQSA_ERR_UNSUPPORTED;
+        throw unsupported("no hybrid memory");
     }
     header h = {};
     h.magic    = magic;
     h.version  = version;
     h.n_tokens = (uint32_t) (llama_memory_seq_pos_max(mem, seq_id) + 1);
-    writer w(dst, cap, h.n_tokens, recurrent_tensors(*mem));
-    w.take(sizeof(h));
+    writer w(false, head_estimate(*mem, h.n_tokens), h.n_tokens, recurrent_tensors(*mem));
+    w.take(sizeof(h));  // written last, once its offsets are known
     // llama_memory_hybrid_idx::state_write's order, which its state_read reads
     mem->get_mem_attn()->state_write(w, seq_id, 0);
     h.recr_begin = w.n_bytes();
@@ -143,14 +152,13 @@ int32_t save(llama_context * ctx, int32_t seq_id, uint8_t * dst, size_t cap, siz
     for (const series & s : w.rows) {
         w.write(&s.d, sizeof(s.d));
     }
-    if (dst != nullptr) {
-        std::memcpy(dst, &h, sizeof(h));
-        if (rows_out != nullptr) {
-            *rows_out = new pyqsa_seq_rows{ h.n_tokens, w.rows };
-        }
+    auto * rows = rows_out != nullptr ? new pyqsa_seq_rows{ h.n_tokens, w.rows } : nullptr;
+    *out_size   = w.n_bytes();
+    *out        = w.release();
+    std::memcpy(*out, &h, sizeof(h));
+    if (rows_out != nullptr) {
+        *rows_out = rows;
     }
-    *out_size = w.n_bytes();
-    return PYQSA_OK;
 }
 
 void check_segments(const parsed & p, const pyqsa_rows_segment * segs, size_t n_segs) {
@@ -234,7 +242,7 @@ void resume(llama_context * ctx, int32_t seq_id, const uint8_t * head, size_t si
     }
     if (llama_kv_cache * idx = mem->get_mem_idx()) {
         // the raw keys of the tail block, in the cells later positions' block keys may have taken
-        writer cells(nullptr, 0, (uint32_t) n, {});
+        writer cells(true, 0, (uint32_t) n, {});
         cells.indexer_section(indexer_ratios(*llama_get_model(ctx), *idx));
         idx->state_write(cells, seq_id, 0);
         size_t k = 0;
@@ -289,22 +297,26 @@ template <typename F> int32_t replace(void * ctx_v, int32_t seq_id, F && f) {
 
 }  // namespace
 
-int32_t pyqsa_seq_state_save(void * ctx_v, int32_t seq_id, void * dst, size_t cap, size_t * size,
-                             pyqsa_seq_rows ** rows) {
-    if (!valid(ctx_v, seq_id) || size == nullptr) {
+int32_t pyqsa_seq_state_save(void * ctx_v, int32_t seq_id, void ** head, size_t * size, pyqsa_seq_rows ** rows) {
+    if (!valid(ctx_v, seq_id) || head == nullptr || size == nullptr) {
         return PYQSA_ERR_INVALID_ARG;
     }
     auto * ctx = static_cast<llama_context *>(ctx_v);
     llama_synchronize(ctx);
     try {
-        return save(ctx, seq_id, static_cast<uint8_t *>(dst), cap, size, rows);
-    } catch (const std::out_of_range &) {
-        return PYQSA_ERR_OUT_OF_RANGE;
+        save(ctx, seq_id, reinterpret_cast<uint8_t **>(head), size, rows);
+        return PYQSA_OK;
     } catch (const unsupported &) {
         return PYQSA_ERR_UNSUPPORTED;
+    } catch (const std::bad_alloc &) {
+        return PYQSA_ERR_OUT_OF_MEMORY;
     } catch (const std::exception &) {
         return PYQSA_ERR_INVALID_ARG;
     }
+}
+
+void pyqsa_seq_head_free(void * head) {
+    std::free(head);
 }
 
 int32_t pyqsa_seq_rows_size(const void * head, size_t head_size, uint32_t start, uint32_t end, size_t * size) {

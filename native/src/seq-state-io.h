@@ -13,11 +13,17 @@
 #include "pyqsa-lazy-host.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <set>
 #include <stdexcept>
 #include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#    include <sys/mman.h>
+#endif
 
 namespace pyqsa_seq_state {
 
@@ -107,17 +113,34 @@ inline std::set<const ggml_tensor *> recurrent_tensors(const llama_memory_hybrid
     return out;
 }
 
-// writes the head into dst (cap bytes), or only counts when dst is null; collects the series
+// writes the head into a buffer of its own, grown as it goes (take() hands it over), or only
+// counts (`count`); collects the series. One pass: a head's cell metadata is most of its CPU
+// time (a few bytes per position, 200K positions in each of two caches), so writing it twice,
+// once to size a buffer, doubled the cost of a snapshot.
 class writer : public llama_io_write_i {
 public:
-    writer(uint8_t * dst, size_t cap, uint32_t n, std::set<const ggml_tensor *> recurrent) :
-        dst(dst),
-        cap(cap),
+    writer(bool count, size_t reserve, uint32_t n, std::set<const ggml_tensor *> recurrent) :
+        count(count),
         n_tokens(n),
-        recurrent(std::move(recurrent)) {}
+        recurrent(std::move(recurrent)) {
+        if (!count) {
+            grow(reserve);
+        }
+    }
+
+    ~writer() override { std::free(buf); }
+
+    writer(const writer &)             = delete;
+    writer & operator=(const writer &) = delete;
 
     void write(const void * src, size_t size) override {
-        if (uint8_t * p = take(size)) {
+        uint8_t * p = take(size);
+        if (p == nullptr) {
+            return;
+        }
+        if (size == sizeof(uint32_t)) {  // a cell's position or sequence id: inlined, no call
+            std::memcpy(p, src, sizeof(uint32_t));
+        } else {
             std::memcpy(p, src, size);
         }
     }
@@ -161,20 +184,56 @@ public:
 
     // `size` bytes to write to (nullptr when counting)
     uint8_t * take(size_t size) {
-        if (dst != nullptr && n + size > cap) {
-            throw std::out_of_range("sequence state: buffer too small");
+        if (count) {
+            n += size;
+            return nullptr;
         }
-        uint8_t * p = dst != nullptr ? dst + n : nullptr;
+        if (n + size > cap) {
+            grow(std::max(2 * cap, n + size));
+        }
+        uint8_t * p = buf + n;
         n += size;
         return p;
+    }
+
+    // the head written, its buffer the caller's from now on (to std::free), trimmed to its size
+    uint8_t * release() {
+        uint8_t * out = static_cast<uint8_t *>(std::realloc(buf, std::max<size_t>(n, 1)));
+        out           = out != nullptr ? out : buf;
+        buf           = nullptr;
+        cap           = 0;
+        return out;
     }
 
     std::vector<series> rows;
 
 private:
-    uint8_t *                     dst;
-    size_t                        cap;
-    size_t                        n = 0;
+    // NOTE: realloc, not a std::vector: glibc moves a large block's pages (mremap) instead of
+    // copying its bytes, and huge pages fault a fresh head's ~80 MB of recurrent state in a
+    // few dozen faults, not 20,000
+    void grow(size_t to) {
+        auto * p = static_cast<uint8_t *>(std::realloc(buf, to));
+        if (p == nullptr) {
+            throw std::bad_alloc();
+        }
+#ifdef MADV_HUGEPAGE
+        constexpr size_t huge = 2u << 20;
+        if (to >= 4 * huge) {
+            const uintptr_t a = ((uintptr_t) p + huge - 1) & ~(uintptr_t) (huge - 1);
+            const uintptr_t b = ((uintptr_t) p + to) & ~(uintptr_t) (huge - 1);
+            if (b > a) {
+                madvise((void *) a, b - a, MADV_HUGEPAGE);
+            }
+        }
+#endif
+        buf = p;
+        cap = to;
+    }
+
+    bool                          count;
+    uint8_t *                     buf = nullptr;
+    size_t                        cap = 0;
+    size_t                        n   = 0;
     uint32_t                      n_tokens;
     std::set<const ggml_tensor *> recurrent;
     std::vector<uint32_t>         indexer_ratios;

@@ -6,7 +6,7 @@
 # device memory before and after); then one more agent alone, on that server and on a paged
 # server without the cache, every reply's tokens and logprobs compared. The record:
 # bench/results/<date>-<commit>-prefix.json and a copy in $OUT.
-#   tests/gpu/agents.sh [--small] [--locality] [--commit SHA] [--wait S] [--runs N] [stop]
+#   tests/gpu/agents.sh [--small] [--locality] [--trace] [--commit SHA] [--wait S] [--runs N] [stop]
 # One command: it waits at most --wait seconds (default 540), the servers and the load outliving
 # it (setsid); exit status 75 means still running: run the same command again (0 done, else a
 # failure). `stop` stops what it started. --runs N: N runs, each on servers started afresh (state
@@ -16,15 +16,18 @@
 # device budget's flags (default --gpu-memory 24). --small: 4 x 20,000-token histories, the same
 # model and flags; on a machine without nvidia-smi (the CPU check) the embedded demo model, 2
 # agents of 1,500 tokens, small slots. --locality: the model of `bench/gpu_run.sh --locality` (an
-# indexer that prefers stable blocks, as trained models do). State: .build/agents[-small][-locality]/
+# indexer that prefers stable blocks, as trained models do). --trace: the cached server's engine
+# steps timestamped (bench/ttft_trace.py), and where each follow-up's time to first token went
+# written to $OUT/ttft-trace[-runN].txt. State: .build/agents[-small][-locality]/
 # ($AGENTS_STATE names another).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-small= locality= wait_s=540 phase=run runs=
+small= locality= trace= wait_s=540 phase=run runs=
 while [ $# -gt 0 ]; do
     case "$1" in
         --small) small=1 ;;
         --locality) locality=1 ;;
+        --trace) trace=1 ;;
         --wait) wait_s=$2; shift ;;
         --runs) runs=$2; shift ;;
         --commit) export PYQSA_BENCH_COMMIT=$2; shift ;;
@@ -41,7 +44,7 @@ out=${OUT:-$state/out}
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:-/tmp/pyqsa-site} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
-rerun="tests/gpu/agents.sh ${small:+--small }${locality:+--locality }${PYQSA_BENCH_COMMIT:+--commit $PYQSA_BENCH_COMMIT}"
+rerun="tests/gpu/agents.sh ${small:+--small }${locality:+--locality }${trace:+--trace }${PYQSA_BENCH_COMMIT:+--commit $PYQSA_BENCH_COMMIT}"
 . tests/gpu/serve_lib.sh
 
 if command -v nvidia-smi > /dev/null; then
@@ -79,7 +82,7 @@ stop() {
 }
 
 if [ -n "$runs" ]; then  # each run by this script on its own state, then their record
-    self=("$0" ${small:+--small} ${locality:+--locality})
+    self=("$0" ${small:+--small} ${locality:+--locality} ${trace:+--trace})
     records=()
     for i in $(seq 1 "$runs"); do
         left=$(( t_end - $(date +%s) ))
@@ -101,9 +104,10 @@ if [ -f "$state/agents.json" ]; then
     exit 0
 fi
 # both launched first: their starts overlap; the cold one is idle until the lone agent
-launch_server warm "${warm[@]}"
+trace_out=${trace:+$(cd "$state" && pwd)/trace.json}
+TRACE_OUT=$trace_out launch_server warm "${warm[@]}"
 launch_server cold "${cold[@]}"
-start_server warm "${warm[@]}"
+TRACE_OUT=$trace_out start_server warm "${warm[@]}"
 start_server cold "${cold[@]}"
 job agents-job "$state/agents.json" "$py" bench/agents.py "$(url_of warm)" "${sizes[@]}" \
     --check-url "$(url_of cold)" --check-history-tokens "${AGENTS_CHECK_TOKENS:-$check}" \
@@ -119,3 +123,7 @@ print("check:", json.dumps(r["check"]))
 print("device back to baseline:", json.dumps(r["device"]["back_to_baseline"]))
 PY
 stop
+if [ -n "$trace" ]; then
+    report=$out/ttft-trace${AGENTS_STATE:+-$(basename "$state")}.txt
+    "$py" bench/ttft_trace.py report "$trace_out" "$check" | tee "$report"
+fi

@@ -31,7 +31,10 @@ launch_server() {  # which, serve flags...
     if ! alive "$state/$which.pid"; then
         rm -f "$state/$which-baseline.json" "$state/$which-smi.csv" "$state/$which-load.json"
         echo "pyqsa serve $*" > "$state/$which.flags"
-        setsid "$py" -m pyqsa.cli serve "$@" --port 0 > "$state/$which.log" 2>&1 < /dev/null &
+        # TRACE_OUT set: the server's engine steps timestamped (bench/ttft_trace.py), written there at exit
+        local entry=(-m pyqsa.cli)
+        [ -z "${TRACE_OUT:-}" ] || entry=(bench/ttft_trace.py)
+        setsid "$py" "${entry[@]}" serve "$@" --port 0 > "$state/$which.log" 2>&1 < /dev/null &
         echo $! > "$state/$which.pid"
         if command -v nvidia-smi > /dev/null; then
             setsid "$py" bench/mission.py smi --pid "$(cat "$state/$which.pid")" --out "$state/$which-smi.csv" \
