@@ -1,7 +1,7 @@
 // CUDA kernel of PYQSA_GGML_OP_SILU_SCALED (see native/include/pyqsa-ggml.h).
 #pragma once
 
-#include "common.cuh"
-#include "unary.cuh"
+#include "ggml-cuda/common.cuh"
+#include "ggml-cuda/unary.cuh"
 
 void pyqsa_cuda_silu_scaled(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
