@@ -1,10 +1,11 @@
 """Where a follow-up's time to first token goes, from the server's side: `serve` runs `pyqsa serve`
 (the same arguments) with the engine's methods wrapped to record timestamps (submit, admit, the
 prefix start, every step's chunks and forward pass, snapshots, waits for row copies, the first
-token emitted and delivered), written as JSON to $TRACE_OUT at exit (SIGINT or SIGTERM); `report TRACE
-HISTORY` prints, per request whose prompt is longer than HISTORY tokens, the seconds of each part:
-submit (conversion and hashes), inbox (the engine busy in a step), slot_wait, start (resume or
-restore, copy waits included), its forward passes until the first token, and emit to delivery.
+token emitted and delivered), written as JSON to $TRACE_OUT at exit (SIGINT or SIGTERM);
+`report TRACE HISTORY` prints, per request whose prompt is longer than HISTORY tokens, the
+seconds of each part: submit (conversion and hashes), inbox (the engine busy in a step),
+slot_wait, start (resume or restore, copy waits included), its forward passes until the first
+token, and emit to delivery.
 A dev tool: it wraps private methods, so it follows their names.
 
     TRACE_OUT=trace.json python bench/ttft_trace.py serve --slots 4 --ctx 32768 ... &

@@ -278,3 +278,27 @@ def test_the_prefill_budget_is_never_below_the_step_budget():
     s = Scheduler(SlotTable(2, 1000, lambda slot: None), max_batch_tokens=8, max_prefill_tokens=4)
     s.add(req("a", 100))
     assert sum(len(c.tokens) for c in s.schedule()) == 8
+
+
+@pytest.mark.parametrize(
+    ("n_prompt", "max_prefill", "chunk"),
+    [
+        (532, 2048, 532),  # 23 left past the 509 the decode tokens leave: taken now
+        (600, 2048, 509),  # 91 left, over 509 // 8: the next step's
+        (532, 512, 509),  # the batch holds no more than the step budget
+    ],
+)
+def test_a_prompt_takes_a_short_tail_over_the_step_budget_where_the_batch_has_room(
+    n_prompt, max_prefill, chunk
+):
+    s = Scheduler(
+        SlotTable(4, 10000, lambda slot: None), max_batch_tokens=512, max_prefill_tokens=max_prefill
+    )
+    for name in "abc":
+        s.add(req(name, 10, max_len=10000))
+    advance(s.schedule())  # a, b and c decode from now on
+    s.add(req("f", n_prompt, max_len=10000))
+    step = plan(s.schedule())
+    assert step[:3] == [(name, i, 10, 1, True) for i, name in enumerate("abc")]
+    assert step[3] == ("f", 3, 0, chunk, chunk == n_prompt)
+    assert sum(n for _, _, _, n, _ in step) <= max_prefill
