@@ -7,6 +7,7 @@ TREE becomes a git repository: tag `upstream` is the pristine tree, one commit p
 Exits non-zero, naming the patch, when one does not apply.
 """
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -16,7 +17,10 @@ from pyqsa._build import patches, upstream  # noqa: E402
 
 
 def main() -> int:
-    tree = Path(sys.argv[1]) if len(sys.argv) > 1 else upstream.ROOT / ".build" / "llama.cpp"
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default = upstream.ROOT / ".build" / "llama.cpp"
+    ap.add_argument("tree", nargs="?", type=Path, default=default, help=f"default {default}")
+    tree = ap.parse_args().tree
     try:
         extract = upstream.fetch()
         patches.init_tree(extract / "vendor" / "llama.cpp", tree)

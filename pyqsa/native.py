@@ -150,7 +150,17 @@ def context_qsa_mode(ctx: int) -> str:
     return QSA_MODES[out.qsa_mode]
 
 
-LEDGER_FIELDS = ("weights", "kv", "indexer", "recurrent", "compute", "hot", "staging", "tail")
+LEDGER_FIELDS = (
+    "weights",
+    "kv",
+    "indexer",
+    "recurrent",
+    "compute",
+    "hot",
+    "staging",
+    "tail",
+    "pool",
+)
 
 
 def ledger(ctx: int) -> dict[str, int]:

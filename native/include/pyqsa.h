@@ -157,6 +157,8 @@ typedef struct pyqsa_ledger {
     uint64_t hot;        // paging: hot caches and page state of the indexed layers
     uint64_t staging;    // paging: block slots past the hot ones, used only by prefill staging
     uint64_t tail;       // paging: rings of the newest positions, written before the host store
+    uint64_t pool;       // ggml's CUDA memory pools: kernels' temporaries, held from their largest
+                         // use on (the process's, every context's; device only)
 } pyqsa_ledger;
 
 // Fills *device with the bytes ctx (a struct llama_context *) holds in device buffers and

@@ -3,6 +3,8 @@
 // by where they live.
 #include "pyqsa.h"
 
+#include "ggml-backend.h"
+
 #include "llama-context.h"
 #include "llama-ext.h"
 #include "llama-kv-cache.h"
@@ -29,6 +31,14 @@ void add(const breakdown & b, uint64_t pyqsa_ledger::*field, pyqsa_ledger * devi
     for (const auto & [buft, size] : b) {
         (ggml_backend_buft_is_host(buft) ? host : device)->*field += pyqsa_lazy_host_held(buft, size);
     }
+}
+
+// what ggml's CUDA memory pools hold (patch 0019, through the CUDA backend's get_proc_address);
+// 0 without a CUDA backend
+uint64_t cuda_pool_bytes() {
+    ggml_backend_reg_t reg = ggml_backend_reg_by_name("CUDA");
+    void *             fn  = reg ? ggml_backend_reg_get_proc_address(reg, "pyqsa_cuda_pool_bytes") : nullptr;
+    return fn ? reinterpret_cast<uint64_t (*)()>(fn)() : 0;
 }
 
 }  // namespace
@@ -65,6 +75,7 @@ int32_t pyqsa_ledger_get(const void * ctx_v, pyqsa_ledger * device, pyqsa_ledger
         add(pager->memory_breakdown(part::tail), &pyqsa_ledger::tail, device, host);
         add(pager->memory_breakdown(part::keys), &pyqsa_ledger::indexer, device, host);
     }
+    device->pool = cuda_pool_bytes();
     return PYQSA_OK;
 }
 

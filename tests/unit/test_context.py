@@ -82,6 +82,7 @@ def test_ledger_splits_a_context_by_category(model):
     # a CPU model: everything on the host; the indexed layers' K/V and indexer rows scale with
     # the cells, the weights and the recurrent state (one per sequence) do not
     assert all(v == 0 for k, v in small.items() if k.startswith("device."))
+    assert small["device.pool"] == small["host.pool"] == 0  # ggml's CUDA memory pools only
     for part in ("weights", "kv", "indexer", "recurrent", "compute"):
         assert small[f"host.{part}"] > 0, part
     assert large["host.kv"] == 4 * small["host.kv"]

@@ -20,6 +20,7 @@
 #include "sample.cuh"
 #include "silu-scaled.cuh"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -162,6 +163,7 @@ bool pyqsa_cuda_host_mapped(const void * p) {
 namespace {
 
 std::atomic<uint64_t> graph_computes[3];  // kernel by kernel, captured, replayed
+std::atomic<int64_t>  pool_bytes;
 
 }  // namespace
 
@@ -173,4 +175,12 @@ void pyqsa_cuda_graph_counts(uint64_t * out) {
     for (int i = 0; i < 3; ++i) {
         out[i] = graph_computes[i].load(std::memory_order_relaxed);
     }
+}
+
+void pyqsa_cuda_pool_resized(int64_t delta) {
+    pool_bytes.fetch_add(delta, std::memory_order_relaxed);
+}
+
+uint64_t pyqsa_cuda_pool_bytes() {
+    return (uint64_t) std::max<int64_t>(0, pool_bytes.load(std::memory_order_relaxed));
 }

@@ -23,3 +23,11 @@ void pyqsa_cuda_graph_count(bool use_graph, bool capture);
 // the counts since the process started: out[0] run kernel by kernel, out[1] captured, out[2]
 // replayed (given by the CUDA backend's get_proc_address as "pyqsa_cuda_graph_counts")
 void pyqsa_cuda_graph_counts(uint64_t * out);
+
+// ggml's CUDA memory pools grew (delta > 0) or gave memory back (delta < 0): the temporaries of
+// kernels, held from their largest use on (ggml_cuda_pool_leg / _vmm, counted by patch 0019)
+void pyqsa_cuda_pool_resized(int64_t delta);
+
+// the device bytes every CUDA memory pool of the process holds now (given by the CUDA backend's
+// get_proc_address as "pyqsa_cuda_pool_bytes")
+uint64_t pyqsa_cuda_pool_bytes();
