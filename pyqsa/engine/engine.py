@@ -670,7 +670,10 @@ def warm_up(runner: Runner, token: int, n_prompt: int = 1, n_slots: int = 1) -> 
       After a warm-up with one decode step of all slots, nvidia-smi ended 70-78 MiB above its
       start after the mission's loads and 72 MiB after each agents run (68157f3), 10 MiB at
       5d7286a, before the products of 2-8 columns had kernels of their own: so a decode step of
-      each slot count. (That this closes the gap is not yet measured.)"""
+      each slot count. That did not close the gap: at fff4b6a the mission's paged server still
+      ended 70 MiB above its start, the growth in the first seconds of decode at full length
+      (native/PAGING.md); the ledger's `pool` (ggml's CUDA pools) tells next whether it is the
+      pool's."""
     lengths = [n_prompt] + [1] * (n_slots - 1)
     room = n_slots + 1  # every decode step's token, and one more
     reqs = [
