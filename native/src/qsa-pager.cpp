@@ -29,6 +29,15 @@ bool prefetch_on() {
     return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+// PYQSA_PAGING_PREFETCH_MIN_TOKENS=N: chunks of fewer than N tokens a stream take the staged
+// windows, which bring only the blocks their queries select, where a prefetch brings the whole
+// history (a study knob: which is cheaper for a short chunk at long context depends on how
+// many distinct blocks its queries select)
+int64_t prefetch_min_tokens_from_env() {
+    const char * v = std::getenv("PYQSA_PAGING_PREFETCH_MIN_TOKENS");
+    return v == nullptr ? 0 : std::max<int64_t>(0, std::strtoll(v, nullptr, 10));
+}
+
 bool is_tag(const char * name_tag, const char * tag) {
     return name_tag != nullptr && std::strcmp(name_tag, tag) == 0;
 }
@@ -72,7 +81,8 @@ std::shared_ptr<pyqsa_kv_pager> pyqsa_kv_pager_create(const llama_model & model,
 pyqsa_kv_pager::pyqsa_kv_pager(const llama_model & model, const std::vector<pyqsa_kv_layer_tensors> & kv_layers,
                                uint32_t n_stream, uint32_t kv_size, int64_t hot_blocks, int64_t ring,
                                int32_t hot_type) :
-    H(hot_blocks), W(ring), n_cells(kv_size), area_rows(prefetch_on() ? kv_size : 0), n_stream(n_stream) {
+    H(hot_blocks), W(ring), n_cells(kv_size), area_rows(prefetch_on() ? kv_size : 0),
+    area_min_tokens(prefetch_min_tokens_from_env()), n_stream(n_stream) {
     const auto & hp = model.hparams;
     // one context per device buffer type, as llama_kv_cache groups its tensors
     std::map<ggml_backend_buffer_type_t, ggml_context *> ctx_of;

@@ -75,6 +75,8 @@ public:
     // rows of each prefetch area: a prefill chunk whose streams hold n_kv cells each takes the
     // prefetch path when n_stream * n_kv fits (0: prefetch off, PYQSA_PAGING_PREFETCH=0)
     int64_t prefetch_rows() const { return area_rows; }
+    // a chunk of fewer tokens a stream than this takes the staged windows (PYQSA_PAGING_PREFETCH_MIN_TOKENS)
+    int64_t prefetch_min_tokens() const { return area_min_tokens; }
     // the paged layer k places after il among those of its device, -1 if none: with k == 2, the
     // next layer whose prefetch area il's attention was the last to read (the paged layers then
     // share one ratio: prefetch is off otherwise)
@@ -121,7 +123,7 @@ private:
     std::vector<ggml_context *>             ctxs;
     // by buffer type, the bytes of each part but hot (which is what the buffers hold besides)
     std::map<ggml_backend_buffer_type_t, std::array<size_t, 4>> part_bytes;
-    int64_t  H, W, n_cells, area_rows = 0;
+    int64_t  H, W, n_cells, area_rows = 0, area_min_tokens = 0;
     uint32_t n_stream;
     int32_t  step = 0;
     uint64_t written = 0;

@@ -37,10 +37,12 @@ int64_t stream_span(const llama_ubatch & ubatch) {
 }
 
 // a paged ubatch that does not resolve reads each layer's history from a prefetch area when the
-// spanned streams' n_kv cells each fit; else the host store comes through the staging windows
+// spanned streams' n_kv cells each fit (and its chunks are long enough, see prefetch_min_tokens);
+// else the host store comes through the staging windows
 bool prefetches(const pyqsa_kv_pager * pager, const llama_ubatch & ubatch, uint32_t r, int64_t n_kv) {
+    const int64_t n_tps = ubatch.n_tokens / std::max<uint32_t>(1, ubatch.n_seqs_unq);
     return pager != nullptr && !resolves(pager, ubatch, r) && pager->prefetch_rows() > 0 &&
-           stream_span(ubatch) * n_kv <= pager->prefetch_rows();
+           stream_span(ubatch) * n_kv <= pager->prefetch_rows() && n_tps >= pager->prefetch_min_tokens();
 }
 
 }  // namespace

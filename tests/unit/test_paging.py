@@ -103,6 +103,18 @@ def script(rng: np.random.Generator) -> list[list[tuple[int, list[int]]]]:
     return steps
 
 
+def run_equal(paged: Session, whole: Session) -> None:
+    """The script on a paged and an unpaged session, every batch's logits equal."""
+    for n, step in enumerate(script(np.random.default_rng(7))):
+        if step[0] == "release":
+            paged.release(step[1])
+            whole.release(step[1])
+            continue
+        for a, b in zip(paged.feed(step), whole.feed(step), strict=True):
+            d = np.abs(a - b).max()
+            assert np.array_equal(a, b), f"batch {n}: paged logits differ (max |d| {d})"
+
+
 @pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "windows"])
 @pytest.mark.parametrize("kv_type,hot_blocks", [("f16", 4), ("f16", 6), ("q8_0", 4)])
 def test_paged_logits_equal_unpaged(model, kv_type, hot_blocks, prefetch, monkeypatch):
@@ -111,14 +123,7 @@ def test_paged_logits_equal_unpaged(model, kv_type, hot_blocks, prefetch, monkey
     monkeypatch.setenv("PYQSA_PAGING_PREFETCH", "1" if prefetch else "0")
     paged, whole = Session(model, kv_type, hot_blocks), Session(model, kv_type, 0)
     try:
-        for n, step in enumerate(script(np.random.default_rng(7))):
-            if step[0] == "release":
-                paged.release(step[1])
-                whole.release(step[1])
-                continue
-            for a, b in zip(paged.feed(step), whole.feed(step), strict=True):
-                d = np.abs(a - b).max()
-                assert np.array_equal(a, b), f"batch {n}: paged logits differ (max |d| {d})"
+        run_equal(paged, whole)
         stats = native.paging_stats(paged.ctx)
         assert stats["misses"] > 0 and stats["hits"] > 0 and stats["staged"] > 0, stats
         assert native.paging_stats(whole.ctx) is None
@@ -141,6 +146,34 @@ def test_paged_logits_equal_unpaged(model, kv_type, hot_blocks, prefetch, monkey
     finally:
         paged.close()
         whole.close()
+
+
+def test_short_chunks_take_the_windows_below_prefetch_min_tokens(model, monkeypatch):
+    """PYQSA_PAGING_PREFETCH_MIN_TOKENS=N: a prefill chunk of fewer than N tokens a stream takes
+    the staged windows (only its selected blocks brought), a longer one the prefetch area (its
+    streams' whole history): the logits stay the unpaged ones, and the blocks brought are those
+    of the windows for every chunk (N above them all), of the prefetch for every chunk (N = 0),
+    and in between with the script's 60- and 50-token chunks prefetched and its two-stream ones
+    (32 and 20 tokens a stream) through the windows."""
+
+    def staged(env: dict[str, str]) -> int:
+        for k in ("PYQSA_PAGING_PREFETCH", "PYQSA_PAGING_PREFETCH_MIN_TOKENS"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        paged, whole = Session(model, "f16", 4), Session(model, "f16", 0)
+        try:
+            run_equal(paged, whole)
+            return native.paging_stats(paged.ctx)["staged"]
+        finally:
+            paged.close()
+            whole.close()
+
+    prefetch, windows = staged({}), staged({"PYQSA_PAGING_PREFETCH": "0"})
+    assert windows < prefetch
+    assert staged({"PYQSA_PAGING_PREFETCH_MIN_TOKENS": "0"}) == prefetch
+    assert staged({"PYQSA_PAGING_PREFETCH_MIN_TOKENS": "1000"}) == windows
+    assert windows < staged({"PYQSA_PAGING_PREFETCH_MIN_TOKENS": "40"}) < prefetch
 
 
 def test_hot_cache_must_hold_one_selection(model):
