@@ -636,22 +636,29 @@ def load_engine(config: EngineConfig, model: LlamaModel | None = None) -> tuple[
         model = LlamaModel(config.model_path, config.gpu_layers, config.device)
     runner = LlamaRunner(model, config)
     if runner.passes_async:
-        # the largest pass the scheduler makes and decode steps of each slot count (see warm_up),
-        # within the slot: the prompt, a token a step, one more
+        # the largest pass the scheduler makes, a regular step's chunk beside every other slot's
+        # decode token and decode steps of each slot count (see warm_up), within the slot: the
+        # prompt, its chunk, a token a step, one more
         room = config.ctx_per_slot - config.n_slots - 1
-        warm_up(runner, model.eos, max(1, min(runner.max_tokens, room)), config.n_slots)
+        chunk = config.max_batch_tokens - (config.n_slots - 1)
+        chunk = chunk if 1 < chunk < min(runner.max_tokens, room) else 0
+        n_prompt = max(1, min(runner.max_tokens, room - chunk))
+        warm_up(runner, model.eos, n_prompt, config.n_slots, chunk)
     else:  # a prompt as long as a short request's, within one step and the slot
         room = config.ctx_per_slot - 2
         warm_up(runner, model.eos, max(1, min(32, config.max_batch_tokens, room)))
     return Engine(config, runner, model).start(), model
 
 
-def warm_up(runner: Runner, token: int, n_prompt: int = 1, n_slots: int = 1) -> None:
-    """A prompt of `n_prompt` tokens on slot 0, then (`n_slots` > 1) a one-token prompt on each
-    other slot, then decode steps of the first `n_slots`, `n_slots` - 1, ..., 1 slots, all
-    released after, each row with a drawn token, drawn as the engine draws (on the device when
-    the runner does): so requests do not pay for what runs once, and what the device holds once
-    requests end is what it held before them.
+def warm_up(
+    runner: Runner, token: int, n_prompt: int = 1, n_slots: int = 1, n_chunk: int = 0
+) -> None:
+    """A prompt of `n_prompt` tokens on slot 0, then (`n_chunk` > 0) `n_chunk` more of it as a
+    chunk of their own, then (`n_slots` > 1) a one-token prompt on each other slot, then decode
+    steps of the first `n_slots`, `n_slots` - 1, ..., 1 slots, all released after, each sampled
+    row with a drawn token, drawn as the engine draws (on the device when the runner does): so
+    requests do not pay for what runs once, and what the device holds once requests end is what
+    it held before them.
     - What runs once: numpy's lazily imported modules, llama.cpp's first decode (on CUDA also
       kernel loading and library handles, such as the ones a prefill's matrix products and
       attention use and a one-token step does not). On CPU with the demo model its engine time
@@ -671,10 +678,13 @@ def warm_up(runner: Runner, token: int, n_prompt: int = 1, n_slots: int = 1) -> 
       start after the mission's loads and 72 MiB after each agents run (68157f3), 10 MiB at
       5d7286a, before the products of 2-8 columns had kernels of their own: so a decode step of
       each slot count. That did not close the gap: at fff4b6a the mission's paged server still
-      ended 70 MiB above its start, the growth in the first seconds of decode at full length
-      (native/PAGING.md); the ledger's `pool` (ggml's CUDA pools) tells next whether it is the
-      pool's."""
-    lengths = [n_prompt] + [1] * (n_slots - 1)
+      ended 70 MiB above its start, the growth in the first seconds after the first slot began
+      to decode (native/PAGING.md), when the other prompts' chunks shrank from the prefill
+      budget (2048) to a regular step's (511 beside a decode token), the shape of the matrix
+      products (cuBLAS picks kernels by it) that no warm-up pass had: hence `n_chunk`, the
+      chunk a regular step gives a prompt beside every other slot's decode token. The ledger's
+      `pool` (ggml's CUDA pools) tells whether the growth is the pool's."""
+    lengths = [n_prompt + n_chunk] + [1] * (n_slots - 1)
     room = n_slots + 1  # every decode step's token, and one more
     reqs = [
         Request(f"warm-up/{slot}", [token] * n, SamplingParams(), lambda ev: None, n + room)
@@ -682,23 +692,29 @@ def warm_up(runner: Runner, token: int, n_prompt: int = 1, n_slots: int = 1) -> 
     ]
     samplers = [Sampler(req.params, seed=0) for req in reqs]
     leases = [SlotLease(slot, 0, n + room) for slot, n in enumerate(lengths)]
-    prompts = [[0]] + ([list(range(1, n_slots))] if n_slots > 1 else [])
-    passes = prompts + [list(range(k)) for k in range(n_slots, 0, -1)]
-    for slots in passes:
+    # each pass: (slot, tokens it computes of those the slot has not yet)
+    passes = [[(0, n_prompt)]] + ([[(0, n_chunk)]] if n_chunk else [])
+    passes += [[(slot, 1) for slot in range(1, n_slots)]] if n_slots > 1 else []
+    passes += [[(slot, 1) for slot in range(k)] for k in range(n_slots, 0, -1)]
+    done = [0] * n_slots
+    for plan in passes:
         chunks = []
-        for slot in slots:
+        for slot, n in plan:
             req = reqs[slot]
-            start = len(req.tokens) - 1 if req.num_output_tokens else 0
-            chunks.append(Chunk(req, leases[slot], start, tuple(req.tokens[start:])))
+            chunks.append(Chunk(req, leases[slot], done[slot], tuple(req.tokens[done[slot] :][:n])))
+            done[slot] += n
         draws = None
         if runner.samples_on_device:
             draws = [
                 samplers[c.lease.slot].device_draw(
                     runner.n_vocab, c.request.tokens, len(c.request.prompt), DEVICE_MAX_ADJUST
                 )
+                if c.sample
+                else None
                 for c in chunks
             ]
-        for c, row in zip(chunks, runner.run(chunks, draws), strict=True):
+        sampled = [c for c in chunks if c.sample]
+        for c, row in zip(sampled, runner.run(chunks, draws), strict=True):
             req = c.request
             req.tokens.append(
                 samplers[c.lease.slot].next_token(row, req.tokens, len(req.prompt))[0]

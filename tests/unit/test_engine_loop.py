@@ -342,6 +342,19 @@ def test_warm_up_of_every_slot_decodes_each_slot_count_and_releases_them_all():
     assert sorted(runner.released) == [0, 1, 2] and runner.cached == {}
 
 
+def test_warm_up_computes_a_chunk_of_the_prompt_on_its_own_before_the_other_slots():
+    runner = FakeRunner()
+    warm_up(runner, 5, n_prompt=3, n_slots=2, n_chunk=2)
+    assert runner.batches == [
+        [(0, 0, (5, 5, 5))],  # no row drawn: the prompt goes on
+        [(0, 3, (5, 5))],
+        [(1, 0, (5,))],
+        [(0, 5, (6,)), (1, 1, (6,))],
+        [(0, 6, (7,))],
+    ]
+    assert sorted(runner.released) == [0, 1] and runner.cached == {}
+
+
 @pytest.mark.parametrize("on_gpu", [True, False])
 def test_load_engine_warms_up_the_largest_pass_and_every_slot_count_on_a_gpu(monkeypatch, on_gpu):
     """On a GPU the device's memory pool grows to the largest shapes a pass has had: the warm-up
@@ -372,10 +385,11 @@ def test_load_engine_warms_up_the_largest_pass_and_every_slot_count_on_a_gpu(mon
         "fake.gguf", n_slots=4, ctx_per_slot=1000, max_batch_tokens=64, max_prefill_tokens=512
     )
     engine_mod.load_engine(cfg, Model())
-    assert seen == ([(512, 4)] if on_gpu else [(32,)])
+    # the prefill budget's pass, and a regular step's chunk beside 3 decode tokens: 64 - 3
+    assert seen == ([(512, 4, 61)] if on_gpu else [(32,)])
     seen.clear()
     engine_mod.load_engine(dataclasses.replace(cfg, ctx_per_slot=300), Model())
-    assert seen == ([(295, 4)] if on_gpu else [(32,)])
+    assert seen == ([(234, 4, 61)] if on_gpu else [(32,)])  # 295 in the slot, less the chunk
 
 
 def test_warm_up_draws_on_the_device_when_the_runner_does():
