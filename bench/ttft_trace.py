@@ -5,7 +5,7 @@ token emitted and delivered), written as JSON to $TRACE_OUT at exit (SIGINT or S
 `report TRACE HISTORY` prints, per request whose prompt is longer than HISTORY tokens, the
 seconds of each part: submit (conversion and hashes), inbox (the engine busy in a step),
 slot_wait, start (resume or restore, copy waits included), its forward passes until the first
-token, and emit to delivery.
+token, and emit to delivery; then the engine thread's snapshots and resumes on their own.
 A dev tool: it wraps private methods, so it follows their names.
 
     TRACE_OUT=trace.json python bench/ttft_trace.py serve --slots 4 --ctx 32768 ... &
@@ -187,6 +187,22 @@ def report(path: str, hist: int) -> None:
         print(" ".join(f"{r[k]:10.4f}" if isinstance(r[k], float) else f"{r[k]:>10}" for k in keys))
     print("median:")
     print(" ".join(f"{statistics.median(r[k] for r in rows):10.4f}" for k in keys))
+    # the engine thread's head copies on their own: a follow-up's snapshot is taken after its
+    # first token, on a device already done with the pass (others, inside long prompts, also
+    # wait for the pass before them)
+    follow = {r["rid"] for r in rows}
+    resumes = [kw["dt"] for t, kind, rid, kw in T if kind == "resume"]
+    for label, dts in (
+        ("follow-ups' own snapshots", [kw["dt"] for t, r, kw in snaps if r in follow]),
+        ("every snapshot", [kw["dt"] for t, r, kw in snaps]),
+        ("resumes", resumes),
+    ):
+        if dts:
+            ms = sorted(1e3 * x for x in dts)
+            print(
+                f"{label}: {len(ms)}, median {statistics.median(ms):.1f} ms "
+                f"({ms[0]:.1f}-{ms[-1]:.1f})"
+            )
 
 
 if __name__ == "__main__":

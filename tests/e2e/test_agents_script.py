@@ -1,7 +1,7 @@
-"""tests/gpu/agents.sh --small --runs 2 on the CPU, as the GPU machine runs it: the demo model
+"""tests/gpu/agents.sh --small --trace --runs 2 on the CPU, as the GPU machine runs it: the demo model
 served paged with the prefix cache and without it, bench/agents.py's agents, the lone agent
 compared on both, twice on servers started afresh, and one record of both runs with every figure
-tests/gpu/agents.sh promises."""
+tests/gpu/agents.sh promises; each run's trace report (where the follow-ups' time went)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ SCRIPT = ROOT / "tests" / "gpu" / "agents.sh"
 
 
 @pytest.fixture(scope="module")
-def record(tmp_path_factory, cache_dir):
+def out(tmp_path_factory, cache_dir) -> Path:
+    """The folder of what the runs wrote ($OUT)."""
     if any((Path(d) / "nvidia-smi").exists() for d in os.environ.get("PATH", "").split(os.pathsep)):
         pytest.skip("a GPU machine: agents.sh runs the full-shape model there")
     tmp = tmp_path_factory.mktemp("agents")
@@ -32,7 +33,7 @@ def record(tmp_path_factory, cache_dir):
     try:
         for _ in range(5):  # 75: still running, the same command again
             run = subprocess.run(
-                [str(SCRIPT), "--small", "--runs", "2", "--wait", "300"],
+                [str(SCRIPT), "--small", "--trace", "--runs", "2", "--wait", "300"],
                 cwd=ROOT,
                 env=env,
                 capture_output=True,
@@ -49,7 +50,23 @@ def record(tmp_path_factory, cache_dir):
         )
     for run in ("run1", "run2"):
         assert not (tmp / "state" / run / "warm.pid").exists()  # the servers were stopped
-    return json.loads((tmp / "out" / "agents-runs.json").read_text())
+    return tmp / "out"
+
+
+@pytest.fixture(scope="module")
+def record(out: Path) -> dict:
+    return json.loads((out / "agents-runs.json").read_text())
+
+
+def test_each_run_has_its_trace_report(out):
+    """--trace: where each follow-up's time went, then the engine thread's head copies."""
+    for run in ("run1", "run2"):
+        text = (out / f"ttft-trace-{run}.txt").read_text()
+        header, *rows = [line.split() for line in text.splitlines() if line.strip()]
+        assert header[0] == "n" and "server_ttf" in header
+        assert "follow-ups' own snapshots:" in text and "resumes:" in text
+        timed = [r for r in rows if len(r) == len(header) and r[0].isdigit()]
+        assert timed and all(float(r[header.index("server_ttf")]) > 0 for r in timed)
 
 
 def test_the_record_is_both_runs(record):
