@@ -1,5 +1,5 @@
-"""tests/gpu/agents.sh --small --trace --runs 2 on the CPU, as the GPU machine runs it: the demo model
-served paged with the prefix cache and without it, bench/agents.py's agents, the lone agent
+"""tests/gpu/agents.sh --small --trace --runs 2 on the CPU, as the GPU machine runs it: the demo
+model served paged with the prefix cache and without it, bench/agents.py's agents, the lone agent
 compared on both, twice on servers started afresh, and one record of both runs with every figure
 tests/gpu/agents.sh promises; each run's trace report (where the follow-ups' time went)."""
 
