@@ -108,9 +108,9 @@ namespace {
 
 // what a head of n positions is likely to take: the recurrent state, and a few dozen bytes of
 // cell metadata per position (grown past it when not)
-size_t head_estimate(const llama_memory_hybrid & mem, uint32_t n) {
+size_t head_estimate(const std::set<const ggml_tensor *> & recurrent, uint32_t n) {
     size_t bytes = 1u << 20;
-    for (const ggml_tensor * t : recurrent_tensors(mem)) {
+    for (const ggml_tensor * t : recurrent) {
         bytes += t->nb[1];  // one sequence's row
     }
     return bytes + (size_t) n * 64;
@@ -125,7 +125,9 @@ void save(llama_context * ctx, int32_t seq_id, uint8_t ** out, size_t * out_size
     h.magic    = magic;
     h.version  = version;
     h.n_tokens = (uint32_t) (llama_memory_seq_pos_max(mem, seq_id) + 1);
-    writer w(false, head_estimate(*mem, h.n_tokens), h.n_tokens, recurrent_tensors(*mem));
+    std::set<const ggml_tensor *> recurrent = recurrent_tensors(*mem);
+    const size_t                  reserve   = head_estimate(recurrent, h.n_tokens);
+    writer                        w(false, reserve, h.n_tokens, std::move(recurrent));
     w.take(sizeof(h));  // written last, once its offsets are known
     // llama_memory_hybrid_idx::state_write's order, which its state_read reads
     mem->get_mem_attn()->state_write(w, seq_id, 0);

@@ -20,14 +20,15 @@ pyqsa_kv_pager * pager_of(const llama_memory_hybrid_idx_context * mctx) {
     return mctx->get_attn()->get_pyqsa_pager();
 }
 
+// the tokens a ubatch has of each of its sequences (split_equal gives them all as many)
+int64_t tokens_per_stream(const llama_ubatch & ubatch) {
+    return ubatch.n_tokens / std::max<uint32_t>(1, ubatch.n_seqs_unq);
+}
+
 // a paged ubatch resolves through the hot cache when the hot cache can hold every block its
 // queries select (decode, short drafts); longer ones (prefill chunks) read the host store
 bool resolves(const pyqsa_kv_pager * pager, const llama_ubatch & ubatch, uint32_t r) {
-    if (pager == nullptr) {
-        return false;
-    }
-    const int64_t n_tps = ubatch.n_tokens / std::max<uint32_t>(1, ubatch.n_seqs_unq);
-    return n_tps * pager->blocks_selected(r) <= pager->hot_blocks();
+    return pager != nullptr && tokens_per_stream(ubatch) * pager->blocks_selected(r) <= pager->hot_blocks();
 }
 
 // the streams a ubatch's cache views span (a sequence per stream, seq id == stream)
@@ -40,9 +41,9 @@ int64_t stream_span(const llama_ubatch & ubatch) {
 // spanned streams' n_kv cells each fit (and its chunks are long enough, see prefetch_min_tokens);
 // else the host store comes through the staging windows
 bool prefetches(const pyqsa_kv_pager * pager, const llama_ubatch & ubatch, uint32_t r, int64_t n_kv) {
-    const int64_t n_tps = ubatch.n_tokens / std::max<uint32_t>(1, ubatch.n_seqs_unq);
     return pager != nullptr && !resolves(pager, ubatch, r) && pager->prefetch_rows() > 0 &&
-           stream_span(ubatch) * n_kv <= pager->prefetch_rows() && n_tps >= pager->prefetch_min_tokens();
+           stream_span(ubatch) * n_kv <= pager->prefetch_rows() &&
+           tokens_per_stream(ubatch) >= pager->prefetch_min_tokens();
 }
 
 }  // namespace
