@@ -8,6 +8,7 @@
 #include "llama-model.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -32,10 +33,20 @@ bool prefetch_on() {
 // PYQSA_PAGING_PREFETCH_MIN_TOKENS=N: chunks of fewer than N tokens a stream take the staged
 // windows, which bring only the blocks their queries select, where a prefetch brings the whole
 // history (a study knob: which is cheaper for a short chunk at long context depends on how
-// many distinct blocks its queries select)
+// many distinct blocks its queries select); a value that is no count of tokens is ignored, said
 int64_t prefetch_min_tokens_from_env() {
     const char * v = std::getenv("PYQSA_PAGING_PREFETCH_MIN_TOKENS");
-    return v == nullptr ? 0 : std::max<int64_t>(0, std::strtoll(v, nullptr, 10));
+    if (v == nullptr) {
+        return 0;
+    }
+    char *          end = nullptr;
+    const long long n   = std::strtoll(v, &end, 10);
+    if (end == v || *end != '\0' || n < 0) {
+        // NOTE: stderr, not llama.cpp's log, which pyqsa keeps quiet unless PYQSA_LLAMA_LOG is set
+        std::fprintf(stderr, "pyqsa: PYQSA_PAGING_PREFETCH_MIN_TOKENS=%s is not a count of tokens: ignored\n", v);
+        return 0;
+    }
+    return n;
 }
 
 bool is_tag(const char * name_tag, const char * tag) {

@@ -148,13 +148,13 @@ def test_paged_logits_equal_unpaged(model, kv_type, hot_blocks, prefetch, monkey
         whole.close()
 
 
-def test_short_chunks_take_the_windows_below_prefetch_min_tokens(model, monkeypatch):
+def test_short_chunks_take_the_windows_below_prefetch_min_tokens(model, monkeypatch, capfd):
     """PYQSA_PAGING_PREFETCH_MIN_TOKENS=N: a prefill chunk of fewer than N tokens a stream takes
     the staged windows (only its selected blocks brought), a longer one the prefetch area (its
     streams' whole history): the logits stay the unpaged ones, and the blocks brought are those
     of the windows for every chunk (N above them all), of the prefetch for every chunk (N = 0),
     and in between with the script's 60- and 50-token chunks prefetched and its two-stream ones
-    (32 and 20 tokens a stream) through the windows."""
+    (32 and 20 tokens a stream) through the windows. A value that is no count is ignored, said."""
 
     def staged(env: dict[str, str]) -> int:
         for k in ("PYQSA_PAGING_PREFETCH", "PYQSA_PAGING_PREFETCH_MIN_TOKENS"):
@@ -174,6 +174,11 @@ def test_short_chunks_take_the_windows_below_prefetch_min_tokens(model, monkeypa
     assert staged({"PYQSA_PAGING_PREFETCH_MIN_TOKENS": "0"}) == prefetch
     assert staged({"PYQSA_PAGING_PREFETCH_MIN_TOKENS": "1000"}) == windows
     assert windows < staged({"PYQSA_PAGING_PREFETCH_MIN_TOKENS": "40"}) < prefetch
+    capfd.readouterr()
+    for garbage in ("abc", "-5", "40x"):  # ignored, said on stderr: every chunk prefetched
+        assert staged({"PYQSA_PAGING_PREFETCH_MIN_TOKENS": garbage}) == prefetch
+        said = f"PYQSA_PAGING_PREFETCH_MIN_TOKENS={garbage} is not a count of tokens: ignored"
+        assert said in capfd.readouterr().err
 
 
 def test_hot_cache_must_hold_one_selection(model):
