@@ -184,3 +184,9 @@ def test_bytes_that_are_no_state_are_refused(context):
         assert L.llama_memory_seq_pos_max(c.mem, 1) == -1  # left empty
     with pytest.raises(native.NativeError, match="pyqsa_seq_state_save"):
         native.seq_state_save(c.ctx, 2)  # no such sequence
+    ffi, lib = native.raw()  # no place for the head or its size
+    size, head_ptr = ffi.new("size_t *"), ffi.new("void **")
+    ctx = ffi.cast("void *", c.ctx)
+    for head_arg, size_arg in ((ffi.NULL, size), (head_ptr, ffi.NULL)):
+        rc = lib.pyqsa_seq_state_save(ctx, 0, head_arg, size_arg, ffi.NULL)
+        assert rc == lib.PYQSA_ERR_INVALID_ARG
