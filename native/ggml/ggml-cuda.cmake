@@ -4,6 +4,7 @@ target_sources(ggml-cuda PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cuda/gemv-f16.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/hc-combine.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/moe-gemm.cu
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/product-groups.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/pyqsa-cuda.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-attn.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-attn-mma.cu

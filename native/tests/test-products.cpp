@@ -10,6 +10,10 @@
 // (native/ggml/cuda/gemv-f16.cuh): with one column it keeps x in f32, checked against the double
 // reference of the unrounded x; with 2-8 it rounds x to f16 as the CPU does, checked against the CPU.
 // PYQSA_CUDA_GEMV_UPSTREAM=1 puts them back on upstream's MMVF/MMF.
+// Products of one x with other ops between them, run through a scheduler as llama.cpp runs a graph:
+// the CUDA backend moves them together and runs them as one launch (native/ggml/cuda/
+// product-groups.cuh), each against the CPU, the launches counted, and against the same graph
+// with PYQSA_CUDA_PRODUCTS_UNGROUPED=1, bit for bit where the gemv takes each product alone too.
 // `perf` times each way at prefill batches and decode steps.
 //
 //   test-products [test|perf] [-b BACKEND]      exit code 0 when every case passed
@@ -196,6 +200,151 @@ std::string way_name(const product_way & w) {
     return w.var ? std::string(" ") + w.var + "=" + w.value : "";
 }
 
+// MUL_MATs y_i = w_i x (f16 weights [n_in, n_out[i]], x [n_in, n_tok]), each scaled by 1 right
+// after it (a node between the products, as a decode step has); hazard: x scaled in place after the
+// first product, so the second and later ones read the scaled x and must not move before it
+struct group_case {
+    int64_t              n_in;
+    std::vector<int64_t> n_out;
+    int64_t              n_tok;
+    bool                 hazard;
+    bool                 alone_on_gemv;  // every product on the gemv alone too (the same bits both ways)
+    int                  launches;       // grouped launches the graph makes
+
+    std::string name() const {
+        std::string outs;
+        for (int64_t n : n_out) outs += (outs.empty() ? "" : ",") + std::to_string(n);
+        return "MUL_MAT group(n_in=" + std::to_string(n_in) + ",n_out=" + outs + ",n_tok=" + std::to_string(n_tok) +
+               (hazard ? ",x written between" : "") + ")";
+    }
+};
+
+// the group's outputs, concatenated, computed on be (and the CPU) by a scheduler; counts: the
+// backend's grouped launches and products during the compute, when it counts them
+std::vector<float> run_group(ggml_backend_t be, ggml_backend_t cpu, const group_case & c,
+                             const std::vector<std::vector<uint16_t>> & w, const std::vector<float> & x,
+                             uint64_t counts[2]) {
+    const size_t   n = c.n_out.size();
+    ggml_init_params pp = { ggml_tensor_overhead() * (n + 1), nullptr, true };
+    ggml_context * params = ggml_init(pp);
+    std::vector<ggml_tensor *> wt(n);
+    for (size_t i = 0; i < n; ++i) wt[i] = ggml_new_tensor_2d(params, GGML_TYPE_F16, c.n_in, c.n_out[i]);
+    ggml_tensor * xt = ggml_new_tensor_2d(params, GGML_TYPE_F32, c.n_in, c.n_tok);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(params, be);
+    for (size_t i = 0; i < n; ++i) ggml_backend_tensor_set(wt[i], w[i].data(), 0, ggml_nbytes(wt[i]));
+    ggml_backend_tensor_set(xt, x.data(), 0, ggml_nbytes(xt));
+
+    ggml_init_params gp = { ggml_tensor_overhead() * (3 * n + 8) + ggml_graph_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(gp);
+    ggml_cgraph *  gf  = ggml_new_graph(ctx);
+    std::vector<ggml_tensor *> outs;
+    for (size_t i = 0; i < n; ++i) {
+        ggml_tensor * y = ggml_scale(ctx, ggml_mul_mat(ctx, wt[i], xt), 1.0f);
+        ggml_set_output(y);
+        ggml_build_forward_expand(gf, y);
+        outs.push_back(y);
+        if (c.hazard && i == 0) ggml_build_forward_expand(gf, ggml_scale_inplace(ctx, xt, 0.5f));
+    }
+    ggml_backend_t backends[2] = { be, cpu };
+    const bool     same        = be == cpu;
+    ggml_backend_sched_t sched = ggml_backend_sched_new(backends + (same ? 1 : 0), nullptr, same ? 1 : 2,
+                                                        GGML_DEFAULT_GRAPH_SIZE, false, false);
+    using counts_fn = void (*)(uint64_t *);
+    ggml_backend_reg_t reg    = ggml_backend_dev_backend_reg(ggml_backend_get_device(be));
+    auto               count  = (counts_fn) ggml_backend_reg_get_proc_address(reg, "pyqsa_cuda_group_counts");
+    uint64_t           before[2] = { 0, 0 }, after[2] = { 0, 0 };
+    if (!count) {  // a backend that groups nothing
+        count = [](uint64_t * out) { out[0] = out[1] = 0; };
+    }
+    count(before);
+    const bool ok = ggml_backend_sched_graph_compute(sched, gf) == GGML_STATUS_SUCCESS;
+    ggml_backend_sched_synchronize(sched);
+    count(after);
+    counts[0] = after[0] - before[0];
+    counts[1] = after[1] - before[1];
+    std::vector<float> res;
+    for (ggml_tensor * y : outs) {
+        const size_t off = res.size();
+        res.resize(off + ggml_nelements(y));
+        if (ok) ggml_backend_tensor_get(y, res.data() + off, 0, ggml_nbytes(y));
+    }
+    if (!ok) res.clear();
+    ggml_backend_sched_free(sched);
+    ggml_free(ctx);
+    ggml_backend_buffer_free(buf);
+    ggml_free(params);
+    return res;
+}
+
+void check_groups(const char * only_backend, ggml_backend_t cpu, std::mt19937 & rng, int & n_ok, int & n_fail) {
+    // Flash-Next's projections of one input: the linear attention's qkv, beta and z (alpha keeps
+    // upstream's bias fusion), the attention's q and gate, k, v and the indexer's q and k, a
+    // hyper-connection norm's down and inject, an FFN input's router and shared-expert gate
+    const group_case cases[] = {
+        { 2560, { 12288, 8192, 8192 }, 1, false, true, 1 },
+        { 2560, { 8192, 32, 4096 }, 1, false, false, 1 },
+        { 2560, { 12288, 512, 512, 512, 128 }, 1, false, false, 1 },
+        { 10240, { 16, 4 }, 1, false, false, 1 },
+        { 2560, { 8, 1 }, 1, false, false, 1 },
+        { 2560, { 12288, 512, 512, 512, 128 }, 8, false, true, 1 },
+        { 2560, { 8192, 32, 4096 }, 3, false, true, 1 },
+        { 2560, { 8192, 32, 4096 }, 1, true, false, 1 },
+    };
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (const group_case & c : cases) {
+        std::vector<std::vector<uint16_t>> w(c.n_out.size());
+        for (size_t i = 0; i < w.size(); ++i) {
+            std::vector<float> wf(c.n_in * c.n_out[i]);
+            for (auto & v : wf) v = nd(rng);
+            w[i].resize(wf.size());
+            ggml_fp32_to_fp16_row(wf.data(), (ggml_fp16_t *) w[i].data(), (int64_t) wf.size());
+        }
+        std::vector<float> x(c.n_in * c.n_tok);
+        for (auto & v : x) v = nd(rng);
+        // in double, x rounded to f16 as the CPU rounds it (halved past the first product: hazard)
+        std::vector<float> ref;
+        for (size_t i = 0; i < w.size(); ++i) {
+            std::vector<ggml_fp16_t> xh(x.size());
+            std::vector<float>       xi(x);
+            for (auto & v : xi) v *= c.hazard && i > 0 ? 0.5f : 1.0f;
+            ggml_fp32_to_fp16_row(xi.data(), xh.data(), (int64_t) xi.size());
+            for (int64_t t = 0; t < c.n_tok; ++t)
+            for (int64_t o = 0; o < c.n_out[i]; ++o) {
+                double acc = 0.0;
+                for (int64_t k = 0; k < c.n_in; ++k) {
+                    acc += (double) ggml_fp16_to_fp32(w[i][o * c.n_in + k]) * ggml_fp16_to_fp32(xh[t * c.n_in + k]);
+                }
+                ref.push_back((float) acc);
+            }
+        }
+        uint64_t counts[2];
+        const std::vector<float> out_cpu = run_group(cpu, cpu, c, w, x, counts);
+        const double e_cpu = nmse(out_cpu, ref);
+        report(c.name(), "CPU", "vs reference: nmse " + sci(e_cpu) + " ", e_cpu < 1e-9, n_ok, n_fail);
+        on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
+            uint64_t grouped[2], alone[2];
+            const std::vector<float> out = run_group(be, cpu, c, w, x, grouped);
+            setenv("PYQSA_CUDA_PRODUCTS_UNGROUPED", "1", 1);
+            const std::vector<float> out_alone = run_group(be, cpu, c, w, x, alone);
+            unsetenv("PYQSA_CUDA_PRODUCTS_UNGROUPED");
+            // f16 x rounding (2-8 columns) and upstream's f16 sums (narrow ones alone) against
+            // f32 x and sums: within 1e-6, where a wrong row or part is ~1
+            const double e       = nmse(out, out_cpu);
+            const bool   bits    = out.size() == out_alone.size() && !out.empty() &&
+                                   std::memcmp(out.data(), out_alone.data(), out.size() * sizeof(float)) == 0;
+            const int    n_group = c.hazard ? (int) c.n_out.size() - 1 : (int) c.n_out.size();
+            const bool   counted = grouped[0] == (uint64_t) c.launches && grouped[1] == (uint64_t) n_group &&
+                                   alone[0] == 0;
+            const bool ok = !out.empty() && e < 1e-6 && counted && (!c.alone_on_gemv || bits);
+            char detail[200];
+            std::snprintf(detail, sizeof(detail), "vs CPU: nmse %s, %llu launch(es) of %llu products, %s ", sci(e).c_str(),
+                          (unsigned long long) grouped[0], (unsigned long long) grouped[1],
+                          bits ? "same bits ungrouped" : "other bits ungrouped");
+            return std::make_pair(ok, std::string(detail));
+        });
+    }
+}
+
 int cmd_test(const char * only_backend) {
     std::mt19937 rng(4321);
     int n_ok = 0, n_fail = 0;
@@ -255,6 +404,7 @@ int cmd_test(const char * only_backend) {
             if (w.var) unsetenv(w.var);
         }
     }
+    check_groups(only_backend, cpu, rng, n_ok, n_fail);
     ggml_backend_free(cpu);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
     return n_fail == 0 ? 0 : 1;

@@ -236,6 +236,7 @@ UPSTREAM_SWITCHES = {
     "PYQSA_CUDA_MOE_MMF": "-moemmf",  # MoE products of every batch on MMF, no grouped GEMM
     "PYQSA_CUDA_GEMV_UPSTREAM": "-gemvup",  # decode products (1-8 columns) on MMVF/MMF
     "PYQSA_HC_UNFUSED": "-hcunf",  # the hyper-connection combine and gate as upstream's ops
+    "PYQSA_CUDA_PRODUCTS_UNGROUPED": "-ungrp",  # a decode step's products of one x a launch each
 }
 
 

@@ -30,7 +30,9 @@ from .meta import RESULTS
 # upstream's kernel); pyqsa-moemmf: PYQSA_CUDA_MOE_MMF=1 (MoE products of every batch on MMF, not
 # pyqsa's grouped GEMM); pyqsa-gemvup: PYQSA_CUDA_GEMV_UPSTREAM=1 (decode products of 1-8
 # columns on upstream's MMVF/MMF, not pyqsa's gemv); pyqsa-hcunf: PYQSA_HC_UNFUSED=1 (the
-# hyper-connection combine and gate as upstream's ops, not pyqsa's hc_combine and silu_scaled)
+# hyper-connection combine and gate as upstream's ops, not pyqsa's hc_combine and silu_scaled);
+# pyqsa-ungrp: PYQSA_CUDA_PRODUCTS_UNGROUPED=1 (a decode step's products of one x a launch each,
+# not grouped into one)
 VARIANTS = (
     "pyqsa",
     "upstream",
@@ -45,6 +47,7 @@ VARIANTS = (
     "pyqsa-moemmf",
     "pyqsa-gemvup",
     "pyqsa-hcunf",
+    "pyqsa-ungrp",
 )
 SHORT = {
     "pyqsa": "pyqsa",
@@ -60,6 +63,7 @@ SHORT = {
     "pyqsa-moemmf": "moemf",
     "pyqsa-gemvup": "gemvu",
     "pyqsa-hcunf": "hcunf",
+    "pyqsa-ungrp": "ungrp",
 }
 # the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)
 PAGED = (

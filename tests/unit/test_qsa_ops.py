@@ -3,10 +3,11 @@ double-precision reference, native/tests/test-qsa-ops.cpp) and test-qsa-page (th
 against a sequential LRU model over multi-step scenarios, native/tests/test-qsa-page.cpp) and
 test-sample (the sample op against a brute-force reference of its rules,
 native/tests/test-sample.cpp) and test-products (upstream's MUL_MAT and MUL_MAT_ID, whose
-CUDA dispatch and precision pyqsa changes, against a double-precision reference,
-native/tests/test-products.cpp) and test-gdn (upstream's GATED_DELTA_NET, whose prefill
-pyqsa runs on its own CUDA kernel, against a double-precision recurrence,
-native/tests/test-gdn.cpp) and test-hc (the hyper-connection combine and gate as pyqsa's
+CUDA dispatch and precision pyqsa changes, and products of one x with other ops between them
+run through a scheduler, which the CUDA backend groups into one launch, against a
+double-precision reference, native/tests/test-products.cpp) and test-gdn (upstream's
+GATED_DELTA_NET, whose prefill pyqsa runs on its own CUDA kernel, against a double-precision
+recurrence, native/tests/test-gdn.cpp) and test-hc (the hyper-connection combine and gate as pyqsa's
 ops, against the graphs of upstream's ops they replace, bit for bit, native/tests/test-hc.cpp).
 
 On a CPU-only machine this checks the CPU kernels; on the GPU machine the same binaries also
@@ -26,7 +27,7 @@ from pyqsa._build.native import BuildConfig
         ("test-qsa-ops", 20),
         ("test-qsa-page", 7),
         ("test-sample", 14),
-        ("test-products", 12),
+        ("test-products", 34),
         ("test-gdn", 9),
         ("test-hc", 10),
     ],

@@ -1,6 +1,8 @@
 // f16 weights times 1-8 f32 columns (see gemv-f16.cuh). One column: grid (row blocks, n_used),
 // WARPS warps a CTA, R rows a warp, a MUL_MAT being the case of one expert. 2-8 columns: grid
-// (blocks of 16 * RG rows, expert slots), the CTA's warps splitting K, on tensor cores.
+// (blocks of 16 * RG rows, expert slots), the CTA's warps splitting K, on tensor cores. Either
+// grid's row blocks may span several products of the same x (parts): each part takes its own
+// blocks, so a row's sum is the same whichever launch computes it.
 #include "gemv-f16.cuh"
 
 #include "mma-ptx.cuh"
@@ -11,34 +13,57 @@ constexpr int WARPS    = 8;
 constexpr int CHUNK    = 8;  // halves of w a lane loads at once: 16 bytes
 constexpr int PREFETCH = 4;  // chunks of each of its rows a lane prefetches before the PDL wait
 
-struct gemv_args {
+// one product of a launch: its weights, its result, and the first row block of the grid it takes
+struct gemv_part {
     const char * w;  // F16 [K, N, n_expert]
-    size_t       w_nb1, w_nb2;
+    size_t       w_nb1;
+    char *       dst;  // F32: the column of pair (t, u) at dst + t * d_nb2 + u * d_nb1
+    size_t       d_nb1, d_nb2;
+    int          N;
+    int          block0;
+};
+
+// the part of row block b, copied out field by field: indexing the kernel's parameters by a
+// run-time value would copy them all to local memory
+__device__ __forceinline__ gemv_part part_of(const gemv_part (&parts)[PYQSA_GEMV_MAX_PARTS], int n_parts, int b) {
+    gemv_part p = parts[0];
+#pragma unroll
+    for (int i = 1; i < PYQSA_GEMV_MAX_PARTS; ++i) {
+        if (i < n_parts && b >= parts[i].block0) {
+            p = parts[i];
+        }
+    }
+    return p;
+}
+
+struct gemv_args {
+    gemv_part    parts[PYQSA_GEMV_MAX_PARTS];
+    int          n_parts;
+    size_t       w_nb2;
     const char * x;  // F32 [K, x_ne1]: column u reads row u % x_ne1
     size_t       x_nb1;
     int          x_ne1;
-    char *       dst;  // F32 [N, n_used]
-    size_t       d_nb1;
-    const char * ids;  // I32 [n_used]; nullptr: a MUL_MAT (expert 0, n_used 1)
+    const char * ids;  // I32 [n_used]; nullptr: MUL_MATs (expert 0, n_used 1)
     size_t       ids_nb0;
-    int          K, N;
+    int          K;
 };
 
 // a row's sum: each lane's chunks in order, 8 products a chunk in order, then the warp's butterfly
 template <int R>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16(const gemv_args a) {
-    const int u        = blockIdx.y;
-    const int lane     = threadIdx.x % WARP_SIZE;
-    const int row0     = (blockIdx.x * WARPS + threadIdx.x / WARP_SIZE) * R;
-    const int n_chunks = a.K / CHUNK;
-    if (row0 >= a.N) {
+    const int       u        = blockIdx.y;
+    const int       lane     = threadIdx.x % WARP_SIZE;
+    const gemv_part pt       = part_of(a.parts, a.n_parts, blockIdx.x);
+    const int       row0     = ((blockIdx.x - pt.block0) * WARPS + threadIdx.x / WARP_SIZE) * R;
+    const int       n_chunks = a.K / CHUNK;
+    if (row0 >= pt.N) {
         return;
     }
     // rows past N read row N - 1 again (never written)
     size_t row_off[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        row_off[r] = (size_t) min(row0 + r, a.N - 1) * a.w_nb1;
+        row_off[r] = (size_t) min(row0 + r, pt.N - 1) * pt.w_nb1;
     }
     if (a.ids == nullptr) {  // the weights do not depend on the kernels before: fetch ahead
 #pragma unroll
@@ -47,14 +72,14 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16(const gemv_args a)
             for (int i = 0; i < PREFETCH; ++i) {
                 const int c = lane + i * WARP_SIZE;
                 if (c < n_chunks) {
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(a.w + row_off[r] + (size_t) c * 16));
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(pt.w + row_off[r] + (size_t) c * 16));
                 }
             }
         }
     }
     ggml_cuda_pdl_sync();
     const int     expert = a.ids ? *(const int32_t *) (a.ids + (size_t) u * a.ids_nb0) : 0;
-    const char *  w      = a.w + (size_t) expert * a.w_nb2;
+    const char *  w      = pt.w + (size_t) expert * a.w_nb2;
     const float * x      = (const float *) (a.x + (size_t) (u % a.x_ne1) * a.x_nb1);
 
     float acc[R];
@@ -89,10 +114,10 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16(const gemv_args a)
         acc[r] = warp_reduce_sum(acc[r]);
     }
     if (lane == 0) {
-        float * d = (float *) (a.dst + (size_t) u * a.d_nb1);
+        float * d = (float *) (pt.dst + (size_t) u * pt.d_nb1);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            if (row0 + r < a.N) {
+            if (row0 + r < pt.N) {
                 d[row0 + r] = acc[r];
             }
         }
@@ -105,16 +130,15 @@ constexpr int KB        = 32;   // k of a lane-step: 8 halves for each lane of a
 constexpr int MAX_SLOTS = 256;  // n_used * n_tok of a MoE call
 
 struct cols_args {
-    const char * w;  // F16 [K, N, n_expert]
-    size_t       w_nb1, w_nb2;
+    gemv_part    parts[PYQSA_GEMV_MAX_PARTS];
+    int          n_parts;
+    size_t       w_nb2;
     const char * x;  // F32: the column of pair (t, u) at x + t * x_nb2 + (u % x_ne1) * x_nb1
     size_t       x_nb1, x_nb2;
     int          x_ne1;
-    char *       dst;  // F32: the column of pair (t, u) at dst + t * d_nb2 + u * d_nb1
-    size_t       d_nb1, d_nb2;
-    const char * ids;  // I32 [n_used, n_tok]; nullptr: a MUL_MAT (one expert, n_used 1)
+    const char * ids;  // I32 [n_used, n_tok]; nullptr: MUL_MATs (one expert, n_used 1)
     size_t       ids_nb0, ids_nb1;
-    int          n_used, n_tok, K, N;
+    int          n_used, n_tok, K;
 };
 
 // NOTE: A's and B's k are permuted alike, which leaves each product's sum as it is: lane (g, t)
@@ -129,21 +153,22 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16_cols(const cols_ar
     __shared__ float partial[WARPS][RG * 16][8];
     const int        lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int        g = lane / 4, t = lane % 4;
-    const int        row0    = blockIdx.x * RG * 16;
+    const gemv_part  pt      = part_of(a.parts, a.n_parts, blockIdx.x);
+    const int        row0    = (blockIdx.x - pt.block0) * RG * 16;
     const int        n_slots = a.n_used * a.n_tok;
 
     size_t row_off[RG][2];
 #pragma unroll
     for (int i = 0; i < RG; ++i) {
-        row_off[i][0] = (size_t) min(row0 + 16 * i + g, a.N - 1) * a.w_nb1;
-        row_off[i][1] = (size_t) min(row0 + 16 * i + g + 8, a.N - 1) * a.w_nb1;
+        row_off[i][0] = (size_t) min(row0 + 16 * i + g, pt.N - 1) * pt.w_nb1;
+        row_off[i][1] = (size_t) min(row0 + 16 * i + g + 8, pt.N - 1) * pt.w_nb1;
     }
     if (a.ids == nullptr) {  // the weights do not depend on the kernels before: fetch ahead
 #pragma unroll
         for (int i = 0; i < RG; ++i) {
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(a.w + row_off[i][j] + (size_t) (warp * KB + t * 8) * 2));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(pt.w + row_off[i][j] + (size_t) (warp * KB + t * 8) * 2));
             }
         }
     }
@@ -192,7 +217,7 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16_cols(const cols_ar
     if (expert < 0) {
         return;
     }
-    const char * w = a.w + (size_t) expert * a.w_nb2;
+    const char * w = pt.w + (size_t) expert * a.w_nb2;
     for (int c0 = 0; c0 < n_pairs; c0 += 8) {
         const int     nc = min(8, n_pairs - c0);
         const float * x  = nullptr;  // column g's, none past the CTA's columns
@@ -243,14 +268,14 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16_cols(const cols_ar
         __syncthreads();
         for (int o = threadIdx.x; o < RG * 16 * 8; o += blockDim.x) {
             const int r = o / 8, c = o % 8;
-            if (c < nc && row0 + r < a.N) {
+            if (c < nc && row0 + r < pt.N) {
                 float sum = 0.0f;
 #pragma unroll
                 for (int v = 0; v < WARPS; ++v) {
                     sum += partial[v][r][c];
                 }
                 const int p = pairs[c0 + c];
-                float *   y = (float *) (a.dst + (size_t) (p / a.n_used) * a.d_nb2 + (size_t) (p % a.n_used) * a.d_nb1);
+                float *   y = (float *) (pt.dst + (size_t) (p / a.n_used) * pt.d_nb2 + (size_t) (p % a.n_used) * pt.d_nb1);
                 y[row0 + r] = sum;
             }
         }
@@ -259,11 +284,21 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16_cols(const cols_ar
     ggml_cuda_pdl_lc();
 }
 
-void launch_cols(ggml_backend_cuda_context & ctx, const cols_args & a, int grid_y) {
+// numbers the parts' row blocks of `rows` rows each in order; returns how many there are
+template <typename Args> int number_blocks(Args & a, int rows) {
+    int n = 0;
+    for (int i = 0; i < a.n_parts; ++i) {
+        a.parts[i].block0 = n;
+        n += (a.parts[i].N + rows - 1) / rows;
+    }
+    return n;
+}
+
+void launch_cols(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y) {
     const int n_sm = ggml_cuda_info().devices[ctx.device].nsm;
-    const bool two = (a.N + 31) / 32 * grid_y >= 2 * n_sm;  // two row groups a CTA still give every SM two
-    const ggml_cuda_kernel_launch_params p(dim3((a.N + (two ? 31 : 15)) / (two ? 32 : 16), grid_y),
-                                           dim3(WARPS * WARP_SIZE), 0, ctx.stream());
+    const bool two = number_blocks(a, 32) * grid_y >= 2 * n_sm;  // two row groups a CTA still give every SM two
+    const ggml_cuda_kernel_launch_params p(dim3(number_blocks(a, two ? 32 : 16), grid_y), dim3(WARPS * WARP_SIZE), 0,
+                                           ctx.stream());
     if (two) {
         ggml_cuda_kernel_launch(gemv_f16_cols<2>, p, a);
     } else {
@@ -285,10 +320,9 @@ int rows_per_warp(int64_t N, int64_t grid_y, int n_sm) {
     return 1;
 }
 
-void launch(ggml_backend_cuda_context & ctx, const gemv_args & a, int n_used) {
-    const int                           r = rows_per_warp(a.N, n_used, ggml_cuda_info().devices[ctx.device].nsm);
-    const ggml_cuda_kernel_launch_params p(dim3((a.N + WARPS * r - 1) / (WARPS * r), n_used), dim3(WARPS * WARP_SIZE),
-                                           0, ctx.stream());
+void launch(ggml_backend_cuda_context & ctx, gemv_args & a, int n_used, int r) {
+    const ggml_cuda_kernel_launch_params p(dim3(number_blocks(a, WARPS * r), n_used), dim3(WARPS * WARP_SIZE), 0,
+                                           ctx.stream());
     switch (r) {
         case 4: ggml_cuda_kernel_launch(gemv_f16<4>, p, a); break;
         case 2: ggml_cuda_kernel_launch(gemv_f16<2>, p, a); break;
@@ -305,34 +339,78 @@ bool takes(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_te
            dst->ne[3] == 1 && aligned16(w->data, w->nb[1], w->nb[2]) && aligned16(x->data, x->nb[1], x->nb[2]);
 }
 
-}  // namespace
+// a MUL_MAT dst = w x of T <= 8 columns as a part: column t of dst at t * nb1
+gemv_part mul_mat_part(const ggml_tensor * w, const ggml_tensor * dst) {
+    return { (const char *) w->data, w->nb[1], (char *) dst->data, 0, dst->nb[1], (int) w->ne[1], 0 };
+}
 
-bool pyqsa_cuda_gemv(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_tensor * x, ggml_tensor * dst) {
-    const int64_t T = x->ne[1];
-    if (T >= 2 && T <= PYQSA_GEMV_MAX_COLS) {
-        if (!takes(ctx, w, x, dst) || w->ne[0] % KB != 0 || w->ne[2] != 1 || x->ne[2] != 1 || dst->ne[1] != T ||
-            dst->ne[2] != 1) {
+// MUL_MATs dsts[i] = ws[i] x, i < n, of one x [K, T], T <= 8, in one launch; false (nothing
+// launched) where the gemv does not take one of them. One column: a warp takes rows_per_warp()
+// rows of the parts together, where only narrow_ok takes one row a warp.
+bool launch_mul_mats(ggml_backend_cuda_context & ctx, const ggml_tensor * const * ws, const ggml_tensor * x,
+                     const ggml_tensor * const * dsts, int n, bool narrow_ok) {
+    const int64_t T    = x->ne[1];
+    int64_t       rows = 0;
+    for (int i = 0; i < n; ++i) {
+        const ggml_tensor * w = ws[i];
+        if (!takes(ctx, w, x, dsts[i]) || w->ne[2] != 1 || x->ne[2] != 1 || dsts[i]->ne[1] != T ||
+            dsts[i]->ne[2] != 1 || (T >= 2 && w->ne[0] % KB != 0)) {
             return false;
         }
-        // T columns as one expert's pairs (t, 0): x column t at t * nb1, dst column t at t * nb1
-        const cols_args a = { (const char *) w->data, w->nb[1], 0, (const char *) x->data, 0, x->nb[1], 1,
-                              (char *) dst->data,     0,        dst->nb[1], nullptr, 0, 0, 1, (int) T,
-                              (int) w->ne[0],         (int) w->ne[1] };
+        rows += w->ne[1];
+    }
+    if (T >= 2 && T <= PYQSA_GEMV_MAX_COLS) {
+        // T columns as one expert's pairs (t, 0): x column t at t * nb1
+        cols_args a = {};
+        for (int i = 0; i < n; ++i) {
+            a.parts[i] = mul_mat_part(ws[i], dsts[i]);
+        }
+        a.n_parts = n;
+        a.x       = (const char *) x->data;
+        a.x_nb2   = x->nb[1];
+        a.x_ne1   = 1;
+        a.n_used  = 1;
+        a.n_tok   = (int) T;
+        a.K       = (int) x->ne[0];
         launch_cols(ctx, a, 1);
         return true;
     }
-    // NOTE: a warp a row reads a narrow matrix with too few warps in flight; upstream's CTA a row
-    // was faster below two rows a warp (4096 x 2560: 12.5 us against 15.2; decode.py at one
-    // sequence 8.7 ms a step against 10.0 with every MUL_MAT here), so those stay there
-    if (!takes(ctx, w, x, dst) || w->ne[2] != 1 || x->ne[1] != 1 || x->ne[2] != 1 || dst->ne[1] != 1 ||
-        dst->ne[2] != 1 || rows_per_warp(w->ne[1], 1, ggml_cuda_info().devices[ctx.device].nsm) < 2) {
+    const int r = rows_per_warp(rows, 1, ggml_cuda_info().devices[ctx.device].nsm);
+    if (T != 1 || (r < 2 && !narrow_ok)) {
         return false;
     }
-    const gemv_args a = { (const char *) w->data, w->nb[1], 0,       (const char *) x->data, 0, 1,
-                          (char *) dst->data,     0,        nullptr, 0,                      (int) w->ne[0],
-                          (int) w->ne[1] };
-    launch(ctx, a, 1);
+    gemv_args a = {};  // one column: u is 0, so a part's d_nb1 is never used
+    for (int i = 0; i < n; ++i) {
+        a.parts[i] = mul_mat_part(ws[i], dsts[i]);
+    }
+    a.n_parts = n;
+    a.x       = (const char *) x->data;
+    a.x_ne1   = 1;
+    a.K       = (int) x->ne[0];
+    launch(ctx, a, 1, r);
     return true;
+}
+
+}  // namespace
+
+bool pyqsa_cuda_gemv(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_tensor * x, ggml_tensor * dst) {
+    // NOTE: a warp a row reads a narrow matrix with too few warps in flight; upstream's CTA a row
+    // was faster below two rows a warp (4096 x 2560: 12.5 us against 15.2; decode.py at one
+    // sequence 8.7 ms a step against 10.0 with every MUL_MAT here), so those stay there, unless
+    // they come in a group (pyqsa_cuda_gemv_group)
+    const ggml_tensor * ws[1]   = { w };
+    const ggml_tensor * dsts[1] = { dst };
+    return launch_mul_mats(ctx, ws, x, dsts, 1, false);
+}
+
+bool pyqsa_cuda_gemv_group(ggml_backend_cuda_context & ctx, const ggml_tensor * const * dsts, int n) {
+    GGML_ASSERT(n >= 1 && n <= PYQSA_GEMV_MAX_PARTS);
+    const ggml_tensor * ws[PYQSA_GEMV_MAX_PARTS];
+    for (int i = 0; i < n; ++i) {
+        GGML_ASSERT(dsts[i]->op == GGML_OP_MUL_MAT && dsts[i]->src[1] == dsts[0]->src[1]);
+        ws[i] = dsts[i]->src[0];
+    }
+    return launch_mul_mats(ctx, ws, dsts[0]->src[1], dsts, n, true);
 }
 
 bool pyqsa_cuda_gemv_id(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
@@ -340,15 +418,27 @@ bool pyqsa_cuda_gemv_id(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggml_tensor * x      = dst->src[1];
     const ggml_tensor * ids    = dst->src[2];
     const int64_t       n_used = ids->ne[0], n_tok = ids->ne[1];
+    const gemv_part     part   = { (const char *) w->data, w->nb[1], (char *) dst->data, dst->nb[1], dst->nb[2],
+                                   (int) w->ne[1],         0 };
     if (n_tok >= 2 && n_tok <= PYQSA_GEMV_MAX_COLS) {
         if (!takes(ctx, w, x, dst) || ids->type != GGML_TYPE_I32 || w->ne[0] % KB != 0 ||
             n_used * n_tok > MAX_SLOTS || x->ne[2] != n_tok || dst->ne[1] != n_used || dst->ne[2] != n_tok) {
             return false;
         }
-        const cols_args a = { (const char *) w->data, w->nb[1],  w->nb[2],   (const char *) x->data, x->nb[1],
-                              x->nb[2],               (int) x->ne[1], (char *) dst->data, dst->nb[1], dst->nb[2],
-                              (const char *) ids->data, ids->nb[0], ids->nb[1], (int) n_used, (int) n_tok,
-                              (int) w->ne[0],         (int) w->ne[1] };
+        cols_args a = {};
+        a.parts[0]  = part;
+        a.n_parts   = 1;
+        a.w_nb2     = w->nb[2];
+        a.x         = (const char *) x->data;
+        a.x_nb1     = x->nb[1];
+        a.x_nb2     = x->nb[2];
+        a.x_ne1     = (int) x->ne[1];
+        a.ids       = (const char *) ids->data;
+        a.ids_nb0   = ids->nb[0];
+        a.ids_nb1   = ids->nb[1];
+        a.n_used    = (int) n_used;
+        a.n_tok     = (int) n_tok;
+        a.K         = (int) w->ne[0];
         launch_cols(ctx, a, (int) std::min<int64_t>(n_used * n_tok, w->ne[2]));
         return true;
     }
@@ -356,9 +446,16 @@ bool pyqsa_cuda_gemv_id(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         dst->ne[1] != n_used || dst->ne[2] != 1 || n_used > 65535) {
         return false;
     }
-    const gemv_args a = { (const char *) w->data, w->nb[1], w->nb[2], (const char *) x->data, x->nb[1],
-                          (int) x->ne[1],         (char *) dst->data, dst->nb[1], (const char *) ids->data,
-                          ids->nb[0],             (int) w->ne[0],     (int) w->ne[1] };
-    launch(ctx, a, (int) n_used);
+    gemv_args a = {};
+    a.parts[0]  = part;
+    a.n_parts   = 1;
+    a.w_nb2     = w->nb[2];
+    a.x         = (const char *) x->data;
+    a.x_nb1     = x->nb[1];
+    a.x_ne1     = (int) x->ne[1];
+    a.ids       = (const char *) ids->data;
+    a.ids_nb0   = ids->nb[0];
+    a.K         = (int) w->ne[0];
+    launch(ctx, a, (int) n_used, rows_per_warp(w->ne[1], n_used, ggml_cuda_info().devices[ctx.device].nsm));
     return true;
 }

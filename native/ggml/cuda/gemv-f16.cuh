@@ -15,6 +15,8 @@
 // a MoE expert's rows are read once for all the tokens routed to it, found on the device (no host
 // sync: CUDA graphs stay valid). A first version of 2-8 columns on CUDA-core FMAs ran 1.4-2.6x
 // slower than MMF (decode.py at 8 sequences 27.3 ms a step against 18.0).
+// Several MUL_MATs of one x can run as one launch (pyqsa_cuda_gemv_group, for product-groups.cuh):
+// the grid's row blocks span them all, each row summed as it would be alone.
 // PYQSA_CUDA_GEMV_UPSTREAM=1 leaves every call to upstream's kernels (read at every call, so that
 // test-products checks and times both ways in one process).
 #pragma once
@@ -23,12 +25,19 @@
 
 // the most activation columns (tokens) a call takes
 constexpr int PYQSA_GEMV_MAX_COLS = 8;
+// the most MUL_MATs one launch takes
+constexpr int PYQSA_GEMV_MAX_PARTS = 8;
 
 // PYQSA_CUDA_GEMV_UPSTREAM unset or "0" (pyqsa-cuda.cu reads it at every call)
 bool pyqsa_cuda_gemv_on();
 
 // runs the MUL_MAT dst = w x and returns true, or returns false (nothing launched)
 bool pyqsa_cuda_gemv(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_tensor * x, ggml_tensor * dst);
+
+// runs the MUL_MATs dsts[0..n) (n <= PYQSA_GEMV_MAX_PARTS, all of one src[1]) in one launch and
+// returns true, or returns false (nothing launched); narrow matrices too, their rows a launch's
+// share with the others
+bool pyqsa_cuda_gemv_group(ggml_backend_cuda_context & ctx, const ggml_tensor * const * dsts, int n);
 
 // runs the MUL_MAT_ID dst and returns true, or returns false (nothing launched)
 bool pyqsa_cuda_gemv_id(ggml_backend_cuda_context & ctx, ggml_tensor * dst);

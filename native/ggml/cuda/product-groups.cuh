@@ -1,0 +1,33 @@
+// A decode step's products of one activation in one launch. The graph of a decode step has runs of
+// small MUL_MATs of the same x: qwen4exp's linear attention projects its input five ways (qkv,
+// z, beta; alpha takes upstream's bias fusion), its attention five (q and gate, k, v, the
+// indexer's q and k), every hyper-connection norm feeds two (down and inject), every FFN input
+// the router and the shared expert's gate. Each was a kernel of a few microseconds, most of them
+// launch and ramp time at one sequence (a step had ~2300 kernels). Called from the patched
+// ggml-cuda.cu (ggml_patches/0020):
+//   graph_optimize (before the graph is allocated): each x's products that one launch can take
+//     (f16 weights, 1-8 columns, none of upstream's fusions to them) are moved next to the
+//     first of them. Only reads of x and of weights move, earlier, so the order stays valid; one
+//     whose x is written between stays.
+//   graph_compute: such a run of MUL_MATs goes to pyqsa_cuda_gemv_group, one launch, each row
+//     summed as the gemv sums it alone (the same bits wherever the gemv takes the product alone;
+//     narrow ones it leaves to upstream's MMVF alone).
+// PYQSA_CUDA_PRODUCTS_UNGROUPED=1 turns both off (read at every call, so that test-products runs
+// both ways in one process).
+#pragma once
+
+#include "ggml-cuda/common.cuh"
+
+// PYQSA_CUDA_PRODUCTS_UNGROUPED unset or "0"
+bool pyqsa_cuda_products_grouped();
+
+// moves the MUL_MATs that one launch can take next to the first of each x's (graph_optimize)
+void pyqsa_cuda_group_products(ggml_cgraph * cgraph);
+
+// node i of cgraph is a MUL_MAT: runs it and the MUL_MATs of its x right after it in one launch
+// and returns how many nodes after i it ran, or returns 0 having run nothing
+int pyqsa_cuda_try_group(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i);
+
+// the counts since the process started: out[0] launches of grouped products, out[1] the products
+// they ran (given by the CUDA backend's get_proc_address as "pyqsa_cuda_group_counts")
+void pyqsa_cuda_group_counts(uint64_t * out);
