@@ -277,15 +277,15 @@ std::vector<float> run_group(ggml_backend_t be, ggml_backend_t cpu, const group_
 }
 
 void check_groups(const char * only_backend, ggml_backend_t cpu, std::mt19937 & rng, int & n_ok, int & n_fail) {
-    // Flash-Next's projections of one input: the linear attention's qkv, beta and z (alpha keeps
-    // upstream's bias fusion), the attention's q and gate, k, v and the indexer's q and k, a
-    // hyper-connection norm's down and inject, an FFN input's router and shared-expert gate
+    // Flash-Next's projections of one input: the linear attention's qkv, alpha, beta and z, the
+    // attention's q and gate, k, v and the indexer's q and k, a hyper-connection norm's down and
+    // inject; rows not a multiple of a warp's, the most products a launch takes
     const group_case cases[] = {
         { 2560, { 12288, 8192, 8192 }, 1, false, true, 1 },
-        { 2560, { 8192, 32, 4096 }, 1, false, false, 1 },
+        { 2560, { 8192, 32, 32, 4096 }, 1, false, false, 1 },
         { 2560, { 12288, 512, 512, 512, 128 }, 1, false, false, 1 },
         { 10240, { 16, 4 }, 1, false, false, 1 },
-        { 2560, { 8, 1 }, 1, false, false, 1 },
+        { 256, { 33, 1, 7, 100, 64, 5, 17, 9 }, 1, false, false, 1 },
         { 2560, { 12288, 512, 512, 512, 128 }, 8, false, true, 1 },
         { 2560, { 8192, 32, 4096 }, 3, false, true, 1 },
         { 2560, { 8192, 32, 4096 }, 1, true, false, 1 },

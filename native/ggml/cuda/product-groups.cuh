@@ -1,8 +1,8 @@
-// A decode step's products of one activation in one launch. The graph of a decode step has runs of
-// small MUL_MATs of the same x: qwen4exp's linear attention projects its input five ways (qkv,
-// z, beta; alpha takes upstream's bias fusion), its attention five (q and gate, k, v, the
-// indexer's q and k), every hyper-connection norm feeds two (down and inject), every FFN input
-// the router and the shared expert's gate. Each was a kernel of a few microseconds, most of them
+// A decode step's products of one activation in one launch. qwen4exp's decode graph reads each x
+// with several small MUL_MATs: the linear attention's input four (qkv, alpha, beta, z), the
+// attention's five (q and gate, k, v, the indexer's q and k), every hyper-connection norm two
+// (down and inject); 252 launches of the 48-layer model's step at 1-8 sequences (the f32 router
+// and shared-expert gate are not the gemv's). Each was a kernel of a few microseconds, mostly
 // launch and ramp time at one sequence (a step had ~2300 kernels). Called from the patched
 // ggml-cuda.cu (ggml_patches/0020):
 //   graph_optimize (before the graph is allocated): each x's products that one launch can take
