@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU machine: decode benchmark, pyqsa (sparse QSA) against unpatched upstream (masked dense QSA),
 # same GPU, same synthetic Flash-Next-shaped model, same flags, one call.
-#   here first:   bench/pack.sh
+#   here first:   bench/pack.sh (and tests/gpu/prebuild.sh: pyqsa's CUDA build made here, carried)
 #   device run:   carry [".gpu-carry"], command: bench/gpu_run.sh --commit <sha> [options]
 #   options:      --commit SHA (recorded as the commit when the tree there has no .git)
 #                 --budget S (default 540: seconds from start until no new run may begin)
@@ -138,9 +138,12 @@ fi
 # (b) both CUDA builds (upstream's only when a variant runs it) and (c) the model, in parallel. Upstream links with --exclude-libs,ALL as
 # pyqsa does (native/llama.cmake): on this image's toolchain its libraries otherwise export a
 # static libstdc++ copy and libllama crashes while loading any model.
+# pyqsa's is the one tests/gpu/prebuild.sh made on the development machine when the carry holds
+# it for this tree and it runs here (tests/gpu/prebuilt.sh), else built here as before.
+. tests/gpu/prebuilt.sh
 (
     export PYQSA_CUDA=1 PYQSA_BUILD_JOBS=$(nproc)
-    python3 -m pip install -q --no-build-isolation --no-deps --no-index -e .
+    prebuilt_install || python3 -m pip install -q --no-build-isolation --no-deps --no-index -e .
 ) > "$logs/build-pyqsa.log" 2>&1 &
 pid_pyqsa=$!
 pid_upstream=
@@ -181,6 +184,7 @@ for job in build-pyqsa:$pid_pyqsa ${pid_upstream:+build-upstream:$pid_upstream} 
         status=1
     fi
 done
+grep -h '^prebuilt:' "$logs/build-pyqsa.log" || true  # whether the carried build served
 tail -n 1 "$logs/synth.log"
 for job in ${dev_pids[@]+"${dev_pids[@]}"}; do  # a study's failure is a finding, not a failed run
     if wait "${job#*:}"; then r=passed; else r=FAILED; fi

@@ -8,6 +8,12 @@ cd "$(dirname "$0")/.."
 [ -f .gpu-carry/upstream-extract.tar.gz ] && [ -f .gpu-carry/ggml-vocab-qwen35.gguf ] &&
     compgen -G ".gpu-carry/openai-*.whl" > /dev/null || tests/gpu/pack.sh
 du -sh .gpu-carry
+. tests/gpu/prebuilt.sh
+if grep -q "^inputs=$(prebuilt_inputs .) " .gpu-carry/prebuilt-cuda.stamp 2> /dev/null; then
+    echo "the carry's prebuilt CUDA build is this tree's: the device skips pyqsa's build"
+else
+    echo "NOTE: no prebuilt CUDA build of this tree: tests/gpu/prebuild.sh here saves the device pyqsa's CUDA build (~325 s)"
+fi
 head=$(git rev-parse HEAD)
 git diff --quiet HEAD -- ggml_patches native pyqsa bench setup.py ||
     echo "NOTE: tracked files differ from HEAD; the device runs this working tree, not $head"

@@ -10,6 +10,7 @@ Outputs (all under .build/, git-ignored):
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -97,6 +98,9 @@ def configure(cfg: BuildConfig, src: Path) -> None:
     ]
     if cfg.cuda:
         args.append(f"-DCMAKE_CUDA_ARCHITECTURES={cfg.cuda_archs}")
+    # where the toolkit is not in one place (tests/gpu/prebuild.sh: cuBLAS from its wheel, a
+    # stand-in driver library for the link)
+    args += shlex.split(os.environ.get("PYQSA_CMAKE_ARGS", ""))
     if shutil.which("ninja"):
         args += ["-G", "Ninja"]
     cache = cfg.build_dir / "CMakeCache.txt"
@@ -146,6 +150,10 @@ def stage_libraries(cfg: BuildConfig) -> Path:
 def build(cfg: BuildConfig | None = None) -> Path:
     """Fetch, patch, configure and build; return the staged llama_cpp/lib folder."""
     cfg = cfg or BuildConfig.from_env()
+    if os.environ.get("PYQSA_PREBUILT") == "1":
+        # tests/gpu/prebuilt.sh unpacked a build made elsewhere (tests/gpu/prebuild.sh) into
+        # cfg.build_dir/bin: only staged, so pip's editable install takes seconds, not a build
+        return stage_libraries(cfg)
     extract = upstream.fetch()
     tree = BUILD / "llama.cpp"
     patches.init_tree(extract / "vendor" / "llama.cpp", tree)

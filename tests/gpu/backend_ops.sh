@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU machine: build the CUDA variant through the normal setup path and run upstream's
-# test-backend-ops for the ops QSA models rely on. Needs .gpu-carry/ from tests/gpu/pack.sh.
+# test-backend-ops for the ops QSA models rely on. Needs .gpu-carry/ from tests/gpu/pack.sh (and,
+# to skip the build, tests/gpu/prebuild.sh's prebuilt-cuda.tar.xz).
 #   device run: carry [".gpu-carry"], command: tests/gpu/backend_ops.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,8 +18,14 @@ export PYQSA_CUDA=1 PYQSA_BUILD_JOBS=$(nproc)
 export PYQSA_EXTRA_TARGETS=$([ "$skip_upstream" = 1 ] || echo test-backend-ops)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 t0=$(date +%s)
-python3 -m pip install -q --no-build-isolation --no-deps --no-index -e .
-echo "build: $(( $(date +%s) - t0 )) s (CUDA variant, archs ${PYQSA_CUDA_ARCHS:-90a})"
+# the carried build of tests/gpu/prebuild.sh when it is this tree's and runs here, else a build
+. tests/gpu/prebuilt.sh
+if prebuilt_install; then
+    echo "build: none, the carried prebuilt in place in $(( $(date +%s) - t0 )) s"
+else
+    python3 -m pip install -q --no-build-isolation --no-deps --no-index -e .
+    echo "build: $(( $(date +%s) - t0 )) s (CUDA variant, archs ${PYQSA_CUDA_ARCHS:-90a})"
+fi
 python3 -m pyqsa.cli info
 bin=.build/cmake-cuda/bin/test-backend-ops
 status=0

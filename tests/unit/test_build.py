@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from pyqsa import native
+from pyqsa._build import native as native_build
 from pyqsa._build import patches, upstream
 from pyqsa.cli import main
 
@@ -187,3 +188,34 @@ def test_extract_works_with_and_without_tar_filters(tmp_path, monkeypatch, has_f
     dest = upstream.extract_llama_cpp(sdist, up, tmp_path / "extract")
     assert (dest / "vendor" / "llama.cpp" / "CMakeLists.txt").read_bytes() == data
     assert (dest / ".pyqsa-sha256").read_text().strip() == up.sha256
+
+
+def test_cmake_args_from_the_environment_reach_configure(tmp_path, monkeypatch):
+    """PYQSA_CMAKE_ARGS (tests/gpu/prebuild.sh: cuBLAS from its wheel, a stand-in libcuda)."""
+    seen = []
+    monkeypatch.setattr(native_build, "_run", seen.append)
+    monkeypatch.setattr(native_build, "BUILD", tmp_path)
+    monkeypatch.setenv("PYQSA_CMAKE_ARGS", "-DGGML_NATIVE=OFF '-DCMAKE_CUDA_FLAGS=-I/a b'")
+    cfg = native_build.BuildConfig(cuda=True, cuda_archs="90a", extra_targets=(), jobs=1)
+    native_build.configure(cfg, tmp_path / "src")
+    assert "-DGGML_NATIVE=OFF" in seen[0] and "-DCMAKE_CUDA_FLAGS=-I/a b" in seen[0]
+
+
+def test_prebuilt_is_staged_without_a_build(tmp_path, monkeypatch):
+    """PYQSA_PREBUILT=1 (tests/gpu/prebuilt.sh unpacked a build made elsewhere into the build
+    folder's bin/): build() stages those libraries, patching and CMake never run."""
+    bin_dir = tmp_path / "cmake-cuda" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in ("libllama.so", "libllama.so.0", "libggml.so", "libggml.so.0", "libggml-cuda.so.0"):
+        (bin_dir / name).write_bytes(name.encode())
+    monkeypatch.setattr(native_build, "BUILD", tmp_path)
+    monkeypatch.setattr(native_build, "PY_OUT", tmp_path / "py")
+    monkeypatch.setattr(native_build, "_run", lambda *a, **k: pytest.fail(f"ran {a}"))
+    monkeypatch.setattr(patches, "init_tree", lambda *a: pytest.fail("patched a tree"))
+    monkeypatch.setenv("PYQSA_PREBUILT", "1")
+    monkeypatch.setenv("PYQSA_CUDA", "1")
+    lib = native_build.build()
+    assert lib == tmp_path / "py" / "llama_cpp" / "lib"
+    assert (lib / "VARIANT").read_text() == "cuda\n"
+    assert (lib / "libggml-cuda.so.0").read_bytes() == b"libggml-cuda.so.0"
+    assert (lib / "pyqsa.h").exists()

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Run HERE (no GPU needed) before a device run: build pyqsa's CUDA variant (sm_90a) of this tree
+# and pack it into .gpu-carry/prebuilt-cuda.tar.xz plus its stamp, so that bench/gpu_run.sh and
+# tests/gpu/backend_ops.sh unpack it (tests/gpu/prebuilt.sh) instead of spending ~325 s of device
+# time on the build. They build as before when the stamp's inputs differ from the tree they run
+# or the prebuilt fails to load there.
+#   tests/gpu/prebuild.sh        PREBUILD_JOBS (default 2, under nice), CUDA_HOME (nvcc 13,
+#                                default /usr/local/cuda-13.0)
+# The tree built is the one a device run carries (tracked and untracked files, not ignored),
+# copied to .build/prebuild-cuda/src, which has a .build of its own: the main checkout's
+# .build/cmake-*, .build/llama.cpp and .build/py are not touched. Rebuilds are incremental.
+# First run: ~50 min at -j2 (the CUDA objects; one core busy with other work); after a change
+# to native/ minutes (the changed objects, the links); downloads the cuBLAS wheel once (423 MB).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/gpu/prebuilt.sh
+cuda=${CUDA_HOME:-/usr/local/cuda-13.0}
+work=.build/prebuild-cuda
+src=$work/src
+kit=$PWD/$work/cuda
+mkdir -p "$src/.build/upstream" "$kit" .gpu-carry
+t0=$(date +%s)
+
+# the verified upstream extract (as pack.sh makes it), linked into the snapshot's .build
+extract=$(python3 -c "import sys; sys.path.insert(0, '.'); from pyqsa._build import upstream as u; print(u.fetch())")
+ln -sfn "$extract" "$src/.build/upstream/$(basename "$extract")"
+
+# cuBLAS: nvcc's toolkit here has none. The wheel that torch 2.11+cu130 pins (the GPU image's
+# cuBLAS; any 13.x has the SONAME libcublas.so.13 the libraries will name)
+cublas=$kit/nvidia/cu13
+if [ ! -f "$cublas/lib/libcublas.so.13" ]; then
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --platform manylinux_2_27_x86_64 -d "$kit" nvidia-cublas==13.1.0.3
+    python3 -m zipfile -e "$kit"/nvidia_cublas-*.whl "$kit"
+    rm -f "$kit"/nvidia_cublas-*.whl "$cublas/lib/libnvblas.so.13"
+fi
+# libcuda.so.1, the driver (ggml's VMM pool calls it): a stand-in with every cu* entry point of
+# cuda.h, only to satisfy the link; the GPU machine's driver is the real one. Never packed.
+if [ ! -f "$kit/stub/libcuda.so.1" ]; then
+    mkdir -p "$kit/stub"
+    gcc -E -I"$cuda/include" "$cuda/include/cuda.h" | grep -oE '\bcu[A-Z][A-Za-z0-9_]*\s*\(' |
+        sed 's/\s*($//' | sort -u | sed 's/.*/int &(void) { return 999; }/' > "$kit/stub/libcuda.c"
+    gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$kit/stub/libcuda.so.1" "$kit/stub/libcuda.c"
+    ln -sf libcuda.so.1 "$kit/stub/libcuda.so"
+fi
+
+# the snapshot: the build's inputs as a device run would carry them; tar keeps their times, so
+# ninja rebuilds only what changed (a file deleted but still tracked is skipped)
+rm -rf "$src"/{native,ggml_patches,pyqsa,UPSTREAM,setup.py}
+git ls-files -co --exclude-standard -z -- native ggml_patches pyqsa/_build pyqsa/__init__.py \
+    UPSTREAM setup.py | tar --null --ignore-failed-read -T - -cf - 2> /dev/null | tar -C "$src" -xf -
+inputs=$(prebuilt_inputs "$src")
+
+# The carry's room (64 MiB in all, .gpu-carry ~32 MiB already) sets two choices. 90a-real: the
+# sm_90a machine code without the compute_90a PTX that 90a also embeds (68% of the raw fatbin; an
+# arch-specific PTX is of no use on any GPU but the sm_90a it came with, which runs the machine
+# code). Fatbin compression none (GGML_CUDA_COMPRESSION_MODE, upstream's default: size): xz packs
+# the raw code ~18% smaller than nvcc's compression does. The kernels are those a 90a build has.
+# GGML_NATIVE=OFF: the CPU backend for x86-64-v3 (AVX2, FMA, F16C, BMI2), not -march=native of
+# this CPU, which the GPU machine's may not share. cuBLAS headers and libraries from the wheel
+# (-rpath-link: executables linked against libggml need what libggml-cuda needs, libcublas.so.13
+# needs libcublasLt.so.13), the stand-in driver.
+export PYQSA_CUDA=1 PYQSA_CUDA_ARCHS=90a-real PYQSA_BUILD_JOBS=${PREBUILD_JOBS:-2}
+export PYQSA_EXTRA_TARGETS=test-backend-ops CUDACXX=$cuda/bin/nvcc
+export PYQSA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_CUDA_COMPRESSION_MODE=none -DCUDAToolkit_ROOT=$cuda
+    -DCUDA_cublas_LIBRARY=$cublas/lib/libcublas.so.13 -DCUDA_cublasLt_LIBRARY=$cublas/lib/libcublasLt.so.13
+    -DCUDA_cuda_driver_LIBRARY=$kit/stub/libcuda.so -DCMAKE_CUDA_FLAGS=-I$cublas/include
+    -DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,$cublas/lib:$kit/stub
+    -DCMAKE_SHARED_LINKER_FLAGS=-Wl,-rpath-link,$cublas/lib:$kit/stub"
+echo "building the CUDA variant of inputs $inputs in $src (log: $work/build.log)"
+(cd "$src" && nice -n 15 python3 -c 'from pyqsa._build import native; native.build()') \
+    > "$work/build.log" 2>&1 || { tail -n 30 "$work/build.log"; exit 1; }
+echo "built ($(( $(date +%s) - t0 )) s)"
+
+# the archive: bin/ of the build folder (the libraries, by their SONAME files and links, and
+# the test binaries, which find the libraries through RUNPATH $ORIGIN); pip's editable install
+# there stages the libraries into .build/py as a build would
+bin=$src/.build/cmake-cuda/bin
+(cd "$bin/.." && tar -cf - bin/lib*.so* bin/test-{qsa-ops,qsa-page,sample,products,gdn,hc,backend-ops}) |
+    xz -9 -T2 > .gpu-carry/prebuilt-cuda.tar.xz.tmp
+mv .gpu-carry/prebuilt-cuda.tar.xz.tmp .gpu-carry/prebuilt-cuda.tar.xz
+dirty=$(git diff --quiet HEAD -- native ggml_patches pyqsa setup.py UPSTREAM || echo " plus changes")
+{
+    echo "inputs=$inputs archs=90a"  # what it stands in for (PYQSA_CUDA_ARCHS there)
+    echo "targets=$PYQSA_EXTRA_TARGETS"
+    echo "built=$(date -u +%FT%TZ) from $(git rev-parse --short HEAD)$dirty, archs $PYQSA_CUDA_ARCHS, $("$cuda/bin/nvcc" --version |
+        sed -n 's/.*release \([0-9.]*\), \(V[0-9.]*\)/nvcc \2/p'), $(gcc -dumpfullversion) on $(. /etc/os-release; echo "$ID $VERSION_ID")"
+} > .gpu-carry/prebuilt-cuda.stamp
+[ "$(prebuilt_inputs .)" = "$inputs" ] ||
+    echo "NOTE: the tree changed while it built; the stamp holds the snapshot's inputs ($inputs)"
+cat .gpu-carry/prebuilt-cuda.stamp
+du -h .gpu-carry/prebuilt-cuda.tar.xz
+# a device run carries the tree (~3.5 MB) and .gpu-carry, 64 MiB at most
+[ "$(du -sm .gpu-carry | cut -f1)" -le 58 ] && du -sh .gpu-carry ||
+    echo "WARNING: .gpu-carry is $(du -sh .gpu-carry | cut -f1): with the tree, over the device tool's 64 MiB carry"

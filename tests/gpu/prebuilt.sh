@@ -1,0 +1,69 @@
+# Sourced (bash). The CUDA variant built ahead (tests/gpu/prebuild.sh, on the development machine)
+# and carried in .gpu-carry/prebuilt-cuda.tar.xz, so a device run need not spend ~325 s building.
+#   prebuilt_inputs DIR   digest of what decides the build, the same on both machines
+#   prebuilt_install      GPU machine: unpack where the setup path puts its outputs, install
+#                         editable, check it loads and runs; status 0, else the caller builds
+
+# What the CUDA build depends on: native/ (less the dev corner's standalone studies, which no
+# build target compiles), the patches, the build code, the version compiled in (pyqsa/__init__.py),
+# setup.py and the pin (UPSTREAM holds the sdist's sha256, so it stands for the extract). File
+# contents, not git: the GPU machine's tree is the working tree sent, its .git is not that tree.
+prebuilt_inputs() {
+    (cd "$1" && find native ggml_patches pyqsa/_build pyqsa/__init__.py UPSTREAM setup.py \
+        -path native/dev -prune -o -name __pycache__ -prune -o -type f -print |
+        LC_ALL=C sort | xargs -d '\n' sha256sum | sha256sum | cut -c1-16)
+}
+
+prebuilt_install() {
+    local tarball=.gpu-carry/prebuilt-cuda.tar.xz stamp=.gpu-carry/prebuilt-cuda.stamp
+    local bin=.build/cmake-cuda/bin want have unpacked t
+    # bin/.prebuilt names the prebuilt unpacked there; taken away first, so a build of another
+    # tree that follows (a fallback, or the next call's) does not pass for it later
+    unpacked=$(cat "$bin/.prebuilt" 2> /dev/null) && rm -f "$bin/.prebuilt"
+    [ "${PYQSA_PREBUILT_USE:-1}" = 1 ] && [ -f "$tarball" ] && [ -f "$stamp" ] || return 1
+    want="inputs=$(prebuilt_inputs .) archs=${PYQSA_CUDA_ARCHS:-90a}"
+    have=$(grep -E '^inputs=' "$stamp")
+    if [ "$have" != "$want" ]; then
+        echo "prebuilt: not for this tree (carried: $have; here: $want), building"
+        return 1
+    fi
+    for t in ${PYQSA_EXTRA_TARGETS:-}; do
+        grep -qE "^targets=.*\b$t\b" "$stamp" || { echo "prebuilt: has no $t, building"; return 1; }
+    done
+    if [ "$unpacked" != "$have" ]; then  # (a warm machine may hold it unpacked and checked)
+        rm -rf .build/cmake-cuda .build/py/llama_cpp/lib
+        mkdir -p .build/cmake-cuda
+        # (Python's tarfile where the image's tar has no xz)
+        tar -C .build/cmake-cuda -xJf "$tarball" 2> /dev/null ||
+            python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+                "$tarball" .build/cmake-cuda || { rm -rf .build/cmake-cuda; return 1; }
+    fi
+    # pip's editable install (the llama_cpp mapping, the pyqsa command) with the build replaced by
+    # staging bin/'s libraries (pyqsa/_build/native.py)
+    if ! PYQSA_PREBUILT=1 PYQSA_CUDA=1 python3 -m pip install -q --no-build-isolation --no-deps \
+        --no-index -e . || ! prebuilt_check; then
+        echo "prebuilt: does not load or run here, building"
+        rm -rf .build/cmake-cuda .build/py/llama_cpp/lib
+        return 1
+    fi
+    echo "$have" > "$bin/.prebuilt"
+    echo "prebuilt: in place, $(grep -E '^built=' "$stamp")"
+}
+
+# It was linked on another system (Debian 12, glibc 2.36, a stand-in libcuda): the libraries load
+# through the bindings with the CUDA device seen, and one op-check binary runs its kernels on it
+# (sm_90a code from this nvcc on this driver).
+prebuilt_check() {
+    local bin=.build/cmake-cuda/bin
+    if ! python3 -m pyqsa.cli info --json | grep -q '"type": "GPU"'; then
+        python3 -m pyqsa.cli info 2>&1 | tail -n 5
+        ldd "$bin/libggml-cuda.so" | grep 'not found'
+        return 1
+    fi
+    # (without the device it runs the CPU's checks alone and passes: its CUDA0 lines are required)
+    if ! timeout 120 "$bin/test-hc" test -b CUDA0 > /tmp/prebuilt-check.log 2>&1 ||
+        ! grep -q ' CUDA0: .*OK$' /tmp/prebuilt-check.log; then
+        tail -n 15 /tmp/prebuilt-check.log
+        return 1
+    fi
+}
