@@ -129,16 +129,12 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16(const gemv_args a)
 constexpr int KB        = 32;   // k of a lane-step: 8 halves for each lane of a quad
 constexpr int MAX_SLOTS = 256;  // n_used * n_tok of a MoE call
 
-struct cols_args {
-    gemv_part    parts[PYQSA_GEMV_MAX_PARTS];
-    int          n_parts;
-    size_t       w_nb2;
-    const char * x;  // F32: the column of pair (t, u) at x + t * x_nb2 + (u % x_ne1) * x_nb1
-    size_t       x_nb1, x_nb2;
-    int          x_ne1;
-    const char * ids;  // I32 [n_used, n_tok]; nullptr: MUL_MATs (one expert, n_used 1)
-    size_t       ids_nb0, ids_nb1;
-    int          n_used, n_tok, K;
+// gemv_args's, and the tokens: x's column of pair (t, u) at x + t * x_nb2 + (u % x_ne1) * x_nb1,
+// ids I32 [n_used, n_tok]
+struct cols_args : gemv_args {
+    size_t x_nb2;
+    size_t ids_nb1;
+    int    n_used, n_tok;
 };
 
 // NOTE: A's and B's k are permuted alike, which leaves each product's sum as it is: lane (g, t)
@@ -359,19 +355,22 @@ bool launch_mul_mats(ggml_backend_cuda_context & ctx, const ggml_tensor * const 
         }
         rows += w->ne[1];
     }
-    if (T >= 2 && T <= PYQSA_GEMV_MAX_COLS) {
-        // T columns as one expert's pairs (t, 0): x column t at t * nb1
-        cols_args a = {};
+    const auto fill = [&](gemv_args & a) {  // expert 0; one column: u is 0, d_nb1 never used
         for (int i = 0; i < n; ++i) {
             a.parts[i] = mul_mat_part(ws[i], dsts[i]);
         }
         a.n_parts = n;
         a.x       = (const char *) x->data;
-        a.x_nb2   = x->nb[1];
         a.x_ne1   = 1;
-        a.n_used  = 1;
-        a.n_tok   = (int) T;
         a.K       = (int) x->ne[0];
+    };
+    if (T >= 2 && T <= PYQSA_GEMV_MAX_COLS) {
+        // T columns as one expert's pairs (t, 0): x column t at t * nb1
+        cols_args a = {};
+        fill(a);
+        a.x_nb2  = x->nb[1];
+        a.n_used = 1;
+        a.n_tok  = (int) T;
         launch_cols(ctx, a, 1);
         return true;
     }
@@ -379,14 +378,8 @@ bool launch_mul_mats(ggml_backend_cuda_context & ctx, const ggml_tensor * const 
     if (T != 1 || (r < 2 && !narrow_ok)) {
         return false;
     }
-    gemv_args a = {};  // one column: u is 0, so a part's d_nb1 is never used
-    for (int i = 0; i < n; ++i) {
-        a.parts[i] = mul_mat_part(ws[i], dsts[i]);
-    }
-    a.n_parts = n;
-    a.x       = (const char *) x->data;
-    a.x_ne1   = 1;
-    a.K       = (int) x->ne[0];
+    gemv_args a = {};
+    fill(a);
     launch(ctx, a, 1, r);
     return true;
 }
@@ -418,27 +411,29 @@ bool pyqsa_cuda_gemv_id(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggml_tensor * x      = dst->src[1];
     const ggml_tensor * ids    = dst->src[2];
     const int64_t       n_used = ids->ne[0], n_tok = ids->ne[1];
-    const gemv_part     part   = { (const char *) w->data, w->nb[1], (char *) dst->data, dst->nb[1], dst->nb[2],
-                                   (int) w->ne[1],         0 };
+    // the expert products as one part, the fields both kernels read
+    const auto          fill   = [&](gemv_args & a) {
+        a.parts[0] = { (const char *) w->data, w->nb[1], (char *) dst->data, dst->nb[1], dst->nb[2], (int) w->ne[1], 0 };
+        a.n_parts  = 1;
+        a.w_nb2    = w->nb[2];
+        a.x        = (const char *) x->data;
+        a.x_nb1    = x->nb[1];
+        a.x_ne1    = (int) x->ne[1];
+        a.ids      = (const char *) ids->data;
+        a.ids_nb0  = ids->nb[0];
+        a.K        = (int) w->ne[0];
+    };
     if (n_tok >= 2 && n_tok <= PYQSA_GEMV_MAX_COLS) {
         if (!takes(ctx, w, x, dst) || ids->type != GGML_TYPE_I32 || w->ne[0] % KB != 0 ||
             n_used * n_tok > MAX_SLOTS || x->ne[2] != n_tok || dst->ne[1] != n_used || dst->ne[2] != n_tok) {
             return false;
         }
         cols_args a = {};
-        a.parts[0]  = part;
-        a.n_parts   = 1;
-        a.w_nb2     = w->nb[2];
-        a.x         = (const char *) x->data;
-        a.x_nb1     = x->nb[1];
-        a.x_nb2     = x->nb[2];
-        a.x_ne1     = (int) x->ne[1];
-        a.ids       = (const char *) ids->data;
-        a.ids_nb0   = ids->nb[0];
-        a.ids_nb1   = ids->nb[1];
-        a.n_used    = (int) n_used;
-        a.n_tok     = (int) n_tok;
-        a.K         = (int) w->ne[0];
+        fill(a);
+        a.x_nb2   = x->nb[2];
+        a.ids_nb1 = ids->nb[1];
+        a.n_used  = (int) n_used;
+        a.n_tok   = (int) n_tok;
         launch_cols(ctx, a, (int) std::min<int64_t>(n_used * n_tok, w->ne[2]));
         return true;
     }
@@ -447,15 +442,7 @@ bool pyqsa_cuda_gemv_id(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         return false;
     }
     gemv_args a = {};
-    a.parts[0]  = part;
-    a.n_parts   = 1;
-    a.w_nb2     = w->nb[2];
-    a.x         = (const char *) x->data;
-    a.x_nb1     = x->nb[1];
-    a.x_ne1     = (int) x->ne[1];
-    a.ids       = (const char *) ids->data;
-    a.ids_nb0   = ids->nb[0];
-    a.K         = (int) w->ne[0];
+    fill(a);
     launch(ctx, a, (int) n_used, rows_per_warp(w->ne[1], n_used, ggml_cuda_info().devices[ctx.device].nsm));
     return true;
 }
