@@ -3,8 +3,9 @@
 // attention's five (q and gate, k, v, the indexer's q and k), every hyper-connection norm two
 // (down and inject); 252 launches of the 48-layer model's step at 1-8 sequences (the f32 router
 // and shared-expert gate are not the gemv's). Each was a kernel of a few microseconds, mostly
-// launch and ramp time at one sequence (a step had ~2300 kernels). Called from the patched
-// ggml-cuda.cu (ggml_patches/0020):
+// launch and ramp time at one sequence: a step had 2522 kernels on the H200
+// (bench/results/2026-12-04-2d244c6-kernels.txt), ~2140 since the fused hyper-connection ops.
+// Called from the patched ggml-cuda.cu (ggml_patches/0020):
 //   graph_optimize (before the graph is allocated): each x's products that one launch can take
 //     (f16 weights, 1-8 columns, none of upstream's fusions to them) are moved next to the
 //     first of them. Only reads of x and of weights move, earlier, so the order stays valid; one
