@@ -45,11 +45,21 @@ if [ ! -f "$kit/stub/libcuda.so.1" ]; then
     ln -sf libcuda.so.1 "$kit/stub/libcuda.so"
 fi
 
-# the snapshot: the build's inputs as a device run would carry them; tar keeps their times, so
-# ninja rebuilds only what changed (a file deleted but still tracked is skipped)
-rm -rf "$src"/{native,ggml_patches,pyqsa,UPSTREAM,setup.py}
+# the snapshot: the build's inputs as a device run would carry them. A file takes a fresh time
+# there only when its content differs from the last snapshot's, so ninja rebuilds what changed
+# whatever the file's own time: one edited while the last build ran is older than the objects
+# built from its old content. Files gone from the tree go from the snapshot.
+next=$work/next
+rm -rf "$next" && mkdir -p "$next"
 git ls-files -co --exclude-standard -z -- native ggml_patches pyqsa/_build pyqsa/__init__.py \
-    UPSTREAM setup.py | tar --null --ignore-failed-read -T - -cf - 2> /dev/null | tar -C "$src" -xf -
+    UPSTREAM setup.py | tar --null --ignore-failed-read -T - -cf - 2> /dev/null | tar -C "$next" -xf -
+(cd "$next" && find . -type f) | while read -r f; do
+    cmp -s "$next/$f" "$src/$f" || { mkdir -p "$(dirname "$src/$f")" && cp "$next/$f" "$src/$f"; }
+done
+(cd "$src" && find native ggml_patches pyqsa UPSTREAM setup.py -type f 2> /dev/null) | while read -r f; do
+    [ -e "$next/$f" ] || rm -f "$src/$f"
+done
+rm -rf "$next"
 inputs=$(prebuilt_inputs "$src")
 
 # The carry's room (64 MiB in all, .gpu-carry ~32 MiB already) sets two choices. 90a-real: the
