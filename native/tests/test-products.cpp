@@ -6,7 +6,8 @@
 // every call there) and upstream's host-sorted path past 128-512 tokens with PYQSA_CUDA_MOE_SYNC=1.
 // Upstream's CPU ops against a double-precision reference, then every other backend against the
 // CPU, each way (the grouped GEMM's 64- and 128-row tiles each forced by PYQSA_CUDA_MOE_BM).
-// Products of f16 weights with 1-8 columns (decode steps, MUL_MAT and MUL_MAT_ID) run on pyqsa's gemv
+// Products of f16 weights with 1-8 columns (decode steps, MUL_MAT and MUL_MAT_ID; MUL_MAT of one column
+// a channel too) run on pyqsa's gemv
 // (native/ggml/cuda/gemv-f16.cuh): with one column it keeps x in f32, checked against the double
 // reference of the unrounded x; with 2-8 it rounds x to f16 as the CPU does, checked against the CPU.
 // PYQSA_CUDA_GEMV_UPSTREAM=1 puts them back on upstream's MMVF/MMF.
@@ -42,13 +43,14 @@ namespace {
 struct product_case {
     ggml_type type;
     int64_t   n_in, n_out, n_expert, n_used, n_tok, n_x;
-    bool      skewed;  // most tokens on two experts, some experts on none
+    bool      skewed;                 // most tokens on two experts, some experts on none
+    bool      per_channel = false;    // MUL_MAT of x [n_in, 1, n_tok], w broadcast: dst [n_out, 1, n_tok]
 
     std::string name() const {
         char buf[160];
         if (n_expert == 0) {
-            std::snprintf(buf, sizeof(buf), "MUL_MAT(type=%s,n_in=%lld,n_out=%lld,n_tok=%lld)", ggml_type_name(type),
-                          (long long) n_in, (long long) n_out, (long long) n_tok);
+            std::snprintf(buf, sizeof(buf), "MUL_MAT(type=%s,n_in=%lld,n_out=%lld,n_tok=%lld%s)", ggml_type_name(type),
+                          (long long) n_in, (long long) n_out, (long long) n_tok, per_channel ? ",per channel" : "");
             return buf;
         }
         std::snprintf(buf, sizeof(buf), "MUL_MAT_ID(type=%s,n_in=%lld,n_out=%lld,n_expert=%lld,n_used=%lld,n_tok=%lld,n_x=%lld%s)",
@@ -130,9 +132,10 @@ struct product_tensors {
 
 product_tensors make_product(ggml_context * ctx, const product_case & c) {
     product_tensors t;
-    if (c.n_expert == 0) {
+    if (c.n_expert == 0) {  // per channel: the same bytes, x's columns along dim 2
         t.w   = ggml_new_tensor_2d(ctx, c.type, c.n_in, c.n_out);
-        t.x   = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n_in, c.n_tok);
+        t.x   = c.per_channel ? ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.n_in, 1, c.n_tok)
+                              : ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n_in, c.n_tok);
         t.out = ggml_mul_mat(ctx, t.w, t.x);
     } else {
         t.w   = ggml_new_tensor_3d(ctx, c.type, c.n_in, c.n_out, c.n_expert);
@@ -184,8 +187,8 @@ std::vector<product_way> ways(const product_case & c) {
     if (one_column_f32_x(c)) {
         return { { nullptr, nullptr, 1e-10, true }, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", 1e-4 } };
     }
-    if (decode_step(c) && c.n_tok >= 2) {
-        return { { nullptr, nullptr, 1e-9 }, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", 1e-9 } };
+    if (decode_step(c) && c.n_tok >= 2) {  // upstream's per-channel products: MMVF, f16 sums
+        return { { nullptr, nullptr, 1e-9 }, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", c.per_channel ? 1e-3 : 1e-9 } };
     }
     if (c.n_expert == 0) {
         return { { nullptr, nullptr, 1e-9 }, { "PYQSA_CUDA_F16_ACCUMULATE", "1", c.type == GGML_TYPE_F16 ? 1e-3 : 1e-9 } };
@@ -379,6 +382,9 @@ int cmd_test(const char * only_backend) {
         { GGML_TYPE_F16, 512, 2560, 0, 1, 8, 1, false },
         { GGML_TYPE_F16, 6144, 2560, 0, 1, 5, 1, false },
         { GGML_TYPE_F16, 128, 33, 0, 1, 2, 1, false },
+        // the linear attention's output projection at 8 and 3 sequences: one column a channel
+        { GGML_TYPE_F16, 4096, 2560, 0, 1, 8, 1, false, true },
+        { GGML_TYPE_F16, 512, 33, 0, 1, 3, 1, false, true },
         { GGML_TYPE_F16, 2560, 512, 8, 2, 8, 1, false },
         { GGML_TYPE_F16, 512, 2560, 8, 2, 8, 2, false },
         { GGML_TYPE_F16, 256, 64, 16, 4, 7, 4, true },

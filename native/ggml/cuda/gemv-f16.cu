@@ -335,29 +335,29 @@ bool takes(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_te
            dst->ne[3] == 1 && aligned16(w->data, w->nb[1], w->nb[2]) && aligned16(x->data, x->nb[1], x->nb[2]);
 }
 
-// a MUL_MAT dst = w x of T <= 8 columns as a part: column t of dst at t * nb1
-gemv_part mul_mat_part(const ggml_tensor * w, const ggml_tensor * dst) {
-    return { (const char *) w->data, w->nb[1], (char *) dst->data, 0, dst->nb[1], (int) w->ne[1], 0 };
-}
-
-// MUL_MATs dsts[i] = ws[i] x, i < n, of one x [K, T], T <= 8, in one launch; false (nothing
-// launched) where the gemv does not take one of them. One column: a warp takes rows_per_warp()
-// rows of the parts together, where only narrow_ok takes one row a warp.
+// MUL_MATs dsts[i] = ws[i] x, i < n, of one x of T <= 8 columns, in one launch; false (nothing
+// launched) where the gemv does not take one of them. The columns run along x's dim 1 (x [K, T])
+// or, one a channel, along dim 2 (x [K, 1, T], w broadcast: the linear attention's output
+// projection at T sequences, whose per-channel product upstream's MMVF ran as T one-column
+// products, reading w T times). One column: a warp takes rows_per_warp() rows of the parts
+// together, where only narrow_ok takes one row a warp.
 bool launch_mul_mats(ggml_backend_cuda_context & ctx, const ggml_tensor * const * ws, const ggml_tensor * x,
                      const ggml_tensor * const * dsts, int n, bool narrow_ok) {
-    const int64_t T    = x->ne[1];
+    const int     dim  = x->ne[1] == 1 && x->ne[2] > 1 ? 2 : 1;  // the columns' dimension
+    const int64_t T    = x->ne[dim];
     int64_t       rows = 0;
     for (int i = 0; i < n; ++i) {
         const ggml_tensor * w = ws[i];
-        if (!takes(ctx, w, x, dsts[i]) || w->ne[2] != 1 || x->ne[2] != 1 || dsts[i]->ne[1] != T ||
-            dsts[i]->ne[2] != 1 || (T >= 2 && w->ne[0] % KB != 0)) {
+        if (!takes(ctx, w, x, dsts[i]) || w->ne[2] != 1 || x->ne[3 - dim] != 1 || dsts[i]->ne[dim] != T ||
+            dsts[i]->ne[3 - dim] != 1 || (T >= 2 && w->ne[0] % KB != 0)) {
             return false;
         }
         rows += w->ne[1];
     }
     const auto fill = [&](gemv_args & a) {  // expert 0; one column: u is 0, d_nb1 never used
-        for (int i = 0; i < n; ++i) {
-            a.parts[i] = mul_mat_part(ws[i], dsts[i]);
+        for (int i = 0; i < n; ++i) {  // column t of dst i at t * its nb[dim]
+            a.parts[i] = { (const char *) ws[i]->data, ws[i]->nb[1], (char *) dsts[i]->data, 0, dsts[i]->nb[dim],
+                           (int) ws[i]->ne[1], 0 };
         }
         a.n_parts = n;
         a.x       = (const char *) x->data;
@@ -365,10 +365,10 @@ bool launch_mul_mats(ggml_backend_cuda_context & ctx, const ggml_tensor * const 
         a.K       = (int) x->ne[0];
     };
     if (T >= 2 && T <= PYQSA_GEMV_MAX_COLS) {
-        // T columns as one expert's pairs (t, 0): x column t at t * nb1
+        // T columns as one expert's pairs (t, 0): x column t at t * nb[dim]
         cols_args a = {};
         fill(a);
-        a.x_nb2  = x->nb[1];
+        a.x_nb2  = x->nb[dim];
         a.n_used = 1;
         a.n_tok  = (int) T;
         launch_cols(ctx, a, 1);
