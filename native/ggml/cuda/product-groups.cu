@@ -64,11 +64,6 @@ bool writes_between(const ggml_cgraph * g, int a, int b, const ggml_tensor * x) 
 
 }  // namespace
 
-bool pyqsa_cuda_products_grouped() {
-    const char * v = getenv("PYQSA_CUDA_PRODUCTS_UNGROUPED");
-    return v == nullptr || *v == '\0' || strcmp(v, "0") == 0;
-}
-
 void pyqsa_cuda_group_products(ggml_cgraph * g) {
     if (!pyqsa_cuda_products_grouped()) {
         return;

@@ -19,7 +19,7 @@
 
 #include "ggml-cuda/common.cuh"
 
-// PYQSA_CUDA_PRODUCTS_UNGROUPED unset or "0"
+// PYQSA_CUDA_PRODUCTS_UNGROUPED unset or "0" (pyqsa-cuda.cu reads it at every call)
 bool pyqsa_cuda_products_grouped();
 
 // moves the MUL_MATs that one launch can take next to the first of each x's (graph_optimize)

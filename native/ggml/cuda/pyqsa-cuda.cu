@@ -3,6 +3,7 @@
 #include "gdn-prefill.cuh"
 #include "gemv-f16.cuh"
 #include "hc-combine.cuh"
+#include "product-groups.cuh"
 #include "pyqsa-cuda-moe.h"
 #include "pyqsa-cuda-precision.h"
 
@@ -144,6 +145,10 @@ bool pyqsa_cuda_gdn_staged() {
 
 bool pyqsa_cuda_gemv_on() {
     return !env_switch_on("PYQSA_CUDA_GEMV_UPSTREAM");
+}
+
+bool pyqsa_cuda_products_grouped() {
+    return !env_switch_on("PYQSA_CUDA_PRODUCTS_UNGROUPED");
 }
 
 int pyqsa_cuda_gdn_lanes() {
