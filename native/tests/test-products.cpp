@@ -225,7 +225,7 @@ struct group_case {
 // the group's outputs, concatenated, computed on be (and the CPU) by a scheduler; counts: the
 // backend's grouped launches and products during the compute, when it counts them
 std::vector<float> run_group(ggml_backend_t be, ggml_backend_t cpu, const group_case & c,
-                             const std::vector<std::vector<uint16_t>> & w, const std::vector<float> & x,
+                             const std::vector<product_data> & w, const std::vector<float> & x,
                              uint64_t counts[2]) {
     const size_t   n = c.n_out.size();
     ggml_init_params pp = { ggml_tensor_overhead() * (n + 1), nullptr, true };
@@ -234,7 +234,7 @@ std::vector<float> run_group(ggml_backend_t be, ggml_backend_t cpu, const group_
     for (size_t i = 0; i < n; ++i) wt[i] = ggml_new_tensor_2d(params, GGML_TYPE_F16, c.n_in, c.n_out[i]);
     ggml_tensor * xt = ggml_new_tensor_2d(params, GGML_TYPE_F32, c.n_in, c.n_tok);
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(params, be);
-    for (size_t i = 0; i < n; ++i) ggml_backend_tensor_set(wt[i], w[i].data(), 0, ggml_nbytes(wt[i]));
+    for (size_t i = 0; i < n; ++i) ggml_backend_tensor_set(wt[i], w[i].w_raw.data(), 0, ggml_nbytes(wt[i]));
     ggml_backend_tensor_set(xt, x.data(), 0, ggml_nbytes(xt));
 
     ggml_init_params gp = { ggml_tensor_overhead() * (3 * n + 8) + ggml_graph_overhead(), nullptr, true };
@@ -293,32 +293,20 @@ void check_groups(const char * only_backend, ggml_backend_t cpu, std::mt19937 & 
         { 2560, { 8192, 32, 4096 }, 3, false, true, 1 },
         { 2560, { 8192, 32, 4096 }, 1, true, false, 1 },
     };
-    std::normal_distribution<float> nd(0.0f, 1.0f);
     for (const group_case & c : cases) {
-        std::vector<std::vector<uint16_t>> w(c.n_out.size());
-        for (size_t i = 0; i < w.size(); ++i) {
-            std::vector<float> wf(c.n_in * c.n_out[i]);
-            for (auto & v : wf) v = nd(rng);
-            w[i].resize(wf.size());
-            ggml_fp32_to_fp16_row(wf.data(), (ggml_fp16_t *) w[i].data(), (int64_t) wf.size());
-        }
-        std::vector<float> x(c.n_in * c.n_tok);
-        for (auto & v : x) v = nd(rng);
-        // in double, x rounded to f16 as the CPU rounds it (halved past the first product: hazard)
-        std::vector<float> ref;
-        for (size_t i = 0; i < w.size(); ++i) {
-            std::vector<ggml_fp16_t> xh(x.size());
-            std::vector<float>       xi(x);
-            for (auto & v : xi) v *= c.hazard && i > 0 ? 0.5f : 1.0f;
-            ggml_fp32_to_fp16_row(xi.data(), xh.data(), (int64_t) xi.size());
-            for (int64_t t = 0; t < c.n_tok; ++t)
-            for (int64_t o = 0; o < c.n_out[i]; ++o) {
-                double acc = 0.0;
-                for (int64_t k = 0; k < c.n_in; ++k) {
-                    acc += (double) ggml_fp16_to_fp32(w[i][o * c.n_in + k]) * ggml_fp16_to_fp32(xh[t * c.n_in + k]);
-                }
-                ref.push_back((float) acc);
-            }
+        // each product's weights and the case's reference (make_data, reference), all on one x,
+        // halved past the first product where x is scaled in place between
+        std::vector<product_data> w;
+        std::vector<float>        x, ref;
+        for (int64_t n_out : c.n_out) {
+            const product_case pc = { GGML_TYPE_F16, c.n_in, n_out, 0, 1, c.n_tok, 1, false };
+            w.push_back(make_data(pc, rng));
+            if (x.empty()) x = w.back().x;
+            product_data d = w.back();
+            d.x            = x;
+            for (auto & v : d.x) v *= c.hazard && w.size() > 1 ? 0.5f : 1.0f;
+            const std::vector<float> r = reference(pc, d);
+            ref.insert(ref.end(), r.begin(), r.end());
         }
         uint64_t counts[2];
         const std::vector<float> out_cpu = run_group(cpu, cpu, c, w, x, counts);
