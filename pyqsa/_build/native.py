@@ -100,7 +100,10 @@ def configure(cfg: BuildConfig, src: Path) -> None:
         args.append(f"-DCMAKE_CUDA_ARCHITECTURES={cfg.cuda_archs}")
     # where the toolkit is not in one place (tests/gpu/prebuild.sh: cuBLAS from its wheel, a
     # stand-in driver library for the link)
-    args += shlex.split(os.environ.get("PYQSA_CMAKE_ARGS", ""))
+    try:
+        args += shlex.split(os.environ.get("PYQSA_CMAKE_ARGS", ""))
+    except ValueError as e:  # an unclosed quote: one line, not a traceback out of pip
+        raise SystemExit(f"PYQSA_CMAKE_ARGS: {e}") from None
     if shutil.which("ninja"):
         args += ["-G", "Ninja"]
     cache = cfg.build_dir / "CMakeCache.txt"

@@ -201,6 +201,16 @@ def test_cmake_args_from_the_environment_reach_configure(tmp_path, monkeypatch):
     assert "-DGGML_NATIVE=OFF" in seen[0] and "-DCMAKE_CUDA_FLAGS=-I/a b" in seen[0]
 
 
+def test_cmake_args_that_do_not_parse_are_one_line(tmp_path, monkeypatch):
+    """An unclosed quote in PYQSA_CMAKE_ARGS stops the build with a line naming the variable."""
+    monkeypatch.setattr(native_build, "_run", lambda *a, **k: pytest.fail(f"ran {a}"))
+    monkeypatch.setattr(native_build, "BUILD", tmp_path)
+    monkeypatch.setenv("PYQSA_CMAKE_ARGS", "-DGGML_NATIVE=OFF '-DCMAKE_CUDA_FLAGS=-I/a")
+    cfg = native_build.BuildConfig(cuda=True, cuda_archs="90a", extra_targets=(), jobs=1)
+    with pytest.raises(SystemExit, match=r"^PYQSA_CMAKE_ARGS: No closing quotation$"):
+        native_build.configure(cfg, tmp_path / "src")
+
+
 def test_prebuilt_is_staged_without_a_build(tmp_path, monkeypatch):
     """PYQSA_PREBUILT=1 (tests/gpu/prebuilt.sh unpacked a build made elsewhere into the build
     folder's bin/): build() stages those libraries, patching and CMake never run."""
