@@ -26,12 +26,13 @@
 #                 moemmf: pyqsa's with PYQSA_CUDA_MOE_MMF=1, MoE products of every batch on MMF;
 #                 gemvup: pyqsa's with PYQSA_CUDA_GEMV_UPSTREAM=1, decode products (1-8 columns) on upstream's MMVF/MMF;
 #                 hcunf: pyqsa's with PYQSA_HC_UNFUSED=1, the hyper-connection combine and gate as upstream's ops;
-#                 ungrp: pyqsa's with PYQSA_CUDA_PRODUCTS_UNGROUPED=1, a decode step's products of one x a launch each)
+#                 ungrp: pyqsa's with PYQSA_CUDA_PRODUCTS_UNGROUPED=1, a decode step's products of one x a launch each;
+#                 gatesunf: pyqsa's with PYQSA_GATES_UNFUSED=1, the linear attention's and shared expert's gates as upstream's ops)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024 --repeats 3")
 #                 --serve "SERVE FLAGS" (after the decode runs: bench/serve_run.sh, the server
 #                 benchmark, with these extra serve flags, e.g. "--sampling device"; "" for none)
 #                 --checks (after the builds: the op-check binaries (test-qsa-ops, test-qsa-page, test-sample,
-#                 test-products, test-gdn, test-hc) CUDA vs CPU and
+#                 test-products, test-gdn, test-fused) CUDA vs CPU and
 #                 their timings, tests/gpu/paging.sh, tests/gpu/sampling.sh, tests/gpu/serve_paged.sh (serve --slots 8
 #                 --ctx 262144 with paging, 8 concurrent requests), then tests/gpu/parity.sh)
 #                 --op-checks (the first part of --checks only: the op-check binaries, CUDA vs CPU
@@ -81,7 +82,8 @@ done
 declare -A variant_env=([cores]=PYQSA_QSA_ATTN_MMA=0 [moesync]=PYQSA_CUDA_MOE_SYNC=1
                         [f16acc]=PYQSA_CUDA_F16_ACCUMULATE=1 [gdnup]=PYQSA_CUDA_GDN_UPSTREAM=1
                         [moemmf]=PYQSA_CUDA_MOE_MMF=1 [gemvup]=PYQSA_CUDA_GEMV_UPSTREAM=1
-                        [hcunf]=PYQSA_HC_UNFUSED=1 [ungrp]=PYQSA_CUDA_PRODUCTS_UNGROUPED=1)
+                        [hcunf]=PYQSA_HC_UNFUSED=1 [ungrp]=PYQSA_CUDA_PRODUCTS_UNGROUPED=1
+                        [gatesunf]=PYQSA_GATES_UNFUSED=1)
 declare -A variant_args=([pyqsa]="--variant pyqsa" [paged]="--variant pyqsa --hot-blocks $hot_blocks"
                          [pagedq8]="--variant pyqsa --hot-blocks $hot_blocks --kv-type q8_0"
                          [pagedq8f16]="--variant pyqsa --hot-blocks $hot_blocks --kv-type q8_0 --kv-hot-type f16"
@@ -207,7 +209,7 @@ if [ -n "$checks$op_checks" ]; then
     op_check test-sample "sample op" "us/step"
     op_check test-products "matrix products" "us/run"
     op_check test-gdn "gated delta rule" "us/run"
-    op_check test-hc "hyper-connection combine" "us/run"
+    op_check test-fused "fused ops" "us/run"
     cat "$out/ops-perf.txt"
     echo "op checks done ($(elapsed))"
 fi

@@ -1,7 +1,7 @@
 # Included by the patched src/CMakeLists.txt (ggml_patches/0001) after the llama target exists:
 # compiles pyqsa's own sources into libllama.
 set(PYQSA_LLAMA_SOURCES
-    ${CMAKE_CURRENT_LIST_DIR}/src/hc-fused.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/fused-ops.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-api.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-context.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/pyqsa-debug.cpp
@@ -45,10 +45,10 @@ target_compile_features(test-products PRIVATE cxx_std_17)
 add_executable(test-gdn ${CMAKE_CURRENT_LIST_DIR}/tests/test-gdn.cpp)
 target_link_libraries(test-gdn PRIVATE ggml)
 target_compile_features(test-gdn PRIVATE cxx_std_17)
-# qwen4exp's hyper-connection combine as one op against upstream's ops: test-hc [test|perf] [-b BACKEND]
-add_executable(test-hc ${CMAKE_CURRENT_LIST_DIR}/tests/test-hc.cpp)
-target_link_libraries(test-hc PRIVATE ggml)
-target_compile_features(test-hc PRIVATE cxx_std_17)
+# qwen4exp's fused ops against the graphs of upstream's ops they replace: test-fused [test|perf] [-b BACKEND]
+add_executable(test-fused ${CMAKE_CURRENT_LIST_DIR}/tests/test-fused.cpp)
+target_link_libraries(test-fused PRIVATE ggml)
+target_compile_features(test-fused PRIVATE cxx_std_17)
 # the sample op: test-sample [test|perf] [-b BACKEND]
 add_executable(test-sample ${CMAKE_CURRENT_LIST_DIR}/tests/test-sample.cpp)
 target_link_libraries(test-sample PRIVATE ggml)

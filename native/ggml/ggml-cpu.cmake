@@ -1,5 +1,7 @@
 # Included by the patched ggml/src/ggml-cpu/CMakeLists.txt (ggml_patches/0005): CPU kernels.
 target_sources(${GGML_CPU_NAME} PRIVATE
+    ${CMAKE_CURRENT_LIST_DIR}/cpu/add-gated.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/cpu/gdn-gates.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/hc-combine.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/pyqsa-cpu.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-attn.cpp
@@ -16,6 +18,7 @@ target_sources(${GGML_CPU_NAME} PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cpu/sample.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/silu-scaled.cpp)
 target_include_directories(${GGML_CPU_NAME} PRIVATE ${CMAKE_CURRENT_LIST_DIR}/cpu)
-# the op's sum rounded as upstream's CPU dsv4_hc_post rounds it, a product then an add (GCC would
-# contract them into an FMA, which rounds once): the fused graph equals the unfused one bit for bit
-set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/cpu/hc-combine.cpp PROPERTIES COMPILE_OPTIONS -ffp-contract=off)
+# the ops' sums rounded as upstream's CPU ops round them, a product then an add (GCC would contract
+# them into an FMA, which rounds once): the fused graphs equal the unfused ones bit for bit
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/cpu/add-gated.cpp ${CMAKE_CURRENT_LIST_DIR}/cpu/hc-combine.cpp
+    PROPERTIES COMPILE_OPTIONS -ffp-contract=off)

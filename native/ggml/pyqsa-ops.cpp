@@ -387,3 +387,39 @@ struct ggml_tensor * pyqsa_ggml_silu_scaled(struct ggml_context * ctx, struct gg
     result->src[0] = x;
     return result;
 }
+
+struct ggml_tensor * pyqsa_ggml_gdn_gates(struct ggml_context * ctx, struct ggml_tensor * alpha,
+                                          struct ggml_tensor * beta, struct ggml_tensor * dt_bias,
+                                          struct ggml_tensor * a) {
+    for (const ggml_tensor * t : { alpha, beta, dt_bias, a }) {
+        GGML_ASSERT(t->type == GGML_TYPE_F32 && t->nb[0] == sizeof(float));
+    }
+    GGML_ASSERT(ggml_are_same_shape(alpha, beta) && alpha->ne[3] == 1);
+    GGML_ASSERT(ggml_is_contiguous(dt_bias) && ggml_is_contiguous(a));
+    GGML_ASSERT(ggml_nelements(dt_bias) == alpha->ne[0] && ggml_nelements(a) == alpha->ne[0]);
+
+    struct ggml_tensor * result = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, alpha->ne[0], alpha->ne[1], alpha->ne[2], 2);
+    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_GDN_GATES);
+    result->op     = GGML_OP_PYQSA;
+    result->src[0] = alpha;
+    result->src[1] = beta;
+    result->src[2] = dt_bias;
+    result->src[3] = a;
+    return result;
+}
+
+struct ggml_tensor * pyqsa_ggml_add_gated(struct ggml_context * ctx, struct ggml_tensor * base, struct ggml_tensor * x,
+                                          struct ggml_tensor * g) {
+    for (const ggml_tensor * t : { base, x, g }) {
+        GGML_ASSERT(t->type == GGML_TYPE_F32 && t->nb[0] == sizeof(float) && t->ne[2] == 1 && t->ne[3] == 1);
+    }
+    GGML_ASSERT(ggml_are_same_shape(base, x) && g->ne[0] == 1 && g->ne[1] == x->ne[1]);
+
+    struct ggml_tensor * result = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, x->ne[0], x->ne[1]);
+    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_ADD_GATED);
+    result->op     = GGML_OP_PYQSA;
+    result->src[0] = base;
+    result->src[1] = x;
+    result->src[2] = g;
+    return result;
+}

@@ -26,6 +26,8 @@ enum pyqsa_ggml_op {
     PYQSA_GGML_OP_QSA_PAGE_FETCH_WAIT = 12,
     PYQSA_GGML_OP_HC_COMBINE     = 13,
     PYQSA_GGML_OP_SILU_SCALED    = 14,
+    PYQSA_GGML_OP_GDN_GATES      = 15,
+    PYQSA_GGML_OP_ADD_GATED      = 16,
 };
 
 // Sparse attention: every query attends only to the KV cells listed for it (QSA: the selected
@@ -341,6 +343,33 @@ GGML_API struct ggml_tensor * pyqsa_ggml_hc_combine(struct ggml_context * ctx,
 GGML_API struct ggml_tensor * pyqsa_ggml_silu_scaled(struct ggml_context * ctx,
                                                      struct ggml_tensor * x,
                                                      float scale);
+
+// The linear attention's two gates in one op (qwen4exp's Gated DeltaNet):
+//   out[h, t, s, 0] = softplus(alpha[h, t, s] + dt_bias[h]) * a[h]   (the decay, log space)
+//   out[h, t, s, 1] = sigmoid(beta[h, t, s])                          (the write strength)
+//   alpha, beta:  F32 [H, T, S], elements contiguous (nb[0] = 4), any row strides
+//   dt_bias, a:   F32 [H], contiguous
+// returns F32 [H, T, S, 2], contiguous: each half is what ggml_gated_delta_net takes as its g or
+// beta (a view of [1, H, T, S]). Each step rounded as upstream's ggml_add, ggml_softplus,
+// ggml_mul and ggml_sigmoid round it, so on one backend the op and those ops agree bit for bit;
+// one launch where they take three or four.
+GGML_API struct ggml_tensor * pyqsa_ggml_gdn_gates(struct ggml_context * ctx,
+                                                   struct ggml_tensor * alpha,
+                                                   struct ggml_tensor * beta,
+                                                   struct ggml_tensor * dt_bias,
+                                                   struct ggml_tensor * a);
+
+// A sigmoid-gated add with one gate a row (qwen4exp's shared expert joining the routed ones):
+//   out[i, r] = base[i, r] + x[i, r] * sigmoid(g[0, r])
+//   base, x: F32 [n, rows], elements contiguous (nb[0] = 4), any row strides
+//   g:       F32 [1, rows]
+// returns F32 [n, rows], contiguous. The sigmoid, the product and the sum each rounded to f32 as
+// ggml_sigmoid, ggml_mul and ggml_add round them (no FMA), so on one backend the op and those
+// ops agree bit for bit; one launch where they take three.
+GGML_API struct ggml_tensor * pyqsa_ggml_add_gated(struct ggml_context * ctx,
+                                                   struct ggml_tensor * base,
+                                                   struct ggml_tensor * x,
+                                                   struct ggml_tensor * g);
 
 // Host address i (0 or 1) that a pyqsa op keeps in its params from index first_param on.
 GGML_API void * pyqsa_ggml_host_ptr(const struct ggml_tensor * op, int first_param);

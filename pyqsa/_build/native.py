@@ -29,7 +29,7 @@ DEFAULT_TARGETS = [
     "test-sample",
     "test-products",
     "test-gdn",
-    "test-hc",
+    "test-fused",
 ]
 PYTHON_LOADED = ["libllama.so", "libggml.so"]
 

@@ -237,12 +237,13 @@ UPSTREAM_SWITCHES = {
     "PYQSA_CUDA_GEMV_UPSTREAM": "-gemvup",  # decode products (1-8 columns) on MMVF/MMF
     "PYQSA_HC_UNFUSED": "-hcunf",  # the hyper-connection combine and gate as upstream's ops
     "PYQSA_CUDA_PRODUCTS_UNGROUPED": "-ungrp",  # a decode step's products of one x a launch each
+    "PYQSA_GATES_UNFUSED": "-gatesunf",  # the linear attention's and shared expert's gates unfused
 }
 
 
 def library_switch_on(name: str) -> bool:
     """As the library reads a switch variable (native/ggml/cuda/pyqsa-cuda.cu,
-    native/src/hc-fused.cpp): on when set to anything but "" or "0"."""
+    native/src/fused-ops.cpp): on when set to anything but "" or "0"."""
     return os.environ.get(name, "") not in ("", "0")
 
 

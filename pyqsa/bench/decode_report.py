@@ -32,7 +32,8 @@ from .meta import RESULTS
 # columns on upstream's MMVF/MMF, not pyqsa's gemv); pyqsa-hcunf: PYQSA_HC_UNFUSED=1 (the
 # hyper-connection combine and gate as upstream's ops, not pyqsa's hc_combine and silu_scaled);
 # pyqsa-ungrp: PYQSA_CUDA_PRODUCTS_UNGROUPED=1 (a decode step's products of one x a launch each,
-# not grouped into one)
+# not grouped into one); pyqsa-gatesunf: PYQSA_GATES_UNFUSED=1 (the linear attention's gates and
+# the shared expert's gated join as upstream's ops, not pyqsa's gdn_gates and add_gated)
 VARIANTS = (
     "pyqsa",
     "upstream",
@@ -48,6 +49,7 @@ VARIANTS = (
     "pyqsa-gemvup",
     "pyqsa-hcunf",
     "pyqsa-ungrp",
+    "pyqsa-gatesunf",
 )
 SHORT = {
     "pyqsa": "pyqsa",
@@ -64,6 +66,7 @@ SHORT = {
     "pyqsa-gemvup": "gemvu",
     "pyqsa-hcunf": "hcunf",
     "pyqsa-ungrp": "ungrp",
+    "pyqsa-gatesunf": "gatun",
 }
 # the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)
 PAGED = (

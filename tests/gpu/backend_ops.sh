@@ -48,5 +48,5 @@ op_check test-qsa-page "pyqsa paging op"
 op_check test-sample "pyqsa sample op"
 op_check test-products "matrix products (pyqsa's CUDA dispatch and precision)"
 op_check test-gdn "gated delta rule (pyqsa's prefill kernel)"
-op_check test-hc "hyper-connection combine (pyqsa's fused op)"
+op_check test-fused "qwen4exp's fused ops against upstream's"
 exit $status

@@ -61,7 +61,7 @@ prebuilt_check() {
         return 1
     fi
     # (without the device it runs the CPU's checks alone and passes: its CUDA0 lines are required)
-    if ! timeout 120 "$bin/test-hc" test -b CUDA0 > /tmp/prebuilt-check.log 2>&1 ||
+    if ! timeout 120 "$bin/test-fused" test -b CUDA0 > /tmp/prebuilt-check.log 2>&1 ||
         ! grep -q ' CUDA0: .*OK$' /tmp/prebuilt-check.log; then
         tail -n 15 /tmp/prebuilt-check.log
         return 1

@@ -1,7 +1,9 @@
 """pyqsa's fused ops in the qwen4exp graph give the bits of the ops they replace: the tiny model's
-logits of a prompt and of decode steps with the fused hyper-connection ops (the default) and with
-PYQSA_HC_UNFUSED=1 (upstream's ops), each in a process of its own (the switch is read once), and
-the graph of the first has three nodes fewer a combine and one fewer a mix's gate."""
+logits of a prompt and of decode steps with the fused ops (the default) and with one switch set
+(upstream's ops), each in a process of its own (the switches are read once), and the graph of the
+first has the nodes fewer that each fusion takes away: PYQSA_HC_UNFUSED=1, three a combine and one
+a mix's gate; PYQSA_GATES_UNFUSED=1, two a linear-attention layer's gates and two a shared
+expert's join."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+SWITCHES = ("PYQSA_HC_UNFUSED", "PYQSA_GATES_UNFUSED")
 
 RUN = r"""
 import json, re, sys
@@ -30,16 +34,24 @@ for p in range(64, 72):  # decode steps
     rows.append(rt.decode([(0, [toks[p]], p)])[0])
 rt.close()
 np.save(sys.argv[2], np.concatenate(rows))
-combines = sum(n.startswith("hc_inject-") for n in nodes)  # a combine's weights, each
-mixes = sum(re.fullmatch(r"hc_gate(-\d+)?", n) is not None for n in nodes)  # the output's too
-print(json.dumps({"step_nodes": len(nodes) // 8, "combines": combines // 8, "mixes": mixes // 8}))
+
+def per_step(pattern):
+    return sum(re.fullmatch(pattern, n) is not None for n in nodes) // 8
+
+print(json.dumps({
+    "step_nodes": len(nodes) // 8,
+    "combines": per_step(r"hc_inject-\d+"),  # a combine's weights, each
+    "mixes": per_step(r"hc_gate(-\d+)?"),  # the output's too
+    "linear_layers": per_step(r"conv_output_raw-\d+"),
+    "shared_experts": per_step(r"shared_expert_gate-\d+"),
+}))
 """
 
 
-def _run(gguf: Path, out: Path, unfused: bool) -> tuple[np.ndarray, dict]:
-    env = {k: v for k, v in os.environ.items() if k != "PYQSA_HC_UNFUSED"}
+def _run(gguf: Path, out: Path, unfused: str | None) -> tuple[np.ndarray, dict]:
+    env = {k: v for k, v in os.environ.items() if k not in SWITCHES}
     if unfused:
-        env["PYQSA_HC_UNFUSED"] = "1"
+        env[unfused] = "1"
     proc = subprocess.run(
         [sys.executable, "-c", RUN, str(gguf), str(out)],
         cwd=ROOT,
@@ -52,18 +64,23 @@ def _run(gguf: Path, out: Path, unfused: bool) -> tuple[np.ndarray, dict]:
     return np.load(out), json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_the_fused_combine_gives_the_bits_of_upstreams_ops(tiny_gguf, tmp_path):
-    fused, f = _run(tiny_gguf, tmp_path / "fused.npy", unfused=False)
-    plain, u = _run(tiny_gguf, tmp_path / "plain.npy", unfused=True)
+@pytest.fixture(scope="module")
+def fused_run(tiny_gguf, tmp_path_factory):
+    return _run(tiny_gguf, tmp_path_factory.mktemp("fused") / "fused.npy", unfused=None)
+
+
+@pytest.mark.parametrize("switch", SWITCHES)
+def test_each_fusion_gives_the_bits_of_upstreams_ops(tiny_gguf, tmp_path, fused_run, switch):
+    fused, f = fused_run
+    plain, u = _run(tiny_gguf, tmp_path / "plain.npy", unfused=switch)
     assert fused.shape == plain.shape and np.isfinite(fused).all()
     assert np.array_equal(fused.view(np.uint32), plain.view(np.uint32))
-    assert (
-        f["combines"] > 0
-        and f["mixes"] >= f["combines"]
-        and (f["combines"], f["mixes"])
-        == (
-            u["combines"],
-            u["mixes"],
-        )
-    )
-    assert u["step_nodes"] - f["step_nodes"] == 3 * f["combines"] + f["mixes"], (f, u)
+    shape = ("combines", "mixes", "linear_layers", "shared_experts")
+    assert {k: f[k] for k in shape} == {k: u[k] for k in shape}
+    assert f["combines"] > 0 and f["mixes"] >= f["combines"]
+    assert f["linear_layers"] > 0 and f["shared_experts"] > 0
+    fewer = {
+        "PYQSA_HC_UNFUSED": 3 * f["combines"] + f["mixes"],
+        "PYQSA_GATES_UNFUSED": 2 * f["linear_layers"] + 2 * f["shared_experts"],
+    }[switch]
+    assert u["step_nodes"] - f["step_nodes"] == fewer, (f, u)

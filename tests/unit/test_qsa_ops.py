@@ -7,8 +7,9 @@ CUDA dispatch and precision pyqsa changes, and products of one x with other ops 
 run through a scheduler, which the CUDA backend groups into one launch, against a
 double-precision reference, native/tests/test-products.cpp) and test-gdn (upstream's
 GATED_DELTA_NET, whose prefill pyqsa runs on its own CUDA kernel, against a double-precision
-recurrence, native/tests/test-gdn.cpp) and test-hc (the hyper-connection combine and gate as pyqsa's
-ops, against the graphs of upstream's ops they replace, bit for bit, native/tests/test-hc.cpp).
+recurrence, native/tests/test-gdn.cpp) and test-fused (qwen4exp's fused ops: the hyper-connection
+combine and gate, the linear attention's gates and the shared expert's gated join, against the
+graphs of upstream's ops they replace, bit for bit, native/tests/test-fused.cpp).
 
 On a CPU-only machine this checks the CPU kernels; on the GPU machine the same binaries also
 check CUDA against CPU (tests/gpu/backend_ops.sh)."""
@@ -29,7 +30,7 @@ from pyqsa._build.native import BuildConfig
         ("test-sample", 14),
         ("test-products", 36),
         ("test-gdn", 9),
-        ("test-hc", 10),
+        ("test-fused", 18),
     ],
 )
 def test_ops_match_their_references(binary, min_checks):

@@ -1,6 +1,8 @@
 // CPU dispatch of GGML_OP_PYQSA on the sub-op in op_params[0].
 #include "pyqsa-cpu.h"
 
+#include "add-gated.h"
+#include "gdn-gates.h"
 #include "ggml-impl.h"
 #include "hc-combine.h"
 #include "pyqsa-ggml.h"
@@ -59,6 +61,12 @@ void pyqsa_cpu_forward(const struct ggml_compute_params * params, struct ggml_te
             break;
         case PYQSA_GGML_OP_SILU_SCALED:
             pyqsa_cpu_silu_scaled(params, dst);
+            break;
+        case PYQSA_GGML_OP_GDN_GATES:
+            pyqsa_cpu_gdn_gates(params, dst);
+            break;
+        case PYQSA_GGML_OP_ADD_GATED:
+            pyqsa_cpu_add_gated(params, dst);
             break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));

@@ -1,5 +1,7 @@
 // CUDA dispatch of GGML_OP_PYQSA on the sub-op in op_params[0].
 #include "pyqsa-cuda.cuh"
+#include "add-gated.cuh"
+#include "gdn-gates.cuh"
 #include "gdn-prefill.cuh"
 #include "gemv-f16.cuh"
 #include "hc-combine.cuh"
@@ -70,6 +72,12 @@ void pyqsa_cuda_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         case PYQSA_GGML_OP_SILU_SCALED:
             pyqsa_cuda_silu_scaled(ctx, dst);
             break;
+        case PYQSA_GGML_OP_GDN_GATES:
+            pyqsa_cuda_gdn_gates(ctx, dst);
+            break;
+        case PYQSA_GGML_OP_ADD_GATED:
+            pyqsa_cuda_add_gated(ctx, dst);
+            break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));
     }
@@ -98,6 +106,8 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
         case PYQSA_GGML_OP_QSA_PAGE_FETCH_WAIT:
         case PYQSA_GGML_OP_HC_COMBINE:
         case PYQSA_GGML_OP_SILU_SCALED:
+        case PYQSA_GGML_OP_GDN_GATES:
+        case PYQSA_GGML_OP_ADD_GATED:
             return true;
         case PYQSA_GGML_OP_QSA_TOPK:
         case PYQSA_GGML_OP_QSA_BLOCK_CELLS:

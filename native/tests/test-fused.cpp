@@ -1,10 +1,11 @@
-// qwen4exp's hyper-connection ops as pyqsa runs them: PYQSA_GGML_OP_HC_COMBINE (one op) against
-// the graph upstream builds for it (ggml_scale, ggml_sigmoid, ggml_scale by 2, ggml_dsv4_hc_post
-// without comb), and PYQSA_GGML_OP_SILU_SCALED against ggml_scale then ggml_silu, bit for bit on
-// each backend; then every other backend's op against the CPU's. `perf` times both ways at decode
-// and prefill shapes.
+// qwen4exp's fused ops as pyqsa runs them, each against the graph of upstream's ops it replaces,
+// bit for bit on each backend, then every other backend's op against the CPU's:
+// PYQSA_GGML_OP_HC_COMBINE (ggml_scale, ggml_sigmoid, ggml_scale by 2, ggml_dsv4_hc_post without
+// comb), PYQSA_GGML_OP_SILU_SCALED (ggml_scale then ggml_silu), PYQSA_GGML_OP_GDN_GATES
+// (ggml_add, ggml_softplus, ggml_mul; ggml_sigmoid) and PYQSA_GGML_OP_ADD_GATED (ggml_sigmoid,
+// ggml_mul, ggml_add). `perf` times both ways at decode and prefill shapes.
 //
-//   test-hc [test|perf] [-b BACKEND]      exit code 0 when every case passed
+//   test-fused [test|perf] [-b BACKEND]      exit code 0 when every case passed
 #include "op-check.h"
 #include "pyqsa-ggml.h"
 
@@ -137,6 +138,135 @@ std::vector<float> run_silu(ggml_backend_t be, const silu_case & c, const std::v
         [&](ggml_tensor * buf) { ggml_backend_tensor_set(buf, x.data(), 0, ggml_nbytes(buf)); }, &supported);
 }
 
+// alpha and beta [H, T, S] (with pad, views whose rows are pad floats wider), dt_bias and a [H]
+struct gates_case {
+    int64_t H, T, S, pad;
+
+    std::string name() const {
+        char buf[96];
+        std::snprintf(buf, sizeof(buf), "GDN_GATES(H=%lld,T=%lld,S=%lld%s)", (long long) H, (long long) T,
+                      (long long) S, pad ? ",views" : "");
+        return buf;
+    }
+};
+
+struct gates_data {
+    std::vector<float> alpha, beta, dt, a;
+};
+
+// alpha + dt_bias on both sides of softplus's cut at 20, beta into the sigmoid's tails, a < 0
+gates_data make_gates_data(const gates_case & c, std::mt19937 & rng) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    gates_data                      d;
+    d.alpha.resize((c.H + c.pad) * c.T * c.S);
+    d.beta.resize(d.alpha.size());
+    d.dt.resize(c.H);
+    d.a.resize(c.H);
+    for (float & v : d.alpha) v = 10.0f * nd(rng);
+    for (float & v : d.beta) v = 12.0f * nd(rng);
+    for (float & v : d.dt) v = 4.0f * nd(rng) + 4.0f;
+    for (float & v : d.a) v = -std::exp(nd(rng));
+    return d;
+}
+
+struct gates_tensors {
+    ggml_tensor *alpha_buf, *beta_buf, *dt, *a, *out;
+};
+
+// the op (fused) or upstream's ops as qwen4exp's build_layer_attn_linear makes them, the two
+// gates concatenated as the op lays them out ([H, T, S, 2]; a concat copies their bits)
+gates_tensors make_gates(ggml_context * ctx, const gates_case & c, bool fused) {
+    gates_tensors t;
+    t.alpha_buf         = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.H + c.pad, c.T, c.S);
+    t.beta_buf          = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.H + c.pad, c.T, c.S);
+    t.dt                = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, c.H);
+    t.a                 = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, c.H);
+    ggml_tensor * alpha = ggml_view_3d(ctx, t.alpha_buf, c.H, c.T, c.S, t.alpha_buf->nb[1], t.alpha_buf->nb[2], 0);
+    ggml_tensor * beta  = ggml_view_3d(ctx, t.beta_buf, c.H, c.T, c.S, t.beta_buf->nb[1], t.beta_buf->nb[2], 0);
+    if (fused) {
+        t.out = pyqsa_ggml_gdn_gates(ctx, alpha, beta, t.dt, t.a);
+    } else {
+        // (upstream's CPU unary ops take only contiguous rows: copies of the views first)
+        ggml_tensor * gate = ggml_mul(ctx, ggml_softplus(ctx, ggml_add(ctx, ggml_cont(ctx, alpha), t.dt)), t.a);
+        ggml_tensor * sg   = ggml_sigmoid(ctx, ggml_cont(ctx, beta));
+        t.out              = ggml_concat(ctx, ggml_reshape_4d(ctx, gate, c.H, c.T, c.S, 1),
+                                         ggml_reshape_4d(ctx, sg, c.H, c.T, c.S, 1), 3);
+    }
+    return t;
+}
+
+std::vector<float> run_gates(ggml_backend_t be, const gates_case & c, const gates_data & d, bool fused) {
+    gates_tensors t{};
+    bool          supported = false;
+    return run_op<float>(
+        be,
+        [&](ggml_context * ctx) {
+            t = make_gates(ctx, c, fused);
+            return std::make_pair(t.alpha_buf, t.out);
+        },
+        [&](ggml_tensor * alpha_buf) {
+            ggml_backend_tensor_set(alpha_buf, d.alpha.data(), 0, ggml_nbytes(alpha_buf));
+            ggml_backend_tensor_set(t.beta_buf, d.beta.data(), 0, ggml_nbytes(t.beta_buf));
+            ggml_backend_tensor_set(t.dt, d.dt.data(), 0, ggml_nbytes(t.dt));
+            ggml_backend_tensor_set(t.a, d.a.data(), 0, ggml_nbytes(t.a));
+        },
+        &supported);
+}
+
+// base and x [n, rows] (with pad, views whose rows are pad floats wider), g [1, rows] (with pad, a
+// view of a wider tensor)
+struct add_gated_case {
+    int64_t n, rows, pad;
+
+    std::string name() const {
+        char buf[96];
+        std::snprintf(buf, sizeof(buf), "ADD_GATED(n=%lld,rows=%lld%s)", (long long) n, (long long) rows,
+                      pad ? ",views" : "");
+        return buf;
+    }
+};
+
+struct add_gated_tensors {
+    ggml_tensor *base_buf, *x_buf, *g_buf, *out;
+};
+
+// the op (fused) or upstream's ops as qwen4exp's build_layer_ffn makes them
+add_gated_tensors make_add_gated(ggml_context * ctx, const add_gated_case & c, bool fused) {
+    add_gated_tensors t;
+    t.base_buf         = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n + c.pad, c.rows);
+    t.x_buf            = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n + c.pad, c.rows);
+    t.g_buf            = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 1 + c.pad, c.rows);
+    ggml_tensor * base = ggml_view_2d(ctx, t.base_buf, c.n, c.rows, t.base_buf->nb[1], 0);
+    ggml_tensor * x    = ggml_view_2d(ctx, t.x_buf, c.n, c.rows, t.x_buf->nb[1], 0);
+    ggml_tensor * g    = ggml_view_2d(ctx, t.g_buf, 1, c.rows, t.g_buf->nb[1], 0);
+    if (fused) {
+        t.out = pyqsa_ggml_add_gated(ctx, base, x, g);
+    } else {
+        ggml_tensor * w = ggml_sigmoid(ctx, ggml_cont(ctx, g));
+        t.out           = ggml_add(ctx, ggml_cont(ctx, base), ggml_mul(ctx, ggml_cont(ctx, x), w));
+    }
+    return t;
+}
+
+std::vector<float> run_add_gated(ggml_backend_t be, const add_gated_case & c, const std::vector<float> & v,
+                                 bool fused) {
+    add_gated_tensors t{};
+    bool              supported = false;
+    const size_t      nb = (c.n + c.pad) * c.rows;
+    return run_op<float>(
+        be,
+        [&](ggml_context * ctx) {
+            t = make_add_gated(ctx, c, fused);
+            return std::make_pair(t.base_buf, t.out);
+        },
+        [&](ggml_tensor * base_buf) {
+            ggml_backend_tensor_set(base_buf, v.data(), 0, ggml_nbytes(base_buf));
+            ggml_backend_tensor_set(t.x_buf, v.data() + nb, 0, ggml_nbytes(t.x_buf));
+            ggml_backend_tensor_set(t.g_buf, v.data() + 2 * nb, 0, ggml_nbytes(t.g_buf));
+        },
+        &supported);
+}
+
 // another backend's expf (CUDA's fast-math one: ~1e-6 relative at |x| ~ 10) and its contraction
 // of the sum into an FMA, against the CPU's; a wrong element would give ~1
 constexpr double BOUND = 1e-10;
@@ -186,6 +316,22 @@ int cmd_test(const char * only_backend) {
         check_fused(c.name(), cpu, only_backend, n_ok, n_fail,
                     [&](ggml_backend_t be, bool fused) { return run_silu(be, c, x, fused); });
     }
+    // Flash-Next's 32 value heads at 1 and 8 sequences and a prefill chunk, then odd sizes
+    const gates_case gates_cases[] = { { 32, 1, 1, 0 }, { 32, 1, 8, 0 }, { 32, 300, 1, 0 }, { 7, 3, 2, 5 } };
+    for (const gates_case & c : gates_cases) {
+        const gates_data d = make_gates_data(c, rng);
+        check_fused(c.name(), cpu, only_backend, n_ok, n_fail,
+                    [&](ggml_backend_t be, bool fused) { return run_gates(be, c, d, fused); });
+    }
+    // the model's width at 1 and 8 tokens and a chunk, then views and odd sizes
+    const add_gated_case add_cases[] = { { 2048, 1, 0 }, { 2048, 8, 0 }, { 256, 300, 0 }, { 37, 5, 3 } };
+    std::normal_distribution<float> wide(0.0f, 6.0f);
+    for (const add_gated_case & c : add_cases) {
+        std::vector<float> v(2 * (c.n + c.pad) * c.rows + (1 + c.pad) * c.rows);
+        for (float & e : v) e = wide(rng);
+        check_fused(c.name(), cpu, only_backend, n_ok, n_fail,
+                    [&](ggml_backend_t be, bool fused) { return run_add_gated(be, c, v, fused); });
+    }
     ggml_backend_free(cpu);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
     return n_fail == 0 ? 0 : 1;
@@ -223,6 +369,14 @@ int cmd_perf(const char * only_backend) {
                 ggml_tensor * buf = nullptr;
                 return make_silu(ctx, c, fused, &buf);
             });
+        }
+        for (const gates_case & c : { gates_case{ 32, 1, 1, 0 }, gates_case{ 32, 1, 8, 0 }, gates_case{ 32, 2048, 1, 0 } }) {
+            time_both(be, c.name(), iters, [&](ggml_context * ctx, bool fused) { return make_gates(ctx, c, fused).out; });
+        }
+        for (const add_gated_case & c : { add_gated_case{ 2048, 1, 0 }, add_gated_case{ 2048, 8, 0 },
+                                          add_gated_case{ 2048, 2048, 0 } }) {
+            time_both(be, c.name(), iters,
+                      [&](ggml_context * ctx, bool fused) { return make_add_gated(ctx, c, fused).out; });
         }
         ggml_backend_free(be);
     }

@@ -1,0 +1,28 @@
+// CPU kernel of PYQSA_GGML_OP_ADD_GATED: one row per work item, its gate computed once.
+#include "add-gated.h"
+
+#include "ggml-cpu/ggml-cpu-impl.h"
+#include "ggml-impl.h"
+
+#include <cmath>
+
+void pyqsa_cpu_add_gated(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    const ggml_tensor * base = dst->src[0];  // [n, rows]
+    const ggml_tensor * x    = dst->src[1];  // [n, rows]
+    const ggml_tensor * g    = dst->src[2];  // [1, rows]
+    const int64_t       n    = dst->ne[0];
+    const int64_t       rows = dst->ne[1];
+
+    for (int64_t r = params->ith; r < rows; r += params->nth) {
+        const float   gr = *(const float *) ((const char *) g->data + r * g->nb[1]);
+        const float   w  = 1.f / (1.f + expf(-gr));  // ggml_sigmoid's
+        const float * br = (const float *) ((const char *) base->data + r * base->nb[1]);
+        const float * xr = (const float *) ((const char *) x->data + r * x->nb[1]);
+        float *       out = (float *) ((char *) dst->data + r * dst->nb[1]);
+        for (int64_t i = 0; i < n; ++i) {
+            // ggml_mul then ggml_add, each rounded (the file is built without FMA contraction)
+            const float prod = xr[i] * w;
+            out[i]           = br[i] + prod;
+        }
+    }
+}

@@ -1,0 +1,17 @@
+// pyqsa: whether qwen4exp's graph builds its chains as pyqsa's fused ops
+// (native/include/pyqsa-ggml.h), included by the patched model graph (ggml_patches/0016, 0021).
+// Each switch is read once; a variable set to anything but "" or "0" keeps upstream's ops, to
+// compare the ways.
+#pragma once
+
+// The hyper-connection combine (scatter weights 2 * sigmoid(inject / hc), each stream plus the
+// block's output scaled by its weight) as pyqsa_ggml_hc_combine, one op where upstream's graph
+// has four, and the mix's gate silu(lo / hc) as pyqsa_ggml_silu_scaled, one op for two; off with
+// PYQSA_HC_UNFUSED.
+bool pyqsa_hc_fused();
+
+// The linear attention's decay and write-strength gates as pyqsa_ggml_gdn_gates (one op for
+// upstream's add, softplus, mul and sigmoid), and the shared expert's sigmoid-gated join with the
+// routed experts as pyqsa_ggml_add_gated (one for sigmoid, mul and add); off with
+// PYQSA_GATES_UNFUSED.
+bool pyqsa_gates_fused();
