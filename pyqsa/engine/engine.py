@@ -683,9 +683,14 @@ def warm_up(
       budget (2048) to a regular step's (511 beside a decode token), the shape of the matrix
       products (cuBLAS picks kernels by it) that no warm-up pass had: hence `n_chunk`, the
       chunk a regular step gives a prompt beside every other slot's decode token. The ledger's
-      `pool` (ggml's CUDA pools) tells whether the growth is the pool's."""
+      `pool` (ggml's CUDA pools) tells whether the growth is the pool's.
+    - What is captured once: ggml's CUDA backend captures a pass as a CUDA graph, whose
+      instance holds device memory, only at the second pass in a row with the same graph; no
+      pass above had one, and the loads' growth came when steps began to repeat (a slot's
+      decode beside the others' last chunks). So the step of every slot runs twice. Not yet
+      measured on the GPU."""
     lengths = [n_prompt + n_chunk] + [1] * (n_slots - 1)
-    room = n_slots + 1  # every decode step's token, and one more
+    room = n_slots + 2  # every decode step's token, and one more
     reqs = [
         Request(f"warm-up/{slot}", [token] * n, SamplingParams(), lambda ev: None, n + room)
         for slot, n in enumerate(lengths)
@@ -695,6 +700,7 @@ def warm_up(
     # each pass: (slot, tokens it computes of those the slot has not yet)
     passes = [[(0, n_prompt)]] + ([[(0, n_chunk)]] if n_chunk else [])
     passes += [[(slot, 1) for slot in range(1, n_slots)]] if n_slots > 1 else []
+    passes += [[(slot, 1) for slot in range(n_slots)]]  # the same graph twice in a row
     passes += [[(slot, 1) for slot in range(k)] for k in range(n_slots, 0, -1)]
     done = [0] * n_slots
     for plan in passes:

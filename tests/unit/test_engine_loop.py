@@ -322,22 +322,23 @@ def test_step_time_is_split_into_forward_host_and_launch(stop_after):
     assert 0 < s.step_seconds["launch"] < 0.2 * s.step_seconds["forward"]
 
 
-def test_warm_up_runs_a_prompt_and_a_decode_step_and_leaves_the_slot_empty():
+def test_warm_up_runs_a_prompt_and_two_decode_steps_and_leaves_the_slot_empty():
     runner = FakeRunner()
     warm_up(runner, 5, n_prompt=3)
-    assert runner.batches == [[(0, 0, (5, 5, 5))], [(0, 3, (6,))]]
+    assert runner.batches == [[(0, 0, (5, 5, 5))], [(0, 3, (6,))], [(0, 4, (7,))]]
     assert runner.released == [0] and runner.cached == {}
 
 
-def test_warm_up_of_every_slot_decodes_each_slot_count_and_releases_them_all():
+def test_warm_up_of_every_slot_decodes_each_slot_count_all_of_them_twice_and_releases_them():
     runner = FakeRunner()
     warm_up(runner, 5, n_prompt=3, n_slots=3)
     assert runner.batches == [
         [(0, 0, (5, 5, 5))],
         [(1, 0, (5,)), (2, 0, (5,))],
         [(0, 3, (6,)), (1, 1, (6,)), (2, 1, (6,))],
-        [(0, 4, (7,)), (1, 2, (7,))],
-        [(0, 5, (8,))],
+        [(0, 4, (7,)), (1, 2, (7,)), (2, 2, (7,))],  # twice in a row: a CUDA graph is captured
+        [(0, 5, (8,)), (1, 3, (8,))],
+        [(0, 6, (9,))],
     ]
     assert sorted(runner.released) == [0, 1, 2] and runner.cached == {}
 
@@ -350,7 +351,8 @@ def test_warm_up_computes_a_chunk_of_the_prompt_on_its_own_before_the_other_slot
         [(0, 3, (5, 5))],
         [(1, 0, (5,))],
         [(0, 5, (6,)), (1, 1, (6,))],
-        [(0, 6, (7,))],
+        [(0, 6, (7,)), (1, 2, (7,))],
+        [(0, 7, (8,))],
     ]
     assert sorted(runner.released) == [0, 1] and runner.cached == {}
 
@@ -409,8 +411,8 @@ def test_warm_up_draws_on_the_device_when_the_runner_does():
 
     runner = DeviceRunner()
     warm_up(runner, 5, n_prompt=2)
-    assert runner.batches == [[(0, 0, (5, 5))], [(0, 2, (6,))]]
-    assert len(draws_seen) == 2 and all(isinstance(d[0], dict) for d in draws_seen)
+    assert runner.batches == [[(0, 0, (5, 5))], [(0, 2, (6,))], [(0, 3, (7,))]]
+    assert len(draws_seen) == 3 and all(isinstance(d[0], dict) for d in draws_seen)
     assert runner.released == [0]
 
 
