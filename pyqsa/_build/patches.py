@@ -1,13 +1,16 @@
 """The ggml_patches/ series: apply it to a tree, regenerate a patch from edits.
 
 The patched tree is a git repository: commit `upstream` is the pristine vendor/llama.cpp,
-then one commit per patch. Re-applying checks out `upstream` and applies the series again,
-and git rewrites only files whose content changed, so builds stay incremental.
+then one commit per patch. Re-applying checks out `upstream` and applies the series again, which
+writes every patched file twice; a file that ends with the content it had keeps its time, so a
+build redoes only what a changed patch changed (ggml.h is patched: a new time there alone would
+rebuild every object).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -67,6 +70,7 @@ def apply_series(tree: Path, patches: list[Path] | None = None) -> bool:
     stamp = tree / ".git" / STAMP
     if stamp.exists() and stamp.read_text() == digest:
         return False
+    before = _patched_files(tree)
     _git(tree, "checkout", "-q", "-f", "-B", "pyqsa", "upstream")
     _git(tree, "clean", "-q", "-f", "-d")
     for p in patches:
@@ -76,8 +80,25 @@ def apply_series(tree: Path, patches: list[Path] | None = None) -> bool:
                 f"patch {p.name} does not apply to the pinned upstream:\n{proc.stderr.strip()}"
             )
         _git(tree, "commit", "-q", "--no-verify", "--allow-empty", "-m", p.name)
+    for path, (content, mtime_ns) in before.items():
+        if path.is_file() and hashlib.sha256(path.read_bytes()).digest() == content:
+            os.utime(path, ns=(path.stat().st_atime_ns, mtime_ns))
     stamp.write_text(digest)
     return True
+
+
+def _patched_files(tree: Path) -> dict[Path, tuple[bytes, int]]:
+    """Each file the tree's patches (or uncommitted edits) changed from `upstream`: its content's
+    digest and time."""
+    if _git(tree, "rev-parse", "-q", "--verify", "HEAD", check=False).returncode != 0:
+        return {}
+    names = _git(tree, "diff", "--name-only", "-z", "upstream").stdout.split("\0")
+    out = {}
+    for name in filter(None, names):
+        path = tree / name
+        if path.is_file():
+            out[path] = (hashlib.sha256(path.read_bytes()).digest(), path.stat().st_mtime_ns)
+    return out
 
 
 def regenerate(

@@ -3,6 +3,7 @@
 import dataclasses
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -138,6 +139,33 @@ def test_regenerate_writes_edits_as_new_patch(extract, tmp_path):
     patches.init_tree(extract / "vendor" / "llama.cpp", fresh)
     patches.apply_series(fresh, patches.series(series_dir))
     assert "pyqsa test edit" in (fresh / "README.md").read_text()
+
+
+def test_reapplying_keeps_the_time_of_files_whose_content_did_not_change(extract, tmp_path):
+    """A changed series rewrites every patched file while it applies again; those that end as
+    they were keep their time (ggml.h among them), so a build redoes only what changed."""
+    tree = tmp_path / "llama.cpp"
+    patches.init_tree(extract / "vendor" / "llama.cpp", tree)
+    series_dir = tmp_path / "series"
+    series_dir.mkdir()
+    for p in patches.series():
+        shutil.copy(p, series_dir / p.name)
+    patches.apply_series(tree, patches.series(series_dir))
+    header, readme = tree / "ggml" / "include" / "ggml.h", tree / "README.md"
+    old = 1_000_000_000_000_000_000  # 2001, older than any write now
+    for path in (header, readme):
+        os.utime(path, ns=(old, old))
+    readme.write_text(readme.read_text() + "\npyqsa test edit\n")
+    patches.regenerate(tree, "9999-test-edit.patch", patch_dir=series_dir)
+    readme.write_text(readme.read_text() + "another line\n")  # an uncommitted edit, lost
+    os.utime(readme, ns=(old, old))
+    (series_dir / "9999-test-edit.patch").write_text(
+        (series_dir / "9999-test-edit.patch").read_text().replace("pyqsa test edit", "pyqsa edit 2")
+    )
+    assert patches.apply_series(tree, patches.series(series_dir)) is True
+    assert "PYQSA" in header.read_text() and header.stat().st_mtime_ns == old
+    assert "pyqsa edit 2" in readme.read_text() and "another line" not in readme.read_text()
+    assert readme.stat().st_mtime_ns > old
 
 
 def test_sdist_hash_mismatch_is_refused(tmp_path):
