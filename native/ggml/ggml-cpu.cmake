@@ -1,6 +1,7 @@
 # Included by the patched ggml/src/ggml-cpu/CMakeLists.txt (ggml_patches/0005): CPU kernels.
 target_sources(${GGML_CPU_NAME} PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cpu/add-gated.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/cpu/conv-step.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/gdn-gates.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/hc-combine.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/pyqsa-cpu.cpp

@@ -423,3 +423,24 @@ struct ggml_tensor * pyqsa_ggml_add_gated(struct ggml_context * ctx, struct ggml
     result->src[2] = g;
     return result;
 }
+
+struct ggml_tensor * pyqsa_ggml_conv_step(struct ggml_context * ctx, struct ggml_tensor * state, struct ggml_tensor * x,
+                                          struct ggml_tensor * kernel, struct ggml_tensor * store) {
+    for (const ggml_tensor * t : { state, x, kernel, store }) {
+        GGML_ASSERT(t->type == GGML_TYPE_F32 && t->nb[0] == sizeof(float));
+    }
+    const int64_t K = kernel->ne[0], C = kernel->ne[1], S = state->ne[2];
+    GGML_ASSERT(K >= 2 && ggml_is_contiguous(kernel) && ggml_is_contiguous(state));
+    GGML_ASSERT(state->ne[0] == K - 1 && state->ne[1] == C && state->ne[3] == 1);
+    GGML_ASSERT(x->ne[0] == C && x->ne[1] == 1 && x->ne[2] == S && x->ne[3] == 1);
+    GGML_ASSERT(store->ne[0] == (K - 1) * C && store->ne[1] == S && store->ne[2] == 1 && store->ne[3] == 1);
+
+    struct ggml_tensor * result = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, C, 1, S);
+    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_CONV_STEP);
+    result->op     = GGML_OP_PYQSA;
+    result->src[0] = state;
+    result->src[1] = x;
+    result->src[2] = kernel;
+    result->src[3] = store;
+    return result;
+}

@@ -28,6 +28,7 @@ enum pyqsa_ggml_op {
     PYQSA_GGML_OP_SILU_SCALED    = 14,
     PYQSA_GGML_OP_GDN_GATES      = 15,
     PYQSA_GGML_OP_ADD_GATED      = 16,
+    PYQSA_GGML_OP_CONV_STEP      = 17,
 };
 
 // Sparse attention: every query attends only to the KV cells listed for it (QSA: the selected
@@ -370,6 +371,25 @@ GGML_API struct ggml_tensor * pyqsa_ggml_add_gated(struct ggml_context * ctx,
                                                    struct ggml_tensor * base,
                                                    struct ggml_tensor * x,
                                                    struct ggml_tensor * g);
+
+// A decode step of the linear attention's causal convolution (one token a sequence), its SiLU and
+// the store of the state the next step reads, in one op:
+//   win[., c, s]  = (state[0 .. K-2, c, s], x[c, 0, s])                 (K values)
+//   out[c, 0, s]  = silu(sum over j of win[j, c, s] * kernel[j, c])
+//   store[j + c * (K-1), s] = win[j + 1, c, s]                          (j < K-1)
+//   state:  F32 [K-1, C, S], contiguous (the rows gathered from the cache, not the cache itself)
+//   x:      F32 [C, 1, S], elements contiguous (the step's projected input)
+//   kernel: F32 [K, C], contiguous
+//   store:  F32 [(K-1) * C, S], rows contiguous (the sequences' rows of the cache; written)
+// returns F32 [C, 1, S], contiguous. The sum in ggml_ssm_conv's order and the SiLU as ggml_silu
+// computes it (on the CPU the same vectorized SiLU over each row), so on one backend the op gives
+// the bits of upstream's concat, ssm_conv, silu and the copy of the state's tail; one launch
+// where they take three.
+GGML_API struct ggml_tensor * pyqsa_ggml_conv_step(struct ggml_context * ctx,
+                                                   struct ggml_tensor * state,
+                                                   struct ggml_tensor * x,
+                                                   struct ggml_tensor * kernel,
+                                                   struct ggml_tensor * store);
 
 // Host address i (0 or 1) that a pyqsa op keeps in its params from index first_param on.
 GGML_API void * pyqsa_ggml_host_ptr(const struct ggml_tensor * op, int first_param);

@@ -12,8 +12,9 @@ bool pyqsa_hc_fused();
 
 // The linear attention's decay and write-strength gates as pyqsa_ggml_gdn_gates (one op for
 // upstream's add, softplus, mul and sigmoid), its q and k normalized as one view of their
-// adjacent heads (one rms_norm and scale for two), its convolution state stored by one copy of
-// the strided tail (no cont first), and the shared expert's sigmoid-gated join with the routed
-// experts as pyqsa_ggml_add_gated (one op for sigmoid, mul and add); off with
-// PYQSA_GATES_UNFUSED.
+// adjacent heads (one rms_norm and scale for two), a decode step's convolution with its SiLU and
+// its state's store as pyqsa_ggml_conv_step (one op for concat, ssm_conv, silu and the copy; a
+// prefill's state stored by one copy of the strided tail, no cont first), and the shared
+// expert's sigmoid-gated join with the routed experts as pyqsa_ggml_add_gated (one op for
+// sigmoid, mul and add); off with PYQSA_GATES_UNFUSED.
 bool pyqsa_gates_fused();

@@ -2,8 +2,10 @@
 // bit for bit on each backend, then every other backend's op against the CPU's:
 // PYQSA_GGML_OP_HC_COMBINE (ggml_scale, ggml_sigmoid, ggml_scale by 2, ggml_dsv4_hc_post without
 // comb), PYQSA_GGML_OP_SILU_SCALED (ggml_scale then ggml_silu), PYQSA_GGML_OP_GDN_GATES
-// (ggml_add, ggml_softplus, ggml_mul; ggml_sigmoid) and PYQSA_GGML_OP_ADD_GATED (ggml_sigmoid,
-// ggml_mul, ggml_add). `perf` times both ways at decode and prefill shapes.
+// (ggml_add, ggml_softplus, ggml_mul; ggml_sigmoid), PYQSA_GGML_OP_ADD_GATED (ggml_sigmoid,
+// ggml_mul, ggml_add) and PYQSA_GGML_OP_CONV_STEP (ggml_concat, ggml_ssm_conv, ggml_silu and the
+// state's copy, its output and its store side by side). `perf` times both ways at decode and
+// prefill shapes.
 //
 //   test-fused [test|perf] [-b BACKEND]      exit code 0 when every case passed
 #include "op-check.h"
@@ -267,6 +269,62 @@ std::vector<float> run_add_gated(ggml_backend_t be, const add_gated_case & c, co
         &supported);
 }
 
+// a decode step's convolution: state [K-1, C, S], x [C, 1, S], kernel [K, C], the store [(K-1) C, S]
+struct conv_case {
+    int64_t K, C, S;
+
+    std::string name() const {
+        char buf[96];
+        std::snprintf(buf, sizeof(buf), "CONV_STEP(K=%lld,C=%lld,S=%lld)", (long long) K, (long long) C, (long long) S);
+        return buf;
+    }
+};
+
+struct conv_tensors {
+    ggml_tensor *state, *x, *kernel, *store, *out;
+};
+
+// the op (fused) or upstream's ops as qwen4exp's build_conv_state_at and ssm_conv make them, the
+// result [C + (K-1) C, S]: each sequence's output, then its stored state (a concat copies bits)
+conv_tensors make_conv(ggml_context * ctx, const conv_case & c, bool fused) {
+    conv_tensors t;
+    t.state  = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.K - 1, c.C, c.S);
+    t.x      = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.C, 1, c.S);
+    t.kernel = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.K, c.C);
+    t.store  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, (c.K - 1) * c.C, c.S);
+    ggml_tensor * y = nullptr;
+    ggml_tensor * stored = nullptr;
+    if (fused) {
+        y      = pyqsa_ggml_conv_step(ctx, t.state, t.x, t.kernel, t.store);
+        stored = ggml_view_2d(ctx, t.store, t.store->ne[0], c.S, t.store->nb[1], 0);  // read after y
+    } else {
+        ggml_tensor * input = ggml_concat(ctx, t.state, ggml_transpose(ctx, t.x), 0);
+        y = ggml_silu(ctx, ggml_ssm_conv(ctx, input, t.kernel));
+        ggml_tensor * tail = ggml_view_3d(ctx, input, c.K - 1, c.C, c.S, input->nb[1], input->nb[2], sizeof(float));
+        stored = ggml_cpy(ctx, ggml_cont(ctx, tail), t.store);
+    }
+    t.out = ggml_concat(ctx, ggml_reshape_2d(ctx, y, c.C, c.S), stored, 0);
+    return t;
+}
+std::vector<float> run_conv(ggml_backend_t be, const conv_case & c, const std::vector<float> & v, bool fused) {
+    conv_tensors t{};
+    bool         supported = false;
+    return run_op<float>(
+        be,
+        [&](ggml_context * ctx) {
+            t = make_conv(ctx, c, fused);
+            return std::make_pair(t.state, t.out);
+        },
+        [&](ggml_tensor * state) {
+            const float * p = v.data();
+            for (ggml_tensor * in : { state, t.x, t.kernel, t.store }) {
+                ggml_backend_tensor_set(in, p, 0, ggml_nbytes(in));
+                p += ggml_nelements(in);
+            }
+        },
+        &supported);
+}
+
 // another backend's expf (CUDA's fast-math one: ~1e-6 relative at |x| ~ 10) and its contraction
 // of the sum into an FMA, against the CPU's; a wrong element would give ~1
 constexpr double BOUND = 1e-10;
@@ -332,6 +390,14 @@ int cmd_test(const char * only_backend) {
         check_fused(c.name(), cpu, only_backend, n_ok, n_fail,
                     [&](ggml_backend_t be, bool fused) { return run_add_gated(be, c, v, fused); });
     }
+    // Flash-Next's 8192 channels of 4 taps at 1 and 8 sequences, then odd sizes
+    const conv_case conv_cases[] = { { 4, 8192, 1 }, { 4, 8192, 8 }, { 4, 37, 3 }, { 2, 5, 2 }, { 7, 19, 2 } };
+    for (const conv_case & c : conv_cases) {
+        std::vector<float> v(2 * (c.K - 1) * c.C * c.S + c.C * c.S + c.K * c.C);
+        for (float & e : v) e = wide(rng);
+        check_fused(c.name(), cpu, only_backend, n_ok, n_fail,
+                    [&](ggml_backend_t be, bool fused) { return run_conv(be, c, v, fused); });
+    }
     ggml_backend_free(cpu);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
     return n_fail == 0 ? 0 : 1;
@@ -377,6 +443,9 @@ int cmd_perf(const char * only_backend) {
                                           add_gated_case{ 2048, 2048, 0 } }) {
             time_both(be, c.name(), iters,
                       [&](ggml_context * ctx, bool fused) { return make_add_gated(ctx, c, fused).out; });
+        }
+        for (const conv_case & c : { conv_case{ 4, 8192, 1 }, conv_case{ 4, 8192, 8 } }) {
+            time_both(be, c.name(), iters, [&](ggml_context * ctx, bool fused) { return make_conv(ctx, c, fused).out; });
         }
         ggml_backend_free(be);
     }

@@ -30,7 +30,7 @@ from pyqsa._build.native import BuildConfig
         ("test-sample", 14),
         ("test-products", 36),
         ("test-gdn", 9),
-        ("test-fused", 18),
+        ("test-fused", 23),
     ],
 )
 def test_ops_match_their_references(binary, min_checks):

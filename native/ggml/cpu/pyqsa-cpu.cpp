@@ -2,6 +2,7 @@
 #include "pyqsa-cpu.h"
 
 #include "add-gated.h"
+#include "conv-step.h"
 #include "gdn-gates.h"
 #include "ggml-impl.h"
 #include "hc-combine.h"
@@ -68,7 +69,14 @@ void pyqsa_cpu_forward(const struct ggml_compute_params * params, struct ggml_te
         case PYQSA_GGML_OP_ADD_GATED:
             pyqsa_cpu_add_gated(params, dst);
             break;
+        case PYQSA_GGML_OP_CONV_STEP:
+            pyqsa_cpu_conv_step(params, dst);
+            break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));
     }
+}
+
+size_t pyqsa_cpu_work_size(const struct ggml_tensor * dst) {
+    return ggml_get_op_params_i32(dst, 0) == PYQSA_GGML_OP_CONV_STEP ? pyqsa_cpu_conv_step_work_size(dst) : 0;
 }

@@ -1,6 +1,7 @@
 // CUDA dispatch of GGML_OP_PYQSA on the sub-op in op_params[0].
 #include "pyqsa-cuda.cuh"
 #include "add-gated.cuh"
+#include "conv-step.cuh"
 #include "gdn-gates.cuh"
 #include "gdn-prefill.cuh"
 #include "gemv-f16.cuh"
@@ -78,6 +79,9 @@ void pyqsa_cuda_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         case PYQSA_GGML_OP_ADD_GATED:
             pyqsa_cuda_add_gated(ctx, dst);
             break;
+        case PYQSA_GGML_OP_CONV_STEP:
+            pyqsa_cuda_conv_step(ctx, dst);
+            break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));
     }
@@ -109,6 +113,8 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
         case PYQSA_GGML_OP_GDN_GATES:
         case PYQSA_GGML_OP_ADD_GATED:
             return true;
+        case PYQSA_GGML_OP_CONV_STEP:
+            return pyqsa_cuda_conv_step_supported(op);
         case PYQSA_GGML_OP_QSA_TOPK:
         case PYQSA_GGML_OP_QSA_BLOCK_CELLS:
             return ggml_nrows(op->src[0]) <= 65535;
