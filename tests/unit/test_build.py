@@ -124,7 +124,8 @@ def test_broken_patch_is_refused_by_name(extract, tmp_path):
         patches.apply_series(tree, patches.series(bad_dir))
 
 
-def test_regenerate_writes_edits_as_new_patch(extract, tmp_path):
+def _patched_copy(extract: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A tree with a copy of the series applied: (tree, the copy's folder)."""
     tree = tmp_path / "llama.cpp"
     patches.init_tree(extract / "vendor" / "llama.cpp", tree)
     series_dir = tmp_path / "series"
@@ -132,6 +133,11 @@ def test_regenerate_writes_edits_as_new_patch(extract, tmp_path):
     for p in patches.series():
         shutil.copy(p, series_dir / p.name)
     patches.apply_series(tree, patches.series(series_dir))
+    return tree, series_dir
+
+
+def test_regenerate_writes_edits_as_new_patch(extract, tmp_path):
+    tree, series_dir = _patched_copy(extract, tmp_path)
     (tree / "README.md").write_text((tree / "README.md").read_text() + "\npyqsa test edit\n")
     out = patches.regenerate(tree, "9999-test-edit.patch", patch_dir=series_dir)
     assert "+pyqsa test edit" in out.read_text()
@@ -144,13 +150,7 @@ def test_regenerate_writes_edits_as_new_patch(extract, tmp_path):
 def test_reapplying_keeps_the_time_of_files_whose_content_did_not_change(extract, tmp_path):
     """A changed series rewrites every patched file while it applies again; those that end as
     they were keep their time (ggml.h among them), so a build redoes only what changed."""
-    tree = tmp_path / "llama.cpp"
-    patches.init_tree(extract / "vendor" / "llama.cpp", tree)
-    series_dir = tmp_path / "series"
-    series_dir.mkdir()
-    for p in patches.series():
-        shutil.copy(p, series_dir / p.name)
-    patches.apply_series(tree, patches.series(series_dir))
+    tree, series_dir = _patched_copy(extract, tmp_path)
     header, readme = tree / "ggml" / "include" / "ggml.h", tree / "README.md"
     old = 1_000_000_000_000_000_000  # 2001, older than any write now
     for path in (header, readme):
