@@ -3,7 +3,21 @@
 
 #include "ggml-impl.h"
 
+#include <initializer_list>
+
 namespace {
+
+// result as pyqsa sub-op `sub` of the given sources, in order
+struct ggml_tensor * as_op(struct ggml_tensor * result, enum pyqsa_ggml_op sub,
+                           std::initializer_list<struct ggml_tensor *> srcs) {
+    ggml_set_op_params_i32(result, 0, sub);
+    result->op = GGML_OP_PYQSA;
+    int i      = 0;
+    for (struct ggml_tensor * src : srcs) {
+        result->src[i++] = src;
+    }
+    return result;
+}
 
 // a host address as two 32-bit op params, from index i on
 void set_host_ptr(struct ggml_tensor * op, int i, const void * p) {
@@ -368,24 +382,16 @@ struct ggml_tensor * pyqsa_ggml_hc_combine(struct ggml_context * ctx, struct ggm
     GGML_ASSERT(inject->ne[0] == hc && inject->ne[1] == n_tokens && inject->ne[2] == 1 && inject->ne[3] == 1);
 
     struct ggml_tensor * result = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, n_embd, hc, n_tokens);
-    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_HC_COMBINE);
     ggml_set_op_params_f32(result, 1, scale);
-    result->op     = GGML_OP_PYQSA;
-    result->src[0] = x;
-    result->src[1] = residual;
-    result->src[2] = inject;
-    return result;
+    return as_op(result, PYQSA_GGML_OP_HC_COMBINE, { x, residual, inject });
 }
 
 struct ggml_tensor * pyqsa_ggml_silu_scaled(struct ggml_context * ctx, struct ggml_tensor * x, float scale) {
     GGML_ASSERT(x->type == GGML_TYPE_F32 && x->nb[0] == sizeof(float));
 
     struct ggml_tensor * result = ggml_new_tensor(ctx, GGML_TYPE_F32, GGML_MAX_DIMS, x->ne);
-    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_SILU_SCALED);
     ggml_set_op_params_f32(result, 1, scale);
-    result->op     = GGML_OP_PYQSA;
-    result->src[0] = x;
-    return result;
+    return as_op(result, PYQSA_GGML_OP_SILU_SCALED, { x });
 }
 
 struct ggml_tensor * pyqsa_ggml_gdn_gates(struct ggml_context * ctx, struct ggml_tensor * alpha,
@@ -399,13 +405,7 @@ struct ggml_tensor * pyqsa_ggml_gdn_gates(struct ggml_context * ctx, struct ggml
     GGML_ASSERT(ggml_nelements(dt_bias) == alpha->ne[0] && ggml_nelements(a) == alpha->ne[0]);
 
     struct ggml_tensor * result = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, alpha->ne[0], alpha->ne[1], alpha->ne[2], 2);
-    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_GDN_GATES);
-    result->op     = GGML_OP_PYQSA;
-    result->src[0] = alpha;
-    result->src[1] = beta;
-    result->src[2] = dt_bias;
-    result->src[3] = a;
-    return result;
+    return as_op(result, PYQSA_GGML_OP_GDN_GATES, { alpha, beta, dt_bias, a });
 }
 
 struct ggml_tensor * pyqsa_ggml_add_gated(struct ggml_context * ctx, struct ggml_tensor * base, struct ggml_tensor * x,
@@ -416,12 +416,7 @@ struct ggml_tensor * pyqsa_ggml_add_gated(struct ggml_context * ctx, struct ggml
     GGML_ASSERT(ggml_are_same_shape(base, x) && g->ne[0] == 1 && g->ne[1] == x->ne[1]);
 
     struct ggml_tensor * result = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, x->ne[0], x->ne[1]);
-    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_ADD_GATED);
-    result->op     = GGML_OP_PYQSA;
-    result->src[0] = base;
-    result->src[1] = x;
-    result->src[2] = g;
-    return result;
+    return as_op(result, PYQSA_GGML_OP_ADD_GATED, { base, x, g });
 }
 
 struct ggml_tensor * pyqsa_ggml_conv_step(struct ggml_context * ctx, struct ggml_tensor * state, struct ggml_tensor * x,
@@ -436,11 +431,5 @@ struct ggml_tensor * pyqsa_ggml_conv_step(struct ggml_context * ctx, struct ggml
     GGML_ASSERT(store->ne[0] == (K - 1) * C && store->ne[1] == S && store->ne[2] == 1 && store->ne[3] == 1);
 
     struct ggml_tensor * result = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, C, 1, S);
-    ggml_set_op_params_i32(result, 0, PYQSA_GGML_OP_CONV_STEP);
-    result->op     = GGML_OP_PYQSA;
-    result->src[0] = state;
-    result->src[1] = x;
-    result->src[2] = kernel;
-    result->src[3] = store;
-    return result;
+    return as_op(result, PYQSA_GGML_OP_CONV_STEP, { state, x, kernel, store });
 }
