@@ -36,7 +36,8 @@
 #                 their timings, tests/gpu/paging.sh, tests/gpu/sampling.sh, tests/gpu/serve_paged.sh (serve --slots 8
 #                 --ctx 262144 with paging, 8 concurrent requests), then tests/gpu/parity.sh)
 #                 --op-checks (the first part of --checks only: the op-check binaries, CUDA vs CPU
-#                 and their timings, a minute or two where --checks takes many)
+#                 and their timings, then tests/gpu/fast_path.py (greedy outputs with the fused
+#                 ops and without, bit for bit); a few minutes where --checks takes many)
 #                 --dev (the studies of native/dev, each built with nvcc and run while the builds
 #                 run, finished before any timing; each one's output in $OUT/dev-NAME.txt)
 # Steps: unpack the carried upstream extract; build pyqsa's CUDA variant (setup path) and an
@@ -211,6 +212,9 @@ if [ -n "$checks$op_checks" ]; then
     op_check test-gdn "gated delta rule" "us/run"
     op_check test-fused "fused ops" "us/run"
     cat "$out/ops-perf.txt"
+    # greedy tokens with the fused ops and without, 1 and 8 slots, 256 steps (the demo model)
+    python3 tests/gpu/fast_path.py > "$out/fast-path.txt" 2>&1 || status=1
+    tail -n 6 "$out/fast-path.txt"
     echo "op checks done ($(elapsed))"
 fi
 if [ -n "$checks" ]; then

@@ -86,3 +86,21 @@ def test_each_fusion_gives_the_bits_of_upstreams_ops(tiny_gguf, tmp_path, fused_
         "PYQSA_GATES_UNFUSED": 9 * f["linear_layers"] + 2 * f["shared_experts"],
     }[switch]
     assert u["step_nodes"] - f["step_nodes"] == fewer, (f, u)
+
+
+def test_greedy_outputs_of_eight_slots_through_the_engine_keep_their_bits_unfused():
+    """tests/gpu/fast_path.py as the GPU machine runs it (256 steps there), on the CPU: the
+    demo model's greedy tokens and log-probabilities of 8 requests at once through the engine,
+    fused and unfused, bit for bit (its exit status), and the runs' report."""
+    proc = subprocess.run(
+        [sys.executable, "tests/gpu/fast_path.py", "--steps", "16", "--gpu-layers", "0"]
+        + ["--slots", "8"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 2 and "[16, 16, 16, 16, 16, 16, 16, 16] tokens each" in lines[0]
+    assert "vs unfused" in lines[0] and "identical True" in lines[0] and lines[0].endswith("OK")

@@ -1,0 +1,152 @@
+"""Greedy outputs with the decode fast path on and off: the same requests through the engine
+(load_engine, so the warm-up and, on CUDA, the captured graphs run as they do when serving), 1
+and 8 slots at once, each setting in a process of its own (the library reads its switches once).
+
+The fused graph ops keep upstream's bits by construction (native/src/fused-ops.h), so their runs
+must give the same tokens and log-probabilities, bit for bit: PYQSA_HC_UNFUSED=1 and
+PYQSA_GATES_UNFUSED=1 together against the default. The grouped products
+(PYQSA_CUDA_PRODUCTS_UNGROUPED=1) change the sums of the narrow products that went to upstream's
+f16-summed kernel alone, so their run is reported, not gated: the share of equal tokens and the
+first step where they part.
+
+    python tests/gpu/fast_path.py [MODEL] [--steps 256] [--gpu-layers 999]
+        (default MODEL: the embedded demo; exit status 1 when a gated run differs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+UNFUSED = {"PYQSA_HC_UNFUSED": "1", "PYQSA_GATES_UNFUSED": "1"}
+UNGROUPED = {"PYQSA_CUDA_PRODUCTS_UNGROUPED": "1"}
+SWITCHES = (*UNFUSED, *UNGROUPED)
+
+
+def prompts(n: int) -> list[list[int]]:
+    """n prompts of different lengths and tokens (ids within any vocabulary of 3000+)."""
+    return [[(31 * i + 17 * k) % 2900 + 60 for i in range(40 + 23 * k)] for k in range(n)]
+
+
+def generate(model: str, n_slots: int, steps: int, gpu_layers: int) -> list[dict]:
+    """Each request's tokens and log-probabilities (as float32 bit patterns) from one engine."""
+    import numpy as np
+
+    from pyqsa.engine import EngineConfig, SamplingParams
+    from pyqsa.engine.engine import load_engine
+    from pyqsa.engine.request import Delta, Finished
+
+    config = EngineConfig(
+        model,
+        n_slots=n_slots,
+        ctx_per_slot=512 + steps,
+        max_batch_tokens=256,
+        gpu_layers=gpu_layers,
+    )
+    engine, _ = load_engine(config)
+    outs: list[dict] = []
+    done = []
+    try:
+        for prompt in prompts(n_slots):
+            out = {"tokens": [], "logprob_bits": []}
+            ended = threading.Event()
+
+            def sink(ev, out=out, ended=ended):
+                if isinstance(ev, Delta):
+                    out["tokens"] += ev.token_ids
+                    out["logprob_bits"] += [
+                        int(np.float32(lp.logprob).view(np.uint32)) for lp in ev.logprobs
+                    ]
+                elif isinstance(ev, Finished):
+                    out["finish"] = ev.reason.value
+                    ended.set()
+
+            params = SamplingParams(temperature=0, max_tokens=steps, logprobs=0)
+            engine.submit(prompt, params, sink)
+            outs.append(out)
+            done.append(ended)
+        for ended in done:
+            if not ended.wait(timeout=1200):
+                raise TimeoutError("a request did not finish")
+    finally:
+        engine.stop()
+    return outs
+
+
+def run(model: str, n_slots: int, steps: int, gpu_layers: int, env: dict[str, str]) -> list[dict]:
+    """generate() in a process of its own with these switches set (and no other)."""
+    child_env = {k: v for k, v in os.environ.items() if k not in SWITCHES} | env
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from tests.gpu.fast_path import "
+        "generate; print(json.dumps(generate(sys.argv[2], *map(int, sys.argv[3:]))))"
+    )
+    args = [str(ROOT), model, str(n_slots), str(steps), str(gpu_layers)]
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=ROOT,
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first step where two token lists part (a stop in one of them included), or None."""
+    i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+    return i if i is not None or len(a) == len(b) else min(len(a), len(b))
+
+
+def compare(base: list[dict], other: list[dict]) -> dict:
+    """Equal tokens and log-probability bits, request by request, and where they first part."""
+    pairs = [(b["tokens"], o["tokens"]) for b, o in zip(base, other, strict=True)]
+    n = sum(len(b) for b, _ in pairs)
+    equal = sum(x == y for b, o in pairs for x, y in zip(b, o, strict=False))
+    return {
+        "identical": base == other,
+        "token_share": equal / max(n, 1),
+        "first_differing": [first_difference(b, o) for b, o in pairs],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--steps", type=int, default=256)
+    ap.add_argument("--gpu-layers", type=int, default=999)
+    ap.add_argument("--slots", default="1,8")
+    a = ap.parse_args(argv)
+    if a.model is None:
+        from pyqsa.demo_model import demo_model_path
+
+        a.model = str(demo_model_path())
+    status = 0
+    for n_slots in (int(s) for s in a.slots.split(",")):
+        base = run(a.model, n_slots, a.steps, a.gpu_layers, {})
+        steps = [len(r["tokens"]) for r in base]
+        for label, env, gated in (("unfused", UNFUSED, True), ("ungrouped", UNGROUPED, False)):
+            res = compare(base, run(a.model, n_slots, a.steps, a.gpu_layers, env))
+            ok = res["identical"] or not gated
+            status |= not ok
+            print(
+                f"{n_slots} slot(s), {steps} tokens each, fast path vs {label} "
+                f"({' '.join(f'{k}={v}' for k, v in env.items())}): identical {res['identical']}, "
+                f"tokens equal {res['token_share']:.1%}, first differing step per request "
+                f"{res['first_differing']}{'' if gated else ' (reported, not gated)'}: "
+                f"{'OK' if ok else 'FAIL'}",
+                flush=True,
+            )
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
