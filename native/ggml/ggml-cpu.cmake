@@ -16,10 +16,12 @@ target_sources(${GGML_CPU_NAME} PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-page-write.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-score.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-topk.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/cpu/rms-norm-gated.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/sample.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/silu-scaled.cpp)
 target_include_directories(${GGML_CPU_NAME} PRIVATE ${CMAKE_CURRENT_LIST_DIR}/cpu)
 # the ops' sums rounded as upstream's CPU ops round them, a product then an add (GCC would contract
 # them into an FMA, which rounds once): the fused graphs equal the unfused ones bit for bit
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/cpu/add-gated.cpp ${CMAKE_CURRENT_LIST_DIR}/cpu/hc-combine.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/cpu/rms-norm-gated.cpp
     PROPERTIES COMPILE_OPTIONS -ffp-contract=off)

@@ -22,6 +22,7 @@ target_sources(ggml-cuda PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-score.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-score-mma.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/qsa-topk.cu
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/rms-norm-gated.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/sample.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/silu-scaled.cu)
 target_include_directories(ggml-cuda PRIVATE ${CMAKE_CURRENT_LIST_DIR}/cuda)

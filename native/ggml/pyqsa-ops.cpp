@@ -433,3 +433,15 @@ struct ggml_tensor * pyqsa_ggml_conv_step(struct ggml_context * ctx, struct ggml
     struct ggml_tensor * result = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, C, 1, S);
     return as_op(result, PYQSA_GGML_OP_CONV_STEP, { state, x, kernel, store });
 }
+
+struct ggml_tensor * pyqsa_ggml_rms_norm_gated(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * w,
+                                               struct ggml_tensor * z, float eps) {
+    for (const ggml_tensor * t : { x, w, z }) {
+        GGML_ASSERT(t->type == GGML_TYPE_F32 && t->nb[0] == sizeof(float));
+    }
+    GGML_ASSERT(ggml_are_same_shape(x, z) && ggml_is_contiguous(w) && ggml_nelements(w) == x->ne[0]);
+
+    struct ggml_tensor * result = ggml_new_tensor(ctx, GGML_TYPE_F32, GGML_MAX_DIMS, x->ne);
+    ggml_set_op_params_f32(result, 1, eps);
+    return as_op(result, PYQSA_GGML_OP_RMS_NORM_GATED, { x, w, z });
+}

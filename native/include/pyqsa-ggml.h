@@ -29,6 +29,7 @@ enum pyqsa_ggml_op {
     PYQSA_GGML_OP_GDN_GATES      = 15,
     PYQSA_GGML_OP_ADD_GATED      = 16,
     PYQSA_GGML_OP_CONV_STEP      = 17,
+    PYQSA_GGML_OP_RMS_NORM_GATED = 18,
 };
 
 // Sparse attention: every query attends only to the KV cells listed for it (QSA: the selected
@@ -390,6 +391,20 @@ GGML_API struct ggml_tensor * pyqsa_ggml_conv_step(struct ggml_context * ctx,
                                                    struct ggml_tensor * x,
                                                    struct ggml_tensor * kernel,
                                                    struct ggml_tensor * store);
+
+// An RMS norm with its weight and a sigmoid gate, one op (qwen4exp's gated norm of the linear
+// attention's output, norm(core_attn_out) * sigmoid(z)):
+//   out[i, r] = (x[i, r] * rsqrt(mean over i of x[., r]^2 + eps)) * w[i] * sigmoid(z[i, r])
+//   x, z: F32 of one shape, rows of n contiguous (nb[0] = 4), any row strides; w: F32 [n]
+// returns F32 of x's shape, contiguous. Each backend sums the squares and rounds each step as
+// its own rms_norm (fused with the weight on CUDA: upstream's block reduction, called from the
+// same header), sigmoid and mul do, so on one backend the op and upstream's ops agree bit for
+// bit; one launch where they take two (three on the CPU's graph).
+GGML_API struct ggml_tensor * pyqsa_ggml_rms_norm_gated(struct ggml_context * ctx,
+                                                        struct ggml_tensor * x,
+                                                        struct ggml_tensor * w,
+                                                        struct ggml_tensor * z,
+                                                        float eps);
 
 // Host address i (0 or 1) that a pyqsa op keeps in its params from index first_param on.
 GGML_API void * pyqsa_ggml_host_ptr(const struct ggml_tensor * op, int first_param);

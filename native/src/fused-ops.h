@@ -14,7 +14,8 @@ bool pyqsa_hc_fused();
 // upstream's add, softplus, mul and sigmoid), its q and k normalized as one view of their
 // adjacent heads (one rms_norm and scale for two), a decode step's convolution with its SiLU and
 // its state's store as pyqsa_ggml_conv_step (one op for concat, ssm_conv, silu and the copy; a
-// prefill's state stored by one copy of the strided tail, no cont first), and the shared
-// expert's sigmoid-gated join with the routed experts as pyqsa_ggml_add_gated (one op for
-// sigmoid, mul and add); off with PYQSA_GATES_UNFUSED.
+// prefill's state stored by one copy of the strided tail, no cont first), its output's gated
+// norm as pyqsa_ggml_rms_norm_gated (one op for rms_norm, mul, sigmoid and mul, when the gate is a
+// sigmoid), and the shared expert's sigmoid-gated join with the routed experts as
+// pyqsa_ggml_add_gated (one op for sigmoid, mul and add); off with PYQSA_GATES_UNFUSED.
 bool pyqsa_gates_fused();

@@ -3,9 +3,10 @@
 // PYQSA_GGML_OP_HC_COMBINE (ggml_scale, ggml_sigmoid, ggml_scale by 2, ggml_dsv4_hc_post without
 // comb), PYQSA_GGML_OP_SILU_SCALED (ggml_scale then ggml_silu), PYQSA_GGML_OP_GDN_GATES
 // (ggml_add, ggml_softplus, ggml_mul; ggml_sigmoid), PYQSA_GGML_OP_ADD_GATED (ggml_sigmoid,
-// ggml_mul, ggml_add) and PYQSA_GGML_OP_CONV_STEP (ggml_concat, ggml_ssm_conv, ggml_silu and the
-// state's copy, its output and its store side by side). `perf` times both ways at decode and
-// prefill shapes.
+// ggml_mul, ggml_add), PYQSA_GGML_OP_CONV_STEP (ggml_concat, ggml_ssm_conv, ggml_silu and the
+// state's copy, its output and its store side by side) and PYQSA_GGML_OP_RMS_NORM_GATED
+// (ggml_rms_norm, ggml_mul by the weight, ggml_sigmoid, ggml_mul). `perf` times both ways at
+// decode and prefill shapes.
 //
 //   test-fused [test|perf] [-b BACKEND]      exit code 0 when every case passed
 #include "op-check.h"
@@ -325,6 +326,58 @@ std::vector<float> run_conv(ggml_backend_t be, const conv_case & c, const std::v
         &supported);
 }
 
+// x and z [n, rows] (with pad, views whose rows are pad floats wider), w [n]
+struct norm_case {
+    int64_t n, rows, pad;
+
+    std::string name() const {
+        char buf[96];
+        std::snprintf(buf, sizeof(buf), "RMS_NORM_GATED(n=%lld,rows=%lld%s)", (long long) n, (long long) rows,
+                      pad ? ",views" : "");
+        return buf;
+    }
+};
+
+struct norm_tensors {
+    ggml_tensor *x_buf, *z_buf, *w, *out;
+};
+
+// the op (fused) or upstream's ops as qwen4exp's build_norm_gated makes them
+norm_tensors make_norm(ggml_context * ctx, const norm_case & c, bool fused) {
+    norm_tensors t;
+    t.x_buf         = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n + c.pad, c.rows);
+    t.z_buf         = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n + c.pad, c.rows);
+    t.w             = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, c.n);
+    ggml_tensor * x = ggml_view_2d(ctx, t.x_buf, c.n, c.rows, t.x_buf->nb[1], 0);
+    ggml_tensor * z = ggml_view_2d(ctx, t.z_buf, c.n, c.rows, t.z_buf->nb[1], 0);
+    const float eps = 1e-6f;
+    if (fused) {
+        t.out = pyqsa_ggml_rms_norm_gated(ctx, x, t.w, z, eps);
+    } else {
+        ggml_tensor * normed = ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), t.w);
+        t.out                = ggml_mul(ctx, normed, ggml_sigmoid(ctx, ggml_cont(ctx, z)));
+    }
+    return t;
+}
+
+std::vector<float> run_norm(ggml_backend_t be, const norm_case & c, const std::vector<float> & v, bool fused) {
+    norm_tensors t{};
+    bool         supported = false;
+    const size_t nb = (c.n + c.pad) * c.rows;
+    return run_op<float>(
+        be,
+        [&](ggml_context * ctx) {
+            t = make_norm(ctx, c, fused);
+            return std::make_pair(t.x_buf, t.out);
+        },
+        [&](ggml_tensor * x_buf) {
+            ggml_backend_tensor_set(x_buf, v.data(), 0, ggml_nbytes(x_buf));
+            ggml_backend_tensor_set(t.z_buf, v.data() + nb, 0, ggml_nbytes(t.z_buf));
+            ggml_backend_tensor_set(t.w, v.data() + 2 * nb, 0, ggml_nbytes(t.w));
+        },
+        &supported);
+}
+
 // another backend's expf (CUDA's fast-math one: ~1e-6 relative at |x| ~ 10) and its contraction
 // of the sum into an FMA, against the CPU's; a wrong element would give ~1
 constexpr double BOUND = 1e-10;
@@ -398,6 +451,16 @@ int cmd_test(const char * only_backend) {
         check_fused(c.name(), cpu, only_backend, n_ok, n_fail,
                     [&](ggml_backend_t be, bool fused) { return run_conv(be, c, v, fused); });
     }
+    // Flash-Next's value heads (128 wide, 32 a token) at 1 and 8 tokens, a chunk, views, a row wider
+    // than upstream's one-block cut (1024) and an odd one
+    const norm_case norm_cases[] = { { 128, 32, 0 }, { 128, 256, 0 }, { 128, 4096, 0 }, { 64, 9, 5 }, { 1536, 3, 0 },
+                                     { 37, 4, 0 } };
+    for (const norm_case & c : norm_cases) {
+        std::vector<float> v(2 * (c.n + c.pad) * c.rows + c.n);
+        for (float & e : v) e = wide(rng);
+        check_fused(c.name(), cpu, only_backend, n_ok, n_fail,
+                    [&](ggml_backend_t be, bool fused) { return run_norm(be, c, v, fused); });
+    }
     ggml_backend_free(cpu);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
     return n_fail == 0 ? 0 : 1;
@@ -446,6 +509,9 @@ int cmd_perf(const char * only_backend) {
         }
         for (const conv_case & c : { conv_case{ 4, 8192, 1 }, conv_case{ 4, 8192, 8 } }) {
             time_both(be, c.name(), iters, [&](ggml_context * ctx, bool fused) { return make_conv(ctx, c, fused).out; });
+        }
+        for (const norm_case & c : { norm_case{ 128, 32, 0 }, norm_case{ 128, 256, 0 }, norm_case{ 128, 65536, 0 } }) {
+            time_both(be, c.name(), iters, [&](ggml_context * ctx, bool fused) { return make_norm(ctx, c, fused).out; });
         }
         ggml_backend_free(be);
     }

@@ -8,7 +8,8 @@ run through a scheduler, which the CUDA backend groups into one launch, against 
 double-precision reference, native/tests/test-products.cpp) and test-gdn (upstream's
 GATED_DELTA_NET, whose prefill pyqsa runs on its own CUDA kernel, against a double-precision
 recurrence, native/tests/test-gdn.cpp) and test-fused (qwen4exp's fused ops: the hyper-connection
-combine and gate, the linear attention's gates and the shared expert's gated join, against the
+combine and gate, the linear attention's gates, convolution step and gated norm, and the shared
+expert's gated join, against the
 graphs of upstream's ops they replace, bit for bit, native/tests/test-fused.cpp).
 
 On a CPU-only machine this checks the CPU kernels; on the GPU machine the same binaries also
@@ -30,7 +31,7 @@ from pyqsa._build.native import BuildConfig
         ("test-sample", 14),
         ("test-products", 36),
         ("test-gdn", 9),
-        ("test-fused", 23),
+        ("test-fused", 29),
     ],
 )
 def test_ops_match_their_references(binary, min_checks):

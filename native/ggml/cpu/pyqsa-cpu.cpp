@@ -17,6 +17,7 @@
 #include "qsa-page-write.h"
 #include "qsa-score.h"
 #include "qsa-topk.h"
+#include "rms-norm-gated.h"
 #include "sample.h"
 #include "silu-scaled.h"
 
@@ -71,6 +72,9 @@ void pyqsa_cpu_forward(const struct ggml_compute_params * params, struct ggml_te
             break;
         case PYQSA_GGML_OP_CONV_STEP:
             pyqsa_cpu_conv_step(params, dst);
+            break;
+        case PYQSA_GGML_OP_RMS_NORM_GATED:
+            pyqsa_cpu_rms_norm_gated(params, dst);
             break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));

@@ -21,6 +21,7 @@
 #include "qsa-page-write.cuh"
 #include "qsa-score.cuh"
 #include "qsa-topk.cuh"
+#include "rms-norm-gated.cuh"
 #include "sample.cuh"
 #include "silu-scaled.cuh"
 
@@ -82,6 +83,9 @@ void pyqsa_cuda_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         case PYQSA_GGML_OP_CONV_STEP:
             pyqsa_cuda_conv_step(ctx, dst);
             break;
+        case PYQSA_GGML_OP_RMS_NORM_GATED:
+            pyqsa_cuda_rms_norm_gated(ctx, dst);
+            break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));
     }
@@ -112,6 +116,7 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
         case PYQSA_GGML_OP_SILU_SCALED:
         case PYQSA_GGML_OP_GDN_GATES:
         case PYQSA_GGML_OP_ADD_GATED:
+        case PYQSA_GGML_OP_RMS_NORM_GATED:
             return true;
         case PYQSA_GGML_OP_CONV_STEP:
             return pyqsa_cuda_conv_step_supported(op);
