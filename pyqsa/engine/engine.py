@@ -638,8 +638,8 @@ def load_engine(config: EngineConfig, model: LlamaModel | None = None) -> tuple[
     if runner.passes_async:
         # the largest pass the scheduler makes, a regular step's chunk beside every other slot's
         # decode token and decode steps of each slot count (see warm_up), within the slot: the
-        # prompt, its chunk, a token a step, one more
-        room = config.ctx_per_slot - config.n_slots - 1
+        # prompt, its chunk, a token a step (the all-slot step twice), one more
+        room = config.ctx_per_slot - config.n_slots - 2
         chunk = config.max_batch_tokens - (config.n_slots - 1)
         chunk = chunk if 1 < chunk < min(runner.max_tokens, room) else 0
         n_prompt = max(1, min(runner.max_tokens, room - chunk))
