@@ -10,6 +10,7 @@
 #include "pyqsa-cuda-moe.h"
 #include "pyqsa-cuda-precision.h"
 
+#include "pyqsa-env.h"
 #include "pyqsa-ggml.h"
 #include "qsa-attn.cuh"
 #include "qsa-attn-part.cuh"
@@ -136,40 +137,34 @@ int pyqsa_cuda_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgr
     return 0;
 }
 
-// a switch variable is on when set to anything but "" or "0"
-static bool env_switch_on(const char * name) {
-    const char * v = getenv(name);
-    return v != nullptr && *v != '\0' && strcmp(v, "0") != 0;
-}
-
 bool pyqsa_cuda_strict_f32() {
     // read once: cuBLAS handles keep the math mode they were created with
-    static const bool strict = env_switch_on("PYQSA_CUDA_STRICT_F32");
+    static const bool strict = pyqsa_env_switch_on("PYQSA_CUDA_STRICT_F32");
     return strict;
 }
 
 bool pyqsa_cuda_f16_products_f32() {
-    return !env_switch_on("PYQSA_CUDA_F16_ACCUMULATE");
+    return !pyqsa_env_switch_on("PYQSA_CUDA_F16_ACCUMULATE");
 }
 
 bool pyqsa_cuda_moe_on_device() {
-    return !env_switch_on("PYQSA_CUDA_MOE_SYNC");
+    return !pyqsa_env_switch_on("PYQSA_CUDA_MOE_SYNC");
 }
 
 bool pyqsa_cuda_moe_grouped() {
-    return !env_switch_on("PYQSA_CUDA_MOE_MMF");
+    return !pyqsa_env_switch_on("PYQSA_CUDA_MOE_MMF");
 }
 
 bool pyqsa_cuda_gdn_staged() {
-    return !env_switch_on("PYQSA_CUDA_GDN_UPSTREAM");
+    return !pyqsa_env_switch_on("PYQSA_CUDA_GDN_UPSTREAM");
 }
 
 bool pyqsa_cuda_gemv_on() {
-    return !env_switch_on("PYQSA_CUDA_GEMV_UPSTREAM");
+    return !pyqsa_env_switch_on("PYQSA_CUDA_GEMV_UPSTREAM");
 }
 
 bool pyqsa_cuda_products_grouped() {
-    return !env_switch_on("PYQSA_CUDA_PRODUCTS_UNGROUPED");
+    return !pyqsa_env_switch_on("PYQSA_CUDA_PRODUCTS_UNGROUPED");
 }
 
 int pyqsa_cuda_gdn_lanes() {

@@ -12,12 +12,11 @@
 #include "qsa-page-resolve.cuh"
 
 #include "pyqsa-cuda.cuh"
+#include "pyqsa-env.h"
 #include "pyqsa-ggml.h"
 #include "qsa-page-copy.cuh"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 namespace {
 
@@ -233,10 +232,7 @@ int pow2_at_least(int n) {
 
 // PYQSA_PAGE_RESOLVE_SORT=1: every slot's key sorted, as the kernel did before the select
 bool resolve_sorts_all() {
-    static const bool all = [] {
-        const char * v = getenv("PYQSA_PAGE_RESOLVE_SORT");
-        return v != nullptr && *v != '\0' && strcmp(v, "0") != 0;
-    }();
+    static const bool all = pyqsa_env_switch_on("PYQSA_PAGE_RESOLVE_SORT");
     return all;
 }
 
