@@ -3,6 +3,7 @@
 
 #include "ggml-cpu/ggml-cpu-impl.h"
 #include "ggml-impl.h"
+#include "rows.h"
 
 #include <cmath>
 
@@ -14,11 +15,10 @@ void pyqsa_cpu_add_gated(const struct ggml_compute_params * params, struct ggml_
     const int64_t       rows = dst->ne[1];
 
     for (int64_t r = params->ith; r < rows; r += params->nth) {
-        const float   gr = *(const float *) ((const char *) g->data + r * g->nb[1]);
-        const float   w  = 1.f / (1.f + expf(-gr));  // ggml_sigmoid's
-        const float * br = (const float *) ((const char *) base->data + r * base->nb[1]);
-        const float * xr = (const float *) ((const char *) x->data + r * x->nb[1]);
-        float *       out = (float *) ((char *) dst->data + r * dst->nb[1]);
+        const float   w   = 1.f / (1.f + expf(-*pyqsa_row_f32(g, r)));  // ggml_sigmoid's
+        const float * br  = pyqsa_row_f32(base, r);
+        const float * xr  = pyqsa_row_f32(x, r);
+        float *       out = pyqsa_row_f32(dst, r);
         for (int64_t i = 0; i < n; ++i) {
             // ggml_mul then ggml_add, each rounded (the file is built without FMA contraction)
             const float prod = xr[i] * w;

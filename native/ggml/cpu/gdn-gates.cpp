@@ -3,6 +3,7 @@
 
 #include "ggml-cpu/ggml-cpu-impl.h"
 #include "ggml-impl.h"
+#include "rows.h"
 
 #include <cmath>
 
@@ -12,15 +13,13 @@ void pyqsa_cpu_gdn_gates(const struct ggml_compute_params * params, struct ggml_
     const float *       dt    = (const float *) dst->src[2]->data;  // [H]
     const float *       a     = (const float *) dst->src[3]->data;  // [H]
     const int64_t       H     = dst->ne[0];
-    const int64_t       T     = dst->ne[1];
-    const int64_t       rows  = T * dst->ne[2];
+    const int64_t       rows  = ggml_nrows(alpha);
 
     for (int64_t row = params->ith; row < rows; row += params->nth) {
-        const int64_t t = row % T, s = row / T;
-        const float * ar = (const float *) ((const char *) alpha->data + t * alpha->nb[1] + s * alpha->nb[2]);
-        const float * br = (const float *) ((const char *) beta->data + t * beta->nb[1] + s * beta->nb[2]);
-        float * gate = (float *) ((char *) dst->data + t * dst->nb[1] + s * dst->nb[2]);
-        float * bout = (float *) ((char *) gate + dst->nb[3]);
+        const float * ar   = pyqsa_row_f32(alpha, row);
+        const float * br   = pyqsa_row_f32(beta, row);
+        float *       gate = pyqsa_row_f32(dst, row);  // the first half's
+        float *       bout = (float *) ((char *) gate + dst->nb[3]);
         for (int64_t h = 0; h < H; ++h) {
             // ggml_add, ggml_softplus (upstream's CPU formula) and ggml_mul, each rounded to f32
             const float x  = ar[h] + dt[h];

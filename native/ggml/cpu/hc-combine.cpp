@@ -4,6 +4,7 @@
 
 #include "ggml-cpu/ggml-cpu-impl.h"
 #include "ggml-impl.h"
+#include "rows.h"
 
 #include <cmath>
 
@@ -22,9 +23,9 @@ void pyqsa_cpu_hc_combine(const struct ggml_compute_params * params, struct ggml
         const float   s  = *(const float *) ((const char *) inject->data + c * inject->nb[0] + t * inject->nb[1]) * scale;
         const float   sg = 1.f / (1.f + expf(-s));
         const float   w  = sg * 2.0f;
-        const float * xr = (const float *) ((const char *) x->data + t * x->nb[1]);
-        const float * rr = (const float *) ((const char *) residual->data + c * residual->nb[1] + t * residual->nb[2]);
-        float *       out = (float *) ((char *) dst->data + c * dst->nb[1] + t * dst->nb[2]);
+        const float * xr  = pyqsa_row_f32(x, t);
+        const float * rr  = pyqsa_row_f32(residual, row);
+        float *       out = pyqsa_row_f32(dst, row);
         for (int64_t e = 0; e < n_embd; ++e) {
             // the order of ggml_dsv4_hc_post's sum
             float sum = xr[e] * w;

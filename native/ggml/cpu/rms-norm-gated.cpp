@@ -6,6 +6,7 @@
 #include "ggml-cpu/ggml-cpu-impl.h"
 #include "ggml-cpu/vec.h"
 #include "ggml-impl.h"
+#include "rows.h"
 
 #include <cmath>
 
@@ -17,10 +18,9 @@ void pyqsa_cpu_rms_norm_gated(const struct ggml_compute_params * params, struct 
     const int64_t       n = dst->ne[0], rows = ggml_nrows(dst);
 
     for (int64_t row = params->ith; row < rows; row += params->nth) {
-        const int64_t i1 = row % dst->ne[1], i2 = (row / dst->ne[1]) % dst->ne[2], i3 = row / (dst->ne[1] * dst->ne[2]);
-        const float * xr = (const float *) ((const char *) x->data + i1 * x->nb[1] + i2 * x->nb[2] + i3 * x->nb[3]);
-        const float * zr = (const float *) ((const char *) z->data + i1 * z->nb[1] + i2 * z->nb[2] + i3 * z->nb[3]);
-        float *       out = (float *) ((char *) dst->data + i1 * dst->nb[1] + i2 * dst->nb[2] + i3 * dst->nb[3]);
+        const float * xr  = pyqsa_row_f32(x, row);
+        const float * zr  = pyqsa_row_f32(z, row);
+        float *       out = pyqsa_row_f32(dst, row);
         ggml_float    sum = 0.0;
         for (int64_t i = 0; i < n; ++i) {
             sum += (ggml_float) (xr[i] * xr[i]);

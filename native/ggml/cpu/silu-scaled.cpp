@@ -6,6 +6,7 @@
 #include "ggml-cpu/ggml-cpu-impl.h"
 #include "ggml-cpu/vec.h"
 #include "ggml-impl.h"
+#include "rows.h"
 
 void pyqsa_cpu_silu_scaled(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
     const ggml_tensor * x     = dst->src[0];
@@ -14,9 +15,8 @@ void pyqsa_cpu_silu_scaled(const struct ggml_compute_params * params, struct ggm
     const int64_t       rows  = ggml_nrows(dst);
 
     for (int64_t row = params->ith; row < rows; row += params->nth) {
-        const int64_t i1 = row % dst->ne[1], i2 = (row / dst->ne[1]) % dst->ne[2], i3 = row / (dst->ne[1] * dst->ne[2]);
-        const float * xr = (const float *) ((const char *) x->data + i1 * x->nb[1] + i2 * x->nb[2] + i3 * x->nb[3]);
-        float *       yr = (float *) ((char *) dst->data + i1 * dst->nb[1] + i2 * dst->nb[2] + i3 * dst->nb[3]);
+        const float * xr = pyqsa_row_f32(x, row);
+        float *       yr = pyqsa_row_f32(dst, row);
         for (int i = 0; i < n; ++i) {
             yr[i] = xr[i] * scale;  // ggml_scale's product
         }
