@@ -26,6 +26,34 @@
 
 namespace {
 
+// a graph of one op or of upstream's ops for it: the tensors it reads (buffers, whose views it
+// may take), filled in this order from one vector, and its result
+struct op_graph {
+    std::vector<ggml_tensor *> inputs;
+    ggml_tensor *              out = nullptr;
+};
+
+// the result of make(ctx) on be, its inputs filled from data; empty when be does not support it
+template <typename Make>
+std::vector<float> run_graph(ggml_backend_t be, const std::vector<float> & data, Make && make) {
+    op_graph g;
+    bool     supported = false;
+    return run_op<float>(
+        be,
+        [&](ggml_context * ctx) {
+            g = make(ctx);
+            return std::make_pair(g.inputs[0], g.out);
+        },
+        [&](ggml_tensor *) {
+            const float * p = data.data();
+            for (ggml_tensor * in : g.inputs) {
+                ggml_backend_tensor_set(in, p, 0, ggml_nbytes(in));
+                p += ggml_nelements(in);
+            }
+        },
+        &supported);
+}
+
 // x [n_embd, n_tokens] (with x_pad, a view whose rows are x_pad floats wider), residual
 // [n_embd, hc, n_tokens], inject [hc, n_tokens] (with inject_pad, a view of a wider tensor)
 struct hc_case {
@@ -39,67 +67,39 @@ struct hc_case {
     }
 };
 
-struct hc_data {
-    std::vector<float> x, residual, inject;  // the buffers the tensors (or views) read
-};
-
-// inject spans the sigmoid's range, its tails saturated
-hc_data make_data(const hc_case & c, std::mt19937 & rng) {
+// x, residual, then inject; inject spans the sigmoid's range, its tails saturated
+std::vector<float> make_data(const hc_case & c, std::mt19937 & rng) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    hc_data                         d;
-    d.x.resize((c.n_embd + c.x_pad) * c.n_tokens);
-    d.residual.resize(c.n_embd * c.hc * c.n_tokens);
-    d.inject.resize((c.hc + c.inject_pad) * c.n_tokens);
-    for (float & v : d.x) v = nd(rng);
-    for (float & v : d.residual) v = 4.0f * nd(rng);
-    for (float & v : d.inject) v = 12.0f * nd(rng);
+    const int64_t                   n_x = (c.n_embd + c.x_pad) * c.n_tokens, n_res = c.n_embd * c.hc * c.n_tokens;
+    std::vector<float>              d(n_x + n_res + (c.hc + c.inject_pad) * c.n_tokens);
+    for (int64_t i = 0; i < (int64_t) d.size(); ++i) {
+        d[i] = (i < n_x ? 1.0f : i < n_x + n_res ? 4.0f : 12.0f) * nd(rng);
+    }
     return d;
 }
 
-struct hc_tensors {
-    ggml_tensor *x_buf, *residual, *inject_buf, *out;
-};
-
 // the op (fused) or upstream's graph of it, as qwen4exp's build_hc_combine makes them
-hc_tensors make_hc(ggml_context * ctx, const hc_case & c, bool fused) {
-    hc_tensors t;
-    t.x_buf               = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n_embd + c.x_pad, c.n_tokens);
-    t.residual            = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.n_embd, c.hc, c.n_tokens);
-    t.inject_buf          = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.hc + c.inject_pad, c.n_tokens);
-    ggml_tensor * x       = ggml_view_2d(ctx, t.x_buf, c.n_embd, c.n_tokens, t.x_buf->nb[1], 0);
-    ggml_tensor * inject  = ggml_view_2d(ctx, t.inject_buf, c.hc, c.n_tokens, t.inject_buf->nb[1], 0);
-    const float   inv_hc  = 1.0f / (float) c.hc;
+op_graph make_hc(ggml_context * ctx, const hc_case & c, bool fused) {
+    ggml_tensor * x_buf      = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n_embd + c.x_pad, c.n_tokens);
+    ggml_tensor * residual   = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.n_embd, c.hc, c.n_tokens);
+    ggml_tensor * inject_buf = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.hc + c.inject_pad, c.n_tokens);
+    ggml_tensor * x          = ggml_view_2d(ctx, x_buf, c.n_embd, c.n_tokens, x_buf->nb[1], 0);
+    ggml_tensor * inject     = ggml_view_2d(ctx, inject_buf, c.hc, c.n_tokens, inject_buf->nb[1], 0);
+    const float   inv_hc     = 1.0f / (float) c.hc;
+    ggml_tensor * out        = nullptr;
     // (upstream's CPU scale takes only contiguous rows: a copy of a view first, which changes no bit)
     if (fused) {
-        t.out = pyqsa_ggml_hc_combine(ctx, x, t.residual, inject, inv_hc);
+        out = pyqsa_ggml_hc_combine(ctx, x, residual, inject, inv_hc);
     } else {
         ggml_tensor * w = ggml_sigmoid(ctx, ggml_scale(ctx, ggml_cont(ctx, inject), inv_hc));
         w               = ggml_scale(ctx, w, 2.0f);
-        t.out           = ggml_dsv4_hc_post(ctx, x, t.residual, w, nullptr);
+        out             = ggml_dsv4_hc_post(ctx, x, residual, w, nullptr);
     }
-    return t;
+    return { { x_buf, residual, inject_buf }, out };
 }
 
 size_t ctx_size() {
     return ggml_tensor_overhead() * 16 + ggml_graph_overhead();
-}
-
-// the result on be; empty when be does not support the graph
-std::vector<float> run(ggml_backend_t be, const hc_case & c, const hc_data & d, bool fused) {
-    hc_tensors t{};
-    bool       supported = false;
-    return run_op<float>(
-        be,
-        [&](ggml_context * ctx) {
-            t = make_hc(ctx, c, fused);
-            return std::make_pair(t.x_buf, t.out);
-        },
-        [&](ggml_tensor * x_buf) {
-            ggml_backend_tensor_set(x_buf, d.x.data(), 0, ggml_nbytes(x_buf));
-            ggml_backend_tensor_set(t.residual, d.residual.data(), 0, ggml_nbytes(t.residual));
-            ggml_backend_tensor_set(t.inject_buf, d.inject.data(), 0, ggml_nbytes(t.inject_buf));
-        },
-        &supported);
 }
 
 // how many elements differ in their bits (all of them when the sizes differ)
@@ -123,22 +123,12 @@ struct silu_case {
 };
 
 // silu(x / 4) as the op (fused) or as upstream's two ops
-ggml_tensor * make_silu(ggml_context * ctx, const silu_case & c, bool fused, ggml_tensor ** buf) {
-    *buf            = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n + c.pad, c.rows);
-    ggml_tensor * x = ggml_view_2d(ctx, *buf, c.n, c.rows, (*buf)->nb[1], 0);
-    return fused ? pyqsa_ggml_silu_scaled(ctx, x, 0.25f) : ggml_silu(ctx, ggml_scale(ctx, ggml_cont(ctx, x), 0.25f));
-}
-
-std::vector<float> run_silu(ggml_backend_t be, const silu_case & c, const std::vector<float> & x, bool fused) {
-    bool supported = false;
-    return run_op<float>(
-        be,
-        [&](ggml_context * ctx) {
-            ggml_tensor * buf = nullptr;
-            ggml_tensor * out = make_silu(ctx, c, fused, &buf);
-            return std::make_pair(buf, out);
-        },
-        [&](ggml_tensor * buf) { ggml_backend_tensor_set(buf, x.data(), 0, ggml_nbytes(buf)); }, &supported);
+op_graph make_silu(ggml_context * ctx, const silu_case & c, bool fused) {
+    ggml_tensor * buf = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n + c.pad, c.rows);
+    ggml_tensor * x   = ggml_view_2d(ctx, buf, c.n, c.rows, buf->nb[1], 0);
+    ggml_tensor * out =
+        fused ? pyqsa_ggml_silu_scaled(ctx, x, 0.25f) : ggml_silu(ctx, ggml_scale(ctx, ggml_cont(ctx, x), 0.25f));
+    return { { buf }, out };
 }
 
 // alpha and beta [H, T, S] (with pad, views whose rows are pad floats wider), dt_bias and a [H]
@@ -153,67 +143,39 @@ struct gates_case {
     }
 };
 
-struct gates_data {
-    std::vector<float> alpha, beta, dt, a;
-};
-
-// alpha + dt_bias on both sides of softplus's cut at 20, beta into the sigmoid's tails, a < 0
-gates_data make_gates_data(const gates_case & c, std::mt19937 & rng) {
+// alpha, beta, dt_bias, then a: alpha + dt_bias on both sides of softplus's cut at 20, beta into
+// the sigmoid's tails, a < 0
+std::vector<float> make_gates_data(const gates_case & c, std::mt19937 & rng) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    gates_data                      d;
-    d.alpha.resize((c.H + c.pad) * c.T * c.S);
-    d.beta.resize(d.alpha.size());
-    d.dt.resize(c.H);
-    d.a.resize(c.H);
-    for (float & v : d.alpha) v = 10.0f * nd(rng);
-    for (float & v : d.beta) v = 12.0f * nd(rng);
-    for (float & v : d.dt) v = 4.0f * nd(rng) + 4.0f;
-    for (float & v : d.a) v = -std::exp(nd(rng));
+    const int64_t                   n_ab = (c.H + c.pad) * c.T * c.S;
+    std::vector<float>              d(2 * n_ab + 2 * c.H);
+    for (int64_t i = 0; i < (int64_t) d.size(); ++i) {
+        const float v = nd(rng);
+        d[i] = i < n_ab ? 10.0f * v : i < 2 * n_ab ? 12.0f * v : i < 2 * n_ab + c.H ? 4.0f * v + 4.0f : -std::exp(v);
+    }
     return d;
 }
 
-struct gates_tensors {
-    ggml_tensor *alpha_buf, *beta_buf, *dt, *a, *out;
-};
-
 // the op (fused) or upstream's ops as qwen4exp's build_layer_attn_linear makes them, the two
 // gates concatenated as the op lays them out ([H, T, S, 2]; a concat copies their bits)
-gates_tensors make_gates(ggml_context * ctx, const gates_case & c, bool fused) {
-    gates_tensors t;
-    t.alpha_buf         = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.H + c.pad, c.T, c.S);
-    t.beta_buf          = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.H + c.pad, c.T, c.S);
-    t.dt                = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, c.H);
-    t.a                 = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, c.H);
-    ggml_tensor * alpha = ggml_view_3d(ctx, t.alpha_buf, c.H, c.T, c.S, t.alpha_buf->nb[1], t.alpha_buf->nb[2], 0);
-    ggml_tensor * beta  = ggml_view_3d(ctx, t.beta_buf, c.H, c.T, c.S, t.beta_buf->nb[1], t.beta_buf->nb[2], 0);
+op_graph make_gates(ggml_context * ctx, const gates_case & c, bool fused) {
+    ggml_tensor * alpha_buf = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.H + c.pad, c.T, c.S);
+    ggml_tensor * beta_buf  = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.H + c.pad, c.T, c.S);
+    ggml_tensor * dt        = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, c.H);
+    ggml_tensor * a         = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, c.H);
+    ggml_tensor * alpha     = ggml_view_3d(ctx, alpha_buf, c.H, c.T, c.S, alpha_buf->nb[1], alpha_buf->nb[2], 0);
+    ggml_tensor * beta      = ggml_view_3d(ctx, beta_buf, c.H, c.T, c.S, beta_buf->nb[1], beta_buf->nb[2], 0);
+    ggml_tensor * out       = nullptr;
     if (fused) {
-        t.out = pyqsa_ggml_gdn_gates(ctx, alpha, beta, t.dt, t.a);
+        out = pyqsa_ggml_gdn_gates(ctx, alpha, beta, dt, a);
     } else {
         // (upstream's CPU unary ops take only contiguous rows: copies of the views first)
-        ggml_tensor * gate = ggml_mul(ctx, ggml_softplus(ctx, ggml_add(ctx, ggml_cont(ctx, alpha), t.dt)), t.a);
+        ggml_tensor * gate = ggml_mul(ctx, ggml_softplus(ctx, ggml_add(ctx, ggml_cont(ctx, alpha), dt)), a);
         ggml_tensor * sg   = ggml_sigmoid(ctx, ggml_cont(ctx, beta));
-        t.out              = ggml_concat(ctx, ggml_reshape_4d(ctx, gate, c.H, c.T, c.S, 1),
+        out                = ggml_concat(ctx, ggml_reshape_4d(ctx, gate, c.H, c.T, c.S, 1),
                                          ggml_reshape_4d(ctx, sg, c.H, c.T, c.S, 1), 3);
     }
-    return t;
-}
-
-std::vector<float> run_gates(ggml_backend_t be, const gates_case & c, const gates_data & d, bool fused) {
-    gates_tensors t{};
-    bool          supported = false;
-    return run_op<float>(
-        be,
-        [&](ggml_context * ctx) {
-            t = make_gates(ctx, c, fused);
-            return std::make_pair(t.alpha_buf, t.out);
-        },
-        [&](ggml_tensor * alpha_buf) {
-            ggml_backend_tensor_set(alpha_buf, d.alpha.data(), 0, ggml_nbytes(alpha_buf));
-            ggml_backend_tensor_set(t.beta_buf, d.beta.data(), 0, ggml_nbytes(t.beta_buf));
-            ggml_backend_tensor_set(t.dt, d.dt.data(), 0, ggml_nbytes(t.dt));
-            ggml_backend_tensor_set(t.a, d.a.data(), 0, ggml_nbytes(t.a));
-        },
-        &supported);
+    return { { alpha_buf, beta_buf, dt, a }, out };
 }
 
 // base and x [n, rows] (with pad, views whose rows are pad floats wider), g [1, rows] (with pad, a
@@ -229,45 +191,22 @@ struct add_gated_case {
     }
 };
 
-struct add_gated_tensors {
-    ggml_tensor *base_buf, *x_buf, *g_buf, *out;
-};
-
 // the op (fused) or upstream's ops as qwen4exp's build_layer_ffn makes them
-add_gated_tensors make_add_gated(ggml_context * ctx, const add_gated_case & c, bool fused) {
-    add_gated_tensors t;
-    t.base_buf         = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n + c.pad, c.rows);
-    t.x_buf            = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n + c.pad, c.rows);
-    t.g_buf            = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 1 + c.pad, c.rows);
-    ggml_tensor * base = ggml_view_2d(ctx, t.base_buf, c.n, c.rows, t.base_buf->nb[1], 0);
-    ggml_tensor * x    = ggml_view_2d(ctx, t.x_buf, c.n, c.rows, t.x_buf->nb[1], 0);
-    ggml_tensor * g    = ggml_view_2d(ctx, t.g_buf, 1, c.rows, t.g_buf->nb[1], 0);
+op_graph make_add_gated(ggml_context * ctx, const add_gated_case & c, bool fused) {
+    ggml_tensor * base_buf = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n + c.pad, c.rows);
+    ggml_tensor * x_buf    = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n + c.pad, c.rows);
+    ggml_tensor * g_buf    = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 1 + c.pad, c.rows);
+    ggml_tensor * base     = ggml_view_2d(ctx, base_buf, c.n, c.rows, base_buf->nb[1], 0);
+    ggml_tensor * x        = ggml_view_2d(ctx, x_buf, c.n, c.rows, x_buf->nb[1], 0);
+    ggml_tensor * g        = ggml_view_2d(ctx, g_buf, 1, c.rows, g_buf->nb[1], 0);
+    ggml_tensor * out      = nullptr;
     if (fused) {
-        t.out = pyqsa_ggml_add_gated(ctx, base, x, g);
+        out = pyqsa_ggml_add_gated(ctx, base, x, g);
     } else {
         ggml_tensor * w = ggml_sigmoid(ctx, ggml_cont(ctx, g));
-        t.out           = ggml_add(ctx, ggml_cont(ctx, base), ggml_mul(ctx, ggml_cont(ctx, x), w));
+        out             = ggml_add(ctx, ggml_cont(ctx, base), ggml_mul(ctx, ggml_cont(ctx, x), w));
     }
-    return t;
-}
-
-std::vector<float> run_add_gated(ggml_backend_t be, const add_gated_case & c, const std::vector<float> & v,
-                                 bool fused) {
-    add_gated_tensors t{};
-    bool              supported = false;
-    const size_t      nb = (c.n + c.pad) * c.rows;
-    return run_op<float>(
-        be,
-        [&](ggml_context * ctx) {
-            t = make_add_gated(ctx, c, fused);
-            return std::make_pair(t.base_buf, t.out);
-        },
-        [&](ggml_tensor * base_buf) {
-            ggml_backend_tensor_set(base_buf, v.data(), 0, ggml_nbytes(base_buf));
-            ggml_backend_tensor_set(t.x_buf, v.data() + nb, 0, ggml_nbytes(t.x_buf));
-            ggml_backend_tensor_set(t.g_buf, v.data() + 2 * nb, 0, ggml_nbytes(t.g_buf));
-        },
-        &supported);
+    return { { base_buf, x_buf, g_buf }, out };
 }
 
 // a decode step's convolution: state [K-1, C, S], x [C, 1, S], kernel [K, C], the store [(K-1) C, S]
@@ -281,49 +220,25 @@ struct conv_case {
     }
 };
 
-struct conv_tensors {
-    ggml_tensor *state, *x, *kernel, *store, *out;
-};
-
 // the op (fused) or upstream's ops as qwen4exp's build_conv_state_at and ssm_conv make them, the
 // result [C + (K-1) C, S]: each sequence's output, then its stored state (a concat copies bits)
-conv_tensors make_conv(ggml_context * ctx, const conv_case & c, bool fused) {
-    conv_tensors t;
-    t.state  = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.K - 1, c.C, c.S);
-    t.x      = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.C, 1, c.S);
-    t.kernel = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.K, c.C);
-    t.store  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, (c.K - 1) * c.C, c.S);
-    ggml_tensor * y = nullptr;
+op_graph make_conv(ggml_context * ctx, const conv_case & c, bool fused) {
+    ggml_tensor * state  = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.K - 1, c.C, c.S);
+    ggml_tensor * x      = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.C, 1, c.S);
+    ggml_tensor * kernel = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.K, c.C);
+    ggml_tensor * store  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, (c.K - 1) * c.C, c.S);
+    ggml_tensor * y      = nullptr;
     ggml_tensor * stored = nullptr;
     if (fused) {
-        y      = pyqsa_ggml_conv_step(ctx, t.state, t.x, t.kernel, t.store);
-        stored = ggml_view_2d(ctx, t.store, t.store->ne[0], c.S, t.store->nb[1], 0);  // read after y
+        y      = pyqsa_ggml_conv_step(ctx, state, x, kernel, store);
+        stored = ggml_view_2d(ctx, store, store->ne[0], c.S, store->nb[1], 0);  // read after y
     } else {
-        ggml_tensor * input = ggml_concat(ctx, t.state, ggml_transpose(ctx, t.x), 0);
-        y = ggml_silu(ctx, ggml_ssm_conv(ctx, input, t.kernel));
-        ggml_tensor * tail = ggml_view_3d(ctx, input, c.K - 1, c.C, c.S, input->nb[1], input->nb[2], sizeof(float));
-        stored = ggml_cpy(ctx, ggml_cont(ctx, tail), t.store);
+        ggml_tensor * input = ggml_concat(ctx, state, ggml_transpose(ctx, x), 0);
+        y                   = ggml_silu(ctx, ggml_ssm_conv(ctx, input, kernel));
+        ggml_tensor * tail  = ggml_view_3d(ctx, input, c.K - 1, c.C, c.S, input->nb[1], input->nb[2], sizeof(float));
+        stored              = ggml_cpy(ctx, ggml_cont(ctx, tail), store);
     }
-    t.out = ggml_concat(ctx, ggml_reshape_2d(ctx, y, c.C, c.S), stored, 0);
-    return t;
-}
-std::vector<float> run_conv(ggml_backend_t be, const conv_case & c, const std::vector<float> & v, bool fused) {
-    conv_tensors t{};
-    bool         supported = false;
-    return run_op<float>(
-        be,
-        [&](ggml_context * ctx) {
-            t = make_conv(ctx, c, fused);
-            return std::make_pair(t.state, t.out);
-        },
-        [&](ggml_tensor * state) {
-            const float * p = v.data();
-            for (ggml_tensor * in : { state, t.x, t.kernel, t.store }) {
-                ggml_backend_tensor_set(in, p, 0, ggml_nbytes(in));
-                p += ggml_nelements(in);
-            }
-        },
-        &supported);
+    return { { state, x, kernel, store }, ggml_concat(ctx, ggml_reshape_2d(ctx, y, c.C, c.S), stored, 0) };
 }
 
 // x and z [n, rows] (with pad, views whose rows are pad floats wider), w [n]
@@ -338,55 +253,38 @@ struct norm_case {
     }
 };
 
-struct norm_tensors {
-    ggml_tensor *x_buf, *z_buf, *w, *out;
-};
-
 // the op (fused) or upstream's ops as qwen4exp's build_norm_gated makes them
-norm_tensors make_norm(ggml_context * ctx, const norm_case & c, bool fused) {
-    norm_tensors t;
-    t.x_buf         = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n + c.pad, c.rows);
-    t.z_buf         = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n + c.pad, c.rows);
-    t.w             = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, c.n);
-    ggml_tensor * x = ggml_view_2d(ctx, t.x_buf, c.n, c.rows, t.x_buf->nb[1], 0);
-    ggml_tensor * z = ggml_view_2d(ctx, t.z_buf, c.n, c.rows, t.z_buf->nb[1], 0);
-    const float eps = 1e-6f;
+op_graph make_norm(ggml_context * ctx, const norm_case & c, bool fused) {
+    ggml_tensor * x_buf = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n + c.pad, c.rows);
+    ggml_tensor * z_buf = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n + c.pad, c.rows);
+    ggml_tensor * w     = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, c.n);
+    ggml_tensor * x     = ggml_view_2d(ctx, x_buf, c.n, c.rows, x_buf->nb[1], 0);
+    ggml_tensor * z     = ggml_view_2d(ctx, z_buf, c.n, c.rows, z_buf->nb[1], 0);
+    const float   eps   = 1e-6f;
+    ggml_tensor * out   = nullptr;
     if (fused) {
-        t.out = pyqsa_ggml_rms_norm_gated(ctx, x, t.w, z, eps);
+        out = pyqsa_ggml_rms_norm_gated(ctx, x, w, z, eps);
     } else {
-        ggml_tensor * normed = ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), t.w);
-        t.out                = ggml_mul(ctx, normed, ggml_sigmoid(ctx, ggml_cont(ctx, z)));
+        ggml_tensor * normed = ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), w);
+        out                  = ggml_mul(ctx, normed, ggml_sigmoid(ctx, ggml_cont(ctx, z)));
     }
-    return t;
+    return { { x_buf, z_buf, w }, out };
 }
 
-std::vector<float> run_norm(ggml_backend_t be, const norm_case & c, const std::vector<float> & v, bool fused) {
-    norm_tensors t{};
-    bool         supported = false;
-    const size_t nb = (c.n + c.pad) * c.rows;
-    return run_op<float>(
-        be,
-        [&](ggml_context * ctx) {
-            t = make_norm(ctx, c, fused);
-            return std::make_pair(t.x_buf, t.out);
-        },
-        [&](ggml_tensor * x_buf) {
-            ggml_backend_tensor_set(x_buf, v.data(), 0, ggml_nbytes(x_buf));
-            ggml_backend_tensor_set(t.z_buf, v.data() + nb, 0, ggml_nbytes(t.z_buf));
-            ggml_backend_tensor_set(t.w, v.data() + 2 * nb, 0, ggml_nbytes(t.w));
-        },
-        &supported);
-}
 
 // another backend's expf (CUDA's fast-math one: ~1e-6 relative at |x| ~ 10) and its contraction
 // of the sum into an FMA, against the CPU's; a wrong element would give ~1
 constexpr double BOUND = 1e-10;
 
-// an op against upstream's ops: run(be, fused) on the CPU and on every other backend, bit for bit
-// on each, and each other backend's op against the CPU's
-template <typename Run>
-void check_fused(const std::string & name, ggml_backend_t cpu, const char * only_backend, int & n_ok, int & n_fail,
-                 Run && run) {
+// an op against upstream's ops: make(ctx, c, fused)'s graph over data on the CPU and on every other
+// backend, bit for bit on each, and each other backend's op against the CPU's
+template <typename Case, typename Make>
+void check_fused(const Case & c, const std::vector<float> & data, Make && make, ggml_backend_t cpu,
+                 const char * only_backend, int & n_ok, int & n_fail) {
+    const std::string name = c.name();
+    const auto        run  = [&](ggml_backend_t be, bool fused) {
+        return run_graph(be, data, [&](ggml_context * ctx) { return make(ctx, c, fused); });
+    };
     const std::vector<float> fused = run(cpu, true);
     const size_t             n_cpu = bits_differ(fused, run(cpu, false));
     report(name, "CPU", "vs upstream's ops: " + std::to_string(n_cpu) + " elements differ in their bits ", n_cpu == 0,
@@ -414,9 +312,7 @@ int cmd_test(const char * only_backend) {
         { 33, 3, 5, 1, 1 },      // odd sizes
     };
     for (const hc_case & c : cases) {
-        const hc_data d = make_data(c, rng);
-        check_fused(c.name(), cpu, only_backend, n_ok, n_fail,
-                    [&](ggml_backend_t be, bool fused) { return run(be, c, d, fused); });
+        check_fused(c, make_data(c, rng), make_hc, cpu, only_backend, n_ok, n_fail);
     }
     // the rank of the gate (64 of the model's, a row per token) and odd ones past the SIMD width
     const silu_case silu_cases[] = { { 64, 1, 0 }, { 64, 8, 0 }, { 64, 300, 0 }, { 37, 5, 3 }, { 7, 2, 0 } };
@@ -424,15 +320,12 @@ int cmd_test(const char * only_backend) {
     for (const silu_case & c : silu_cases) {
         std::vector<float> x((c.n + c.pad) * c.rows);
         for (float & v : x) v = nd(rng);
-        check_fused(c.name(), cpu, only_backend, n_ok, n_fail,
-                    [&](ggml_backend_t be, bool fused) { return run_silu(be, c, x, fused); });
+        check_fused(c, x, make_silu, cpu, only_backend, n_ok, n_fail);
     }
     // Flash-Next's 32 value heads at 1 and 8 sequences and a prefill chunk, then odd sizes
     const gates_case gates_cases[] = { { 32, 1, 1, 0 }, { 32, 1, 8, 0 }, { 32, 300, 1, 0 }, { 7, 3, 2, 5 } };
     for (const gates_case & c : gates_cases) {
-        const gates_data d = make_gates_data(c, rng);
-        check_fused(c.name(), cpu, only_backend, n_ok, n_fail,
-                    [&](ggml_backend_t be, bool fused) { return run_gates(be, c, d, fused); });
+        check_fused(c, make_gates_data(c, rng), make_gates, cpu, only_backend, n_ok, n_fail);
     }
     // the model's width at 1 and 8 tokens and a chunk, then views and odd sizes
     const add_gated_case add_cases[] = { { 2048, 1, 0 }, { 2048, 8, 0 }, { 256, 300, 0 }, { 37, 5, 3 } };
@@ -440,16 +333,14 @@ int cmd_test(const char * only_backend) {
     for (const add_gated_case & c : add_cases) {
         std::vector<float> v(2 * (c.n + c.pad) * c.rows + (1 + c.pad) * c.rows);
         for (float & e : v) e = wide(rng);
-        check_fused(c.name(), cpu, only_backend, n_ok, n_fail,
-                    [&](ggml_backend_t be, bool fused) { return run_add_gated(be, c, v, fused); });
+        check_fused(c, v, make_add_gated, cpu, only_backend, n_ok, n_fail);
     }
     // Flash-Next's 8192 channels of 4 taps at 1 and 8 sequences, then odd sizes
     const conv_case conv_cases[] = { { 4, 8192, 1 }, { 4, 8192, 8 }, { 4, 37, 3 }, { 2, 5, 2 }, { 7, 19, 2 } };
     for (const conv_case & c : conv_cases) {
         std::vector<float> v(2 * (c.K - 1) * c.C * c.S + c.C * c.S + c.K * c.C);
         for (float & e : v) e = wide(rng);
-        check_fused(c.name(), cpu, only_backend, n_ok, n_fail,
-                    [&](ggml_backend_t be, bool fused) { return run_conv(be, c, v, fused); });
+        check_fused(c, v, make_conv, cpu, only_backend, n_ok, n_fail);
     }
     // Flash-Next's value heads (128 wide, 32 a token) at 1 and 8 tokens, a chunk, views, a row wider
     // than upstream's one-block cut (1024) and an odd one
@@ -458,60 +349,56 @@ int cmd_test(const char * only_backend) {
     for (const norm_case & c : norm_cases) {
         std::vector<float> v(2 * (c.n + c.pad) * c.rows + c.n);
         for (float & e : v) e = wide(rng);
-        check_fused(c.name(), cpu, only_backend, n_ok, n_fail,
-                    [&](ggml_backend_t be, bool fused) { return run_norm(be, c, v, fused); });
+        check_fused(c, v, make_norm, cpu, only_backend, n_ok, n_fail);
     }
     ggml_backend_free(cpu);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
     return n_fail == 0 ? 0 : 1;
 }
 
-// Flash-Next's width, streams and gate rank: a decode step of 1 and 8 sequences and a 2048-token
-// chunk, each op and upstream's ops; inputs zero (the time does not depend on them)
-// the microseconds of a graph of make(ctx, fused) on be, the op's and upstream's, inputs zero
-template <typename Make>
-void time_both(ggml_backend_t be, const std::string & name, int iters, Make && make) {
+// the microseconds of make(ctx, c, fused)'s graph on be, the op's and upstream's, inputs zero (the
+// time does not depend on them)
+template <typename Case, typename Make> void time_both(ggml_backend_t be, const Case & c, int iters, Make && make) {
     for (const bool fused : { true, false }) {
         graph_run g;
         ggml_init_params ip = { ctx_size(), nullptr, true };
         g.ctx               = ggml_init(ip);
-        if (graph_place(g, be, make(g.ctx, fused))) {
+        if (graph_place(g, be, make(g.ctx, c, fused).out)) {
             ggml_backend_buffer_clear(g.buf, 0);
-            std::printf("  %s %s %s: %.1f us/run\n", name.c_str(), fused ? "op" : "upstream's ops",
+            std::printf("  %s %s %s: %.1f us/run\n", c.name().c_str(), fused ? "op" : "upstream's ops",
                         ggml_backend_name(be), time_graph(be, g.gf, iters));
         }
     }
 }
 
+// Flash-Next's shapes: a decode step of 1 and 8 sequences and a prefill chunk, each op and
+// upstream's ops
 int cmd_perf(const char * only_backend) {
-    const hc_case shapes[] = { { 2048, 4, 1, 0, 0 }, { 2048, 4, 8, 0, 0 }, { 2048, 4, 2048, 0, 0 } };
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         ggml_backend_dev_t dev = ggml_backend_dev_get(i);
         if (only_backend && std::strcmp(only_backend, ggml_backend_dev_name(dev)) != 0) continue;
         ggml_backend_t be    = ggml_backend_dev_init(dev, nullptr);
         const int      iters = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU ? 5 : 200;
-        for (const hc_case & c : shapes) {
-            time_both(be, c.name(), iters, [&](ggml_context * ctx, bool fused) { return make_hc(ctx, c, fused).out; });
+        for (const hc_case & c :
+             { hc_case{ 2048, 4, 1, 0, 0 }, hc_case{ 2048, 4, 8, 0, 0 }, hc_case{ 2048, 4, 2048, 0, 0 } }) {
+            time_both(be, c, iters, make_hc);
         }
         for (const silu_case & c : { silu_case{ 64, 1, 0 }, silu_case{ 64, 8, 0 }, silu_case{ 64, 2048, 0 } }) {
-            time_both(be, c.name(), iters, [&](ggml_context * ctx, bool fused) {
-                ggml_tensor * buf = nullptr;
-                return make_silu(ctx, c, fused, &buf);
-            });
+            time_both(be, c, iters, make_silu);
         }
-        for (const gates_case & c : { gates_case{ 32, 1, 1, 0 }, gates_case{ 32, 1, 8, 0 }, gates_case{ 32, 2048, 1, 0 } }) {
-            time_both(be, c.name(), iters, [&](ggml_context * ctx, bool fused) { return make_gates(ctx, c, fused).out; });
+        for (const gates_case & c :
+             { gates_case{ 32, 1, 1, 0 }, gates_case{ 32, 1, 8, 0 }, gates_case{ 32, 2048, 1, 0 } }) {
+            time_both(be, c, iters, make_gates);
         }
         for (const add_gated_case & c : { add_gated_case{ 2048, 1, 0 }, add_gated_case{ 2048, 8, 0 },
                                           add_gated_case{ 2048, 2048, 0 } }) {
-            time_both(be, c.name(), iters,
-                      [&](ggml_context * ctx, bool fused) { return make_add_gated(ctx, c, fused).out; });
+            time_both(be, c, iters, make_add_gated);
         }
         for (const conv_case & c : { conv_case{ 4, 8192, 1 }, conv_case{ 4, 8192, 8 } }) {
-            time_both(be, c.name(), iters, [&](ggml_context * ctx, bool fused) { return make_conv(ctx, c, fused).out; });
+            time_both(be, c, iters, make_conv);
         }
         for (const norm_case & c : { norm_case{ 128, 32, 0 }, norm_case{ 128, 256, 0 }, norm_case{ 128, 65536, 0 } }) {
-            time_both(be, c.name(), iters, [&](ggml_context * ctx, bool fused) { return make_norm(ctx, c, fused).out; });
+            time_both(be, c, iters, make_norm);
         }
         ggml_backend_free(be);
     }
