@@ -638,8 +638,8 @@ def load_engine(config: EngineConfig, model: LlamaModel | None = None) -> tuple[
     if runner.passes_async:
         # the largest pass the scheduler makes, a regular step's chunk beside every other slot's
         # decode token and decode steps of each slot count (see warm_up), within the slot: the
-        # prompt, its chunk, a token a step (the all-slot step twice), one more
-        room = config.ctx_per_slot - config.n_slots - 2
+        # prompt, its chunk, slot 0's decode tokens, one more
+        room = config.ctx_per_slot - warm_up_decodes(config.n_slots) - 1
         chunk = config.max_batch_tokens - (config.n_slots - 1)
         chunk = chunk if 1 < chunk < min(runner.max_tokens, room) else 0
         n_prompt = max(1, min(runner.max_tokens, room - chunk))
@@ -648,6 +648,12 @@ def load_engine(config: EngineConfig, model: LlamaModel | None = None) -> tuple[
         room = config.ctx_per_slot - 2
         warm_up(runner, model.eos, max(1, min(32, config.max_batch_tokens, room)))
     return Engine(config, runner, model).start(), model
+
+
+def warm_up_decodes(n_slots: int) -> int:
+    """The decode steps warm_up gives slot 0: the step of every slot twice, then one of each
+    smaller slot count."""
+    return n_slots + 1
 
 
 def warm_up(
@@ -690,7 +696,7 @@ def warm_up(
       decode beside the others' last chunks). So the step of every slot runs twice. Not yet
       measured on the GPU."""
     lengths = [n_prompt + n_chunk] + [1] * (n_slots - 1)
-    room = n_slots + 2  # every decode step's token, and one more
+    room = warm_up_decodes(n_slots) + 1  # every decode step's token, and one more
     reqs = [
         Request(f"warm-up/{slot}", [token] * n, SamplingParams(), lambda ev: None, n + room)
         for slot, n in enumerate(lengths)
