@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +39,8 @@ def generate(model: str, n_slots: int, steps: int, gpu_layers: int) -> list[dict
 
     from pyqsa.engine import EngineConfig, SamplingParams
     from pyqsa.engine.engine import load_engine
-    from pyqsa.engine.request import Delta, Finished
+    from pyqsa.engine.request import Delta
+    from tests.unit.engine_fakes import Collector
 
     config = EngineConfig(
         model,
@@ -50,33 +50,26 @@ def generate(model: str, n_slots: int, steps: int, gpu_layers: int) -> list[dict
         gpu_layers=gpu_layers,
     )
     engine, _ = load_engine(config)
-    outs: list[dict] = []
-    done = []
     try:
-        for prompt in prompts(n_slots):
-            out = {"tokens": [], "logprob_bits": []}
-            ended = threading.Event()
-
-            def sink(ev, out=out, ended=ended):
-                if isinstance(ev, Delta):
-                    out["tokens"] += ev.token_ids
-                    out["logprob_bits"] += [
-                        int(np.float32(lp.logprob).view(np.uint32)) for lp in ev.logprobs
-                    ]
-                elif isinstance(ev, Finished):
-                    out["finish"] = ev.reason.value
-                    ended.set()
-
-            params = SamplingParams(temperature=0, max_tokens=steps, logprobs=0)
-            engine.submit(prompt, params, sink)
-            outs.append(out)
-            done.append(ended)
-        for ended in done:
-            if not ended.wait(timeout=1200):
-                raise TimeoutError("a request did not finish")
+        sinks = [Collector() for _ in range(n_slots)]
+        for prompt, sink in zip(prompts(n_slots), sinks, strict=True):
+            engine.submit(prompt, SamplingParams(temperature=0, max_tokens=steps, logprobs=0), sink)
+        ends = [sink.wait(timeout=1200) for sink in sinks]
     finally:
         engine.stop()
-    return outs
+    return [
+        {
+            "tokens": sink.tokens,
+            "logprob_bits": [
+                int(np.float32(lp.logprob).view(np.uint32))
+                for e in sink.seen
+                if isinstance(e, Delta)
+                for lp in e.logprobs
+            ],
+            "finish": end.reason.value,
+        }
+        for sink, end in zip(sinks, ends, strict=True)
+    ]
 
 
 def run(model: str, n_slots: int, steps: int, gpu_layers: int, env: dict[str, str]) -> list[dict]:
