@@ -63,6 +63,9 @@ IDLE = ("pyqsa_busy_slots", "pyqsa_requests_in_flight", "pyqsa_http_open_request
 DECODE_TOKENS_BEFORE_CANCEL = 4  # the decode cancellation hangs up after this many tokens
 PREFILL_SHARE_BEFORE_CANCEL = 0.25  # the prefill one once this share of its prompt is in
 CANCEL_WAIT_S = 600.0  # a slot not free this long after a cancel is reported as never freed
+# ggml's CUDA backend keeps an instantiated CUDA graph per graph shape until it has gone unused
+# this long, checked only when a graph runs: an idle server keeps its last load's graphs
+CUDA_GRAPH_EVICT_S = 10.0
 
 
 def write_json(path: Path, record: dict[str, Any]) -> None:
@@ -417,7 +420,25 @@ def load_record(
     record["peak_nvidia_smi_mib"] = smi_peak(smi, since=0.0)  # over the server's life
     record["nvidia_smi_changes"] = smi_changes(smi, baseline["unix"], end["unix"])
     print(f"load: back to baseline {json.dumps(record['back_to_baseline'])}", flush=True)
+    if not record["back_to_baseline"]["nvidia_smi"]:
+        record["after_probe"] = idle_probe(load.url, model, smi)
+        print(f"load: after an idle probe {json.dumps(record['after_probe'])}", flush=True)
     return record
+
+
+def idle_probe(url: str, model: str, smi: Path | None) -> dict[str, Any]:
+    """nvidia-smi and the ledger after the server idled past the CUDA graphs' eviction age and then
+    ran one short request: what the load left that the backend's own caches give back (its graph
+    instances) against what stays."""
+    time.sleep(CUDA_GRAPH_EVICT_S + 1.0)
+    attempt(url, model, prompts(1, 16, seed=7)[0], 1)
+    wait_idle(url)
+    time.sleep(1.5)  # nvidia-smi is sampled every second
+    now = snapshot(url, smi)
+    return {
+        "nvidia_smi_mib": now["nvidia_smi_mib"],
+        "device_pool": now["ledger"].get("device.pool"),
+    }
 
 
 def cmd_load(args: argparse.Namespace) -> int:
@@ -461,6 +482,7 @@ def figures(load: dict[str, Any] | None) -> dict[str, Any]:
             "ledger": gib(load["peak_ledger_device_bytes"]),
         },
         "nvidia_smi_changes": load.get("nvidia_smi_changes"),
+        "after_probe": load.get("after_probe"),
         "start_lines": load["baseline"].get("start_lines", []),
     }
 

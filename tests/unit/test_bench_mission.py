@@ -54,3 +54,18 @@ def test_the_changes_name_when_the_figure_moved(tmp_path):
     assert smi.smi_changes(tmp_path / "smi.csv", since=10.0, until=15.0) == [[2.0, 164], [4.5, 172]]
     assert smi.smi_changes(tmp_path / "smi.csv", since=10.0, until=15.0, most=1) == [[2.0, 164]]
     assert smi.smi_changes(None, since=0.0, until=1.0) == []
+
+
+def test_the_idle_probe_waits_out_the_graph_cache_then_runs_one_request(monkeypatch):
+    calls = []
+    clock = [0.0]
+    monkeypatch.setattr(mission.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(mission, "attempt", lambda *a: calls.append(("attempt", clock[0], a[3])))
+    monkeypatch.setattr(mission, "wait_idle", lambda url: calls.append(("idle", clock[0])))
+    end = {"nvidia_smi_mib": 900, "ledger": {"device.pool": 4096, "device.hot": 1}}
+    monkeypatch.setattr(mission, "snapshot", lambda url, smi: {**end, "unix": clock[0]})
+    got = mission.idle_probe("http://x", "m", None)
+    assert got == {"nvidia_smi_mib": 900, "device_pool": 4096}
+    # the request comes once every graph of the load is older than the backend's eviction age
+    assert calls[0][0] == "attempt" and calls[0][1] > mission.CUDA_GRAPH_EVICT_S
+    assert calls[0][2] == 1 and calls[1][0] == "idle"
