@@ -222,6 +222,22 @@ def _paged_decode(doc: Doc) -> list[tuple[int, int, str]]:
 def locality_rows(docs: list[Doc]) -> list[Row]:
     """The locality model's figures (docs: results.load(folder, "locality"))."""
     out = []
+    # pyqsa against unpatched upstream, every sequence count at the smallest context both ran
+    both = ("pyqsa", "upstream")
+    vs = results.newest(
+        docs, ("decode-locality", *results.DECODE_KINDS), lambda d: _both_decode(d, *both)
+    )
+    if vs is not None:
+        cells = _both_decode(vs, *both)
+        parts = []
+        for ctx, n in (c for c in cells if c[0] == cells[0][0]):
+            mine, theirs = (results.decode_cell(vs, v, ctx, n)["step_ms_median"] for v in both)
+            parts.append(
+                f"{n} x {context_label(ctx)} {mine:.2f} ms a step ({1000 * n / mine:.0f} tok/s) "
+                f"against {theirs:.2f}, {theirs / mine:.2f}x"
+            )
+        text = "decode against unpatched upstream (bench/decode.py): " + "; ".join(parts)
+        out.append(("speed", text, vs))
     # pyqsa's decode products against upstream's (gpu_run.sh's gemvup)
     both = ("pyqsa", "pyqsa-gemvup")
     fast = results.newest(

@@ -115,6 +115,7 @@ def test_the_locality_model_has_a_table_of_its_own():
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
     assert [r.split(" | ")[0].lstrip("| ") for r in rows[1:]] == [
         "speed",
+        "speed",
         "long context",
         "long context",
         "prefix",
@@ -129,6 +130,23 @@ def test_the_locality_model_has_a_table_of_its_own():
     paged = mission["decode_window"]["tokens_per_s"]
     unpaged = mission["unpaged"]["decode_window"]["tokens_per_s"]
     assert f"{paged} tok/s against the unpaged server's {unpaged}, {paged / unpaged:.3f}x" in block
+    # pyqsa against unpatched upstream, from the newest record where both decoded
+    vs = max(
+        (
+            d
+            for d in local
+            if any(r.get("pyqsa") and r.get("upstream") for r in d.data.get("decode", []))
+        ),
+        key=lambda d: Path(d.path).name,
+    ).data
+    first = min(
+        (r for r in vs["decode"] if r.get("upstream")), key=lambda r: (r["context"], r["n_seq"])
+    )
+    ms = first["pyqsa"]["step_ms_median"], first["upstream"]["step_ms_median"]
+    assert (
+        f"{ms[0]:.2f} ms a step ({1000 * first['n_seq'] / ms[0]:.0f} tok/s) against {ms[1]:.2f}"
+        in block
+    )
     agents = newest("prefix").data
     runs = len(agents.get("runs", []))
     how = f"median of {runs} runs'" if runs else "one run, median of 20 follow-ups"
