@@ -340,9 +340,9 @@ bool takes(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_te
 // or, one a channel, along dim 2 (x [K, 1, T], w broadcast: the linear attention's output
 // projection at T sequences, whose per-channel product upstream's MMVF ran as T one-column
 // products, reading w T times). One column: a warp takes rows_per_warp() rows of the parts
-// together, where only narrow_ok takes one row a warp.
+// together, and no launch where that is one row a warp (see pyqsa_cuda_gemv).
 bool launch_mul_mats(ggml_backend_cuda_context & ctx, const ggml_tensor * const * ws, const ggml_tensor * x,
-                     const ggml_tensor * const * dsts, int n, bool narrow_ok) {
+                     const ggml_tensor * const * dsts, int n) {
     const int     dim  = x->ne[1] == 1 && x->ne[2] > 1 ? 2 : 1;  // the columns' dimension
     const int64_t T    = x->ne[dim];
     int64_t       rows = 0;
@@ -375,7 +375,7 @@ bool launch_mul_mats(ggml_backend_cuda_context & ctx, const ggml_tensor * const 
         return true;
     }
     const int r = rows_per_warp(rows, 1, ggml_cuda_info().devices[ctx.device].nsm);
-    if (T != 1 || (r < 2 && !narrow_ok)) {
+    if (T != 1 || r < 2) {
         return false;
     }
     gemv_args a = {};
@@ -389,11 +389,12 @@ bool launch_mul_mats(ggml_backend_cuda_context & ctx, const ggml_tensor * const 
 bool pyqsa_cuda_gemv(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_tensor * x, ggml_tensor * dst) {
     // NOTE: a warp a row reads a narrow matrix with too few warps in flight; upstream's CTA a row
     // was faster below two rows a warp (4096 x 2560: 12.5 us against 15.2; decode.py at one
-    // sequence 8.7 ms a step against 10.0 with every MUL_MAT here), so those stay there, unless
-    // they come in a group (pyqsa_cuda_gemv_group)
+    // sequence 8.7 ms a step against 10.0 with every MUL_MAT here), so those stay there, in a
+    // group too (a hyper-connection norm's down and inject, 20 rows of 10240 as one launch of
+    // three CTAs: decode.py at one sequence 7.04 ms a step against 6.53 ungrouped)
     const ggml_tensor * ws[1]   = { w };
     const ggml_tensor * dsts[1] = { dst };
-    return launch_mul_mats(ctx, ws, x, dsts, 1, false);
+    return launch_mul_mats(ctx, ws, x, dsts, 1);
 }
 
 bool pyqsa_cuda_gemv_group(ggml_backend_cuda_context & ctx, const ggml_tensor * const * dsts, int n) {
@@ -403,7 +404,7 @@ bool pyqsa_cuda_gemv_group(ggml_backend_cuda_context & ctx, const ggml_tensor * 
         GGML_ASSERT(dsts[i]->op == GGML_OP_MUL_MAT && dsts[i]->src[1] == dsts[0]->src[1]);
         ws[i] = dsts[i]->src[0];
     }
-    return launch_mul_mats(ctx, ws, dsts[0]->src[1], dsts, n, true);
+    return launch_mul_mats(ctx, ws, dsts[0]->src[1], dsts, n);
 }
 
 bool pyqsa_cuda_gemv_id(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {

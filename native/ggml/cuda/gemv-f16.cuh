@@ -35,8 +35,8 @@ bool pyqsa_cuda_gemv_on();
 bool pyqsa_cuda_gemv(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_tensor * x, ggml_tensor * dst);
 
 // runs the MUL_MATs dsts[0..n) (n <= PYQSA_GEMV_MAX_PARTS, all of one src[1]) in one launch and
-// returns true, or returns false (nothing launched); narrow matrices too, their rows a launch's
-// share with the others
+// returns true, or returns false (nothing launched): at one column, where their rows together are
+// too few for two a warp, as pyqsa_cuda_gemv declines one such matrix
 bool pyqsa_cuda_gemv_group(ggml_backend_cuda_context & ctx, const ggml_tensor * const * dsts, int n);
 
 // runs the MUL_MAT_ID dst and returns true, or returns false (nothing launched)

@@ -11,8 +11,9 @@
 //     first of them. Only reads of x and of weights move, earlier, so the order stays valid; one
 //     whose x is written between stays.
 //   graph_compute: such a run of MUL_MATs goes to pyqsa_cuda_gemv_group, one launch, each row
-//     summed as the gemv sums it alone (the same bits wherever the gemv takes the product alone;
-//     narrow ones it leaves to upstream's MMVF alone).
+//     summed as the gemv sums it alone (the same bits wherever the gemv takes the product alone).
+//     At one column a run whose rows are too few for two a warp (a hyper-connection norm's down
+//     and inject) runs product by product, on upstream's MMVF, which is faster there.
 // PYQSA_CUDA_PRODUCTS_UNGROUPED=1 turns both off (read at every call, so that test-products runs
 // both ways in one process).
 #pragma once
