@@ -659,9 +659,10 @@ def warm_up_decodes(n_slots: int) -> int:
 def warm_up(
     runner: Runner, token: int, n_prompt: int = 1, n_slots: int = 1, n_chunk: int = 0
 ) -> None:
-    """A prompt of `n_prompt` tokens on slot 0, then (`n_chunk` > 0) `n_chunk` more of it as a
-    chunk of their own, then (`n_slots` > 1) a one-token prompt on each other slot, then decode
-    steps of the first `n_slots`, `n_slots` - 1, ..., 1 slots, all released after, each sampled
+    """A prompt of `n_prompt` tokens on slot 0, then (`n_slots` > 1) a one-token prompt on each
+    other slot, then (`n_chunk` > 0) `n_chunk` more of slot 0's prompt beside a decode token of
+    each other slot (a regular step of a loaded server), then decode steps of the first
+    `n_slots`, `n_slots` - 1, ..., 1 slots, all released after, each sampled
     row with a drawn token, drawn as the engine draws (on the device when the runner does): so
     requests do not pay for what runs once, and what the device holds once requests end is what
     it held before them.
@@ -688,15 +689,21 @@ def warm_up(
       to decode (native/PAGING.md), when the other prompts' chunks shrank from the prefill
       budget (2048) to a regular step's (511 beside a decode token), the shape of the matrix
       products (cuBLAS picks kernels by it) that no warm-up pass had: hence `n_chunk`, the
-      chunk a regular step gives a prompt beside every other slot's decode token. The ledger's
-      `pool` (ggml's CUDA pools) tells whether the growth is the pool's.
+      chunk a regular step gives a prompt beside every other slot's decode token. At f9d692d
+      (that chunk computed alone, the step of every slot twice) it was still there: +70 MiB
+      after the mission's paged load, +64 after 8 x 2000-token prompts, the same with
+      GGML_CUDA_DISABLE_GRAPHS=1, the ledger's `pool` unchanged, none of it given back after
+      an idle past the CUDA graphs' eviction; each time in the first seconds of passes that
+      mix decode tokens with other prompts' chunks, which no warm-up pass had made: hence that
+      chunk beside the other slots' decode tokens. Not yet measured on the GPU.
     - What is captured once: ggml's CUDA backend captures a pass as a CUDA graph, whose
       instance holds device memory, only at the second pass in a row with the same graph; no
       pass above had one, and the loads' growth came when steps began to repeat (a slot's
       decode beside the others' last chunks). So the step of every slot runs twice. Not yet
       measured on the GPU."""
     lengths = [n_prompt + n_chunk] + [1] * (n_slots - 1)
-    room = warm_up_decodes(n_slots) + 1  # every decode step's token, and one more
+    room = warm_up_decodes(n_slots) + 1  # every decode step's token, and one more (the
+    # other slots' decode token beside slot 0's chunk)
     reqs = [
         Request(f"warm-up/{slot}", [token] * n, SamplingParams(), lambda ev: None, n + room)
         for slot, n in enumerate(lengths)
@@ -704,8 +711,9 @@ def warm_up(
     samplers = [Sampler(req.params, seed=0) for req in reqs]
     leases = [SlotLease(slot, 0, n + room) for slot, n in enumerate(lengths)]
     # each pass: (slot, tokens it computes of those the slot has not yet)
-    passes = [[(0, n_prompt)]] + ([[(0, n_chunk)]] if n_chunk else [])
-    passes += [[(slot, 1) for slot in range(1, n_slots)]] if n_slots > 1 else []
+    others = [(slot, 1) for slot in range(1, n_slots)]
+    passes = [[(0, n_prompt)]] + ([others] if others else [])
+    passes += [[(0, n_chunk), *others]] if n_chunk else []  # a chunk beside decode tokens
     passes += [[(slot, 1) for slot in range(n_slots)]]  # the same graph twice in a row
     passes += [[(slot, 1) for slot in range(k)] for k in range(n_slots, 0, -1)]
     done = [0] * n_slots

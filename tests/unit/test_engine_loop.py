@@ -343,18 +343,19 @@ def test_warm_up_of_every_slot_decodes_each_slot_count_all_of_them_twice_and_rel
     assert sorted(runner.released) == [0, 1, 2] and runner.cached == {}
 
 
-def test_warm_up_computes_a_chunk_of_the_prompt_on_its_own_before_the_other_slots():
+def test_warm_up_computes_a_chunk_of_the_prompt_beside_the_other_slots_decode_tokens():
     runner = FakeRunner()
-    warm_up(runner, 5, n_prompt=3, n_slots=2, n_chunk=2)
+    warm_up(runner, 5, n_prompt=3, n_slots=3, n_chunk=2)
     assert runner.batches == [
         [(0, 0, (5, 5, 5))],  # no row drawn: the prompt goes on
-        [(0, 3, (5, 5))],
-        [(1, 0, (5,))],
-        [(0, 5, (6,)), (1, 1, (6,))],
-        [(0, 6, (7,)), (1, 2, (7,))],
-        [(0, 7, (8,))],
+        [(1, 0, (5,)), (2, 0, (5,))],
+        [(0, 3, (5, 5)), (1, 1, (6,)), (2, 1, (6,))],  # a loaded server's regular step
+        [(0, 5, (6,)), (1, 2, (7,)), (2, 2, (7,))],
+        [(0, 6, (7,)), (1, 3, (8,)), (2, 3, (8,))],
+        [(0, 7, (8,)), (1, 4, (9,))],
+        [(0, 8, (9,))],
     ]
-    assert sorted(runner.released) == [0, 1] and runner.cached == {}
+    assert sorted(runner.released) == [0, 1, 2] and runner.cached == {}
 
 
 @pytest.mark.parametrize("on_gpu", [True, False])
