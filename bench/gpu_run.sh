@@ -122,6 +122,9 @@ fi
 python3 -m pip install -q --upgrade --no-index --no-deps --target /tmp/pyqsa-site .gpu-carry/*.whl
 export PYTHONPATH=/tmp/pyqsa-site
 src=$(echo .build/upstream/llama_cpp_python-*/vendor/llama.cpp)
+# the extract leaves the vocab GGUFs out; the demo model (tests/gpu/fast_path.py) reads this one
+mkdir -p "$src/models"
+[ -f "$src/models/ggml-vocab-qwen35.gguf" ] || cp .gpu-carry/ggml-vocab-qwen35.gguf "$src/models/"
 commit=$(sed -n 's/^llama_cpp_commit *= *//p' UPSTREAM)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 echo "repo ${PYQSA_BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}, upstream $commit"
