@@ -5,12 +5,13 @@
 #                         editable, check it loads and runs; status 0, else the caller builds
 
 # What the CUDA build depends on: native/ (less the dev corner's standalone studies, which no
-# build target compiles), the patches, the build code, the version compiled in (pyqsa/__init__.py),
-# setup.py and the pin (UPSTREAM holds the sdist's sha256, so it stands for the extract). File
-# contents, not git: the GPU machine's tree is the working tree sent, its .git is not that tree.
+# build target compiles, and its Markdown), the patches, the build code, the version compiled in
+# (pyqsa/__init__.py), setup.py and the pin (UPSTREAM holds the sdist's sha256, so it stands for
+# the extract). File contents, not git: the GPU machine's tree is the working tree sent, its .git
+# is not that tree.
 prebuilt_inputs() {
     (cd "$1" && find native ggml_patches pyqsa/_build pyqsa/__init__.py UPSTREAM setup.py \
-        -path native/dev -prune -o -name __pycache__ -prune -o -type f -print |
+        -path native/dev -prune -o -name __pycache__ -prune -o -name '*.md' -prune -o -type f -print |
         LC_ALL=C sort | xargs -d '\n' sha256sum | sha256sum | cut -c1-16)
 }
 

@@ -257,3 +257,29 @@ def test_prebuilt_is_staged_without_a_build(tmp_path, monkeypatch):
     assert (lib / "VARIANT").read_text() == "cuda\n"
     assert (lib / "libggml-cuda.so.0").read_bytes() == b"libggml-cuda.so.0"
     assert (lib / "pyqsa.h").exists()
+
+
+def test_the_prebuilt_stamp_follows_the_build_inputs_not_their_prose(tmp_path):
+    """tests/gpu/prebuilt.sh's digest: a source change is a new build, a Markdown note in native/
+    or a dev-corner study is not (either would make the GPU machine build again, minutes)."""
+    repo = Path(__file__).resolve().parents[2]
+    for name in ("native/src/op.cpp", "native/PAGING.md", "native/dev/study.cu", "ggml_patches/a"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("1\n")
+    for name in ("pyqsa/_build/x.py", "pyqsa/__init__.py", "UPSTREAM", "setup.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("1\n")
+
+    def digest() -> str:
+        script = f'. "{repo}/tests/gpu/prebuilt.sh" && prebuilt_inputs "{tmp_path}"'
+        return subprocess.run(
+            ["bash", "-c", script], capture_output=True, text=True, check=True
+        ).stdout
+
+    first = digest()
+    assert re.fullmatch(r"[0-9a-f]{16}\n", first)
+    (tmp_path / "native/PAGING.md").write_text("measured again\n")
+    (tmp_path / "native/dev/study.cu").write_text("2\n")
+    assert digest() == first
+    (tmp_path / "native/src/op.cpp").write_text("2\n")
+    assert digest() != first
