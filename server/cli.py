@@ -423,8 +423,9 @@ def _engine_options(f):
             "--prefill-batch-tokens",
             type=click.IntRange(min=1),
             help="Token budget of a step with no decode token in it whose prompts all need more "
-            "than --batch-tokens (default: --batch-tokens); larger prefills faster, at the cost "
-            "of a larger compute buffer.",
+            "than --batch-tokens, or of one that finishes every prompt in flight at once (beside "
+            "decode tokens only prompts within --batch-tokens) (default: --batch-tokens); larger "
+            "prefills faster, at the cost of a larger compute buffer.",
         ),
         click.option(
             "--prefill-policy",

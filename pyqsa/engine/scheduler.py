@@ -2,8 +2,11 @@
 
 Each step has a token budget: `max_batch_tokens`, or `max_prefill_tokens` for a step with no
 decode token whose prompts all need more than `max_batch_tokens` (long prompts only: a short
-prompt's first token never waits for a large step of its own) or that finishes every prompt in
-flight (short prompts that came together: their first tokens come from one pass). Requests
+prompt's first token never waits for a large step of its own) or for a step that finishes every
+prompt in flight where a regular one would not (short prompts that came together, such as
+agents' follow-ups: their first tokens come from one pass; beside decode tokens too when each of
+them is within a regular step, so the running requests wait one larger pass, not several regular
+ones that each stage the follow-ups' histories again). Requests
 whose cache is one token behind (decode) go first, one token each, whatever their age, so a
 running request never stalls (the config keeps the budget at least the slot count). The rest of
 the budget goes to prompt chunks, by the prefill policy:
@@ -189,12 +192,20 @@ class Scheduler:
         decode = [r for r in self.running if r.num_pending == 1]
         prompts = [r for r in self.running if r.num_pending > 1]
         remaining = [r.num_pending for r in prompts]
-        # with no decode token: the larger budget for long prompts only, or where it finishes
-        # every prompt in flight at once (several follow-ups that arrived together, each within
-        # a regular step: all their first tokens come from that one pass instead of the last of
-        # the regular steps their fair shares take)
-        fits = self.max_batch_tokens < sum(remaining) <= self.max_prefill_tokens
-        large = not decode and (min(remaining, default=0) > self.max_batch_tokens or fits)
+        # the larger budget with no decode token for long prompts only, or where it finishes
+        # every prompt in flight at once and a regular step would not: several follow-ups that
+        # arrived together get all their first tokens from that one pass instead of the last of
+        # the regular steps their fair shares take. Beside decode tokens only prompts each within
+        # a regular step: the decoders then wait one pass of those, never a long prompt's chunk.
+        # NOTE: agents' follow-ups of ~500 tokens at 200K, two or three in flight beside others'
+        # decode tokens, took 2-3 regular steps to their first tokens (0.57-0.87 s, against
+        # 0.15-0.26 s for one alone: bench/results/2026-12-04-fff4b6a-prefix-trace.txt), each
+        # step a pass per stream that brings its history to the device once per QSA layer
+        n_all = sum(remaining) + len(decode)
+        finishes = self.max_batch_tokens < n_all <= self.max_prefill_tokens
+        short = max(remaining, default=0) <= self.max_batch_tokens
+        long_only = not decode and min(remaining, default=0) > self.max_batch_tokens
+        large = long_only or (finishes and (not decode or short))
         budget = (self.max_prefill_tokens if large else self.max_batch_tokens) - len(decode)
         if self.long_turns:
             shares = self._long_ones_take_turns(remaining, budget)

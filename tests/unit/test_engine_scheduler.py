@@ -274,6 +274,44 @@ def test_short_prompts_that_came_together_finish_in_one_step_of_the_prefill_budg
     ]
 
 
+def test_follow_ups_beside_decode_tokens_finish_in_one_step_when_each_is_within_a_regular_one():
+    s = Scheduler(SlotTable(5, 1000, lambda slot: None), max_batch_tokens=8, max_prefill_tokens=32)
+    for name in "ab":
+        s.add(req(name, 4))
+    advance(s.schedule())  # a and b decode from now on
+    for name in "cd":
+        s.add(req(name, 7))  # each within a regular step, not both beside the decode tokens
+    assert plan(s.schedule()) == [
+        ("a", 0, 4, 1, True),
+        ("b", 1, 4, 1, True),
+        ("c", 2, 0, 7, True),
+        ("d", 3, 0, 7, True),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("prompts", "chunks"),
+    [
+        ((7, 9), (3, 3)),  # one longer than a regular step: the decoders never wait on its chunk
+        ((7, 7, 7, 7), None),  # (with a slot more) more than the prefill budget finishes: regular
+    ],
+)
+def test_beside_decode_tokens_a_step_stays_regular_unless_it_finishes_short_prompts(
+    prompts, chunks
+):
+    s = Scheduler(SlotTable(7, 1000, lambda slot: None), max_batch_tokens=8, max_prefill_tokens=24)
+    for name in "ab":
+        s.add(req(name, 4))
+    advance(s.schedule())
+    for i, n in enumerate(prompts):
+        s.add(req(f"p{i}", n))
+    step = plan(s.schedule())
+    assert step[:2] == [("a", 0, 4, 1, True), ("b", 1, 4, 1, True)]
+    assert sum(n for _, _, _, n, _ in step) <= 8
+    if chunks is not None:
+        assert tuple(n for _, _, _, n, _ in step[2:]) == chunks
+
+
 def test_the_prefill_budget_is_never_below_the_step_budget():
     s = Scheduler(SlotTable(2, 1000, lambda slot: None), max_batch_tokens=8, max_prefill_tokens=4)
     s.add(req("a", 100))
