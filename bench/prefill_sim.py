@@ -9,6 +9,7 @@ policies, not a benchmark.
 
     python bench/prefill_sim.py            # the serving workloads, both policies
     python bench/prefill_sim.py --paged    # long prompts with host-backed KV paging
+    python bench/prefill_sim.py --prefill-batch-tokens 2048   # the server benchmarks' larger steps
 
 With --paged each prompt chunk also stages, in each of the 12 QSA layers, the history blocks its
 queries select from host memory: a share 1 - (1 - 2048 / history) ** chunk of the history's K/V
@@ -101,11 +102,18 @@ def simulate(
     batch_tokens: int = 512,
     paged: bool = False,
     long_turns: bool = False,
+    prefill_tokens: int | None = None,
 ) -> Result:
-    """Run the workload through a Scheduler until every request has its output."""
+    """Run the workload through a Scheduler until every request has its output (its larger
+    steps of `prefill_tokens`, the server's --prefill-batch-tokens, in ubatches as large)."""
     sched = Scheduler(
-        SlotTable(n_slots, 1 << 30, lambda slot: None), batch_tokens, policy, long_turns=long_turns
+        SlotTable(n_slots, 1 << 30, lambda slot: None),
+        batch_tokens,
+        policy,
+        max_prefill_tokens=prefill_tokens,
+        long_turns=long_turns,
     )
+    n_ubatch = max(batch_tokens, prefill_tokens or 0)
     reqs = [
         Request(str(i), [1] * a.prompt, SamplingParams(), lambda ev: None, a.prompt + a.output)
         for i, a in enumerate(arrivals)
@@ -122,7 +130,7 @@ def simulate(
         if not chunks:
             now = arrivals[order[nxt]].at
             continue
-        ubatches = split_equal([(c.lease.slot, len(c.tokens)) for c in chunks], batch_tokens)
+        ubatches = split_equal([(c.lease.slot, len(c.tokens)) for c in chunks], n_ubatch)
         now += sum(ubatch_seconds(u) for u in ubatches)
         if paged:
             prompt_chunks = [c for c in chunks if c.start < len(c.request.prompt)]
@@ -197,6 +205,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--batch-tokens", type=int, default=512)
+    ap.add_argument(
+        "--prefill-batch-tokens", type=int, default=None, help="default: --batch-tokens"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--paged", action="store_true", help="add paged prefill's staging (above)")
     args = ap.parse_args()
@@ -205,7 +216,15 @@ def main() -> None:
     loads = paged_workloads() if args.paged else workloads(args.seed)
     for name, arrivals in loads.items():
         for policy, turns in runs:
-            res = simulate(arrivals, policy, args.slots, args.batch_tokens, args.paged, turns)
+            res = simulate(
+                arrivals,
+                policy,
+                args.slots,
+                args.batch_tokens,
+                args.paged,
+                turns,
+                args.prefill_batch_tokens,
+            )
             print(report(name, arrivals, res))
             if len(arrivals) <= 8:
                 print(f"{'':34s}       first tokens at {[round(t, 1) for t in res.ttft]}")
