@@ -702,8 +702,8 @@ def warm_up(
       decode beside the others' last chunks). So the step of every slot runs twice. Not yet
       measured on the GPU."""
     lengths = [n_prompt + n_chunk] + [1] * (n_slots - 1)
-    room = warm_up_decodes(n_slots) + 1  # every decode step's token, and one more (the
-    # other slots' decode token beside slot 0's chunk)
+    # every decode step's token, and one more (the other slots' token beside slot 0's chunk)
+    room = warm_up_decodes(n_slots) + 1
     reqs = [
         Request(f"warm-up/{slot}", [token] * n, SamplingParams(), lambda ev: None, n + room)
         for slot, n in enumerate(lengths)
