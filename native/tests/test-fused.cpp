@@ -110,16 +110,22 @@ size_t bits_differ(const std::vector<float> & a, const std::vector<float> & b) {
     return n;
 }
 
-// x [n, rows] (with pad, a view whose rows are pad floats wider)
-struct silu_case {
+// an elementwise op's rows of n floats; pad > 0: its inputs views whose rows are pad floats wider
+struct rows_case {
     int64_t n, rows, pad;
 
-    std::string name() const {
+    // "OP(n=..,rows=..)" and, with pad, the suffix that says its inputs are views
+    std::string label(const char * op, const char * views) const {
         char buf[96];
-        std::snprintf(buf, sizeof(buf), "SILU_SCALED(n=%lld,rows=%lld%s)", (long long) n, (long long) rows,
-                      pad ? ",view" : "");
+        std::snprintf(buf, sizeof(buf), "%s(n=%lld,rows=%lld%s)", op, (long long) n, (long long) rows,
+                      pad ? views : "");
         return buf;
     }
+};
+
+// x [n, rows] (with pad, a view)
+struct silu_case : rows_case {
+    std::string name() const { return label("SILU_SCALED", ",view"); }
 };
 
 // silu(x / 4) as the op (fused) or as upstream's two ops
@@ -178,17 +184,9 @@ op_graph make_gates(ggml_context * ctx, const gates_case & c, bool fused) {
     return { { alpha_buf, beta_buf, dt, a }, out };
 }
 
-// base and x [n, rows] (with pad, views whose rows are pad floats wider), g [1, rows] (with pad, a
-// view of a wider tensor)
-struct add_gated_case {
-    int64_t n, rows, pad;
-
-    std::string name() const {
-        char buf[96];
-        std::snprintf(buf, sizeof(buf), "ADD_GATED(n=%lld,rows=%lld%s)", (long long) n, (long long) rows,
-                      pad ? ",views" : "");
-        return buf;
-    }
+// base and x [n, rows] (with pad, views), g [1, rows] (with pad, a view of a wider tensor)
+struct add_gated_case : rows_case {
+    std::string name() const { return label("ADD_GATED", ",views"); }
 };
 
 // the op (fused) or upstream's ops as qwen4exp's build_layer_ffn makes them
@@ -252,16 +250,9 @@ op_graph make_conv(ggml_context * ctx, const conv_case & c, bool fused) {
     return { { state, x, kernel, store }, ggml_concat(ctx, ggml_reshape_2d(ctx, y, c.C, c.S), stored, 0) };
 }
 
-// x and z [n, rows] (with pad, views whose rows are pad floats wider), w [n]
-struct norm_case {
-    int64_t n, rows, pad;
-
-    std::string name() const {
-        char buf[96];
-        std::snprintf(buf, sizeof(buf), "RMS_NORM_GATED(n=%lld,rows=%lld%s)", (long long) n, (long long) rows,
-                      pad ? ",views" : "");
-        return buf;
-    }
+// x and z [n, rows] (with pad, views), w [n]
+struct norm_case : rows_case {
+    std::string name() const { return label("RMS_NORM_GATED", ",views"); }
 };
 
 // the op (fused) or upstream's ops as qwen4exp's build_norm_gated makes them
