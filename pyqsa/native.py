@@ -160,6 +160,7 @@ LEDGER_FIELDS = (
     "staging",
     "tail",
     "pool",
+    "stack",
 )
 
 
@@ -218,6 +219,18 @@ def cuda_graph_counts() -> dict[str, int] | None:
         return None
     _check(rc, "pyqsa_cuda_graph_counts_get")
     return {f: int(out[i]) for i, f in enumerate(CUDA_GRAPH_FIELDS)}
+
+
+def cuda_stack_reserve(device: int, min_per_thread: int) -> bool:
+    """Raise CUDA device `device`'s per-thread stack to at least `min_per_thread` bytes (0: as
+    it is) and count it in the ledger's "stack" from now on (pyqsa_cuda_stack_reserve in
+    pyqsa.h); False without a CUDA backend."""
+    ffi, lib = _api()
+    rc = lib.pyqsa_cuda_stack_reserve(device, min_per_thread)
+    if rc == lib.PYQSA_ERR_UNSUPPORTED:
+        return False
+    _check(rc, f"pyqsa_cuda_stack_reserve({device})")
+    return True
 
 
 class SeqRows:

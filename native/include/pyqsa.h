@@ -60,6 +60,14 @@ PYQSA_API int32_t pyqsa_device_info_get(int32_t i, pyqsa_device_info * out);
 // when out is NULL, or PYQSA_ERR_UNSUPPORTED without a CUDA backend.
 PYQSA_API int32_t pyqsa_cuda_graph_counts_get(uint64_t out[3]);
 
+// The CUDA driver keeps, per device, a stack for every thread the device can run at once, as
+// large as the largest frame of any kernel launched so far, and grows it for good, mid-run, at
+// the first launch that needs more. Raises CUDA device `device`'s per-thread stack to at least
+// min_per_thread bytes now (0: leaves it) and counts its stacks in the ledger (pyqsa_ledger's
+// stack) from then on. Returns PYQSA_OK, PYQSA_ERR_OUT_OF_RANGE for a device the CUDA backend
+// lacks, or PYQSA_ERR_UNSUPPORTED without a CUDA backend.
+PYQSA_API int32_t pyqsa_cuda_stack_reserve(int32_t device, uint64_t min_per_thread);
+
 // Debug view of a ggml tensor seen by llama's cb_eval callback (llama_context_params.cb_eval):
 // lets tests and calibration read named intermediates (e.g. "indexer_sel-3", "Kcur-3").
 typedef struct pyqsa_tensor_view {
@@ -159,6 +167,10 @@ typedef struct pyqsa_ledger {
     uint64_t tail;       // paging: rings of the newest positions, written before the host store
     uint64_t pool;       // ggml's CUDA memory pools: kernels' temporaries, held from their largest
                          // use on (the process's, every context's; device only)
+    uint64_t stack;      // the CUDA driver's thread stacks of the devices pyqsa_cuda_stack_reserve
+                         // named, beyond what they held then (part of the CUDA context): the
+                         // per-thread growth x the threads a device holds at once (the process's;
+                         // device only)
 } pyqsa_ledger;
 
 // Fills *device with the bytes ctx (a struct llama_context *) holds in device buffers and

@@ -1,6 +1,7 @@
 // pyqsa C API: version, build and device queries (see native/include/pyqsa.h).
 #include "pyqsa.h"
 
+#include "cuda-proc.h"
 #include "ggml-backend.h"
 #include "pyqsa-ggml.h"
 
@@ -65,13 +66,20 @@ int32_t pyqsa_cuda_graph_counts_get(uint64_t out[3]) {
     if (out == nullptr) {
         return PYQSA_ERR_INVALID_ARG;
     }
-    ggml_backend_reg_t reg = ggml_backend_reg_by_name("CUDA");
-    void *             fn  = reg ? ggml_backend_reg_get_proc_address(reg, "pyqsa_cuda_graph_counts") : nullptr;
+    auto * fn = pyqsa_cuda_proc<void(uint64_t *)>("pyqsa_cuda_graph_counts");
     if (fn == nullptr) {
         return PYQSA_ERR_UNSUPPORTED;
     }
-    reinterpret_cast<void (*)(uint64_t *)>(fn)(out);
+    fn(out);
     return PYQSA_OK;
+}
+
+int32_t pyqsa_cuda_stack_reserve(int32_t device, uint64_t min_per_thread) {
+    auto * fn = pyqsa_cuda_proc<bool(int, size_t)>("pyqsa_cuda_stack_raise");
+    if (fn == nullptr) {
+        return PYQSA_ERR_UNSUPPORTED;
+    }
+    return fn(device, (size_t) min_per_thread) ? PYQSA_OK : PYQSA_ERR_OUT_OF_RANGE;
 }
 
 bool pyqsa_abort_flag_is_set(void * flag) {

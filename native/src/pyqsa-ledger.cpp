@@ -3,6 +3,7 @@
 // by where they live.
 #include "pyqsa.h"
 
+#include "cuda-proc.h"
 #include "ggml-backend.h"
 
 #include "llama-context.h"
@@ -33,12 +34,11 @@ void add(const breakdown & b, uint64_t pyqsa_ledger::*field, pyqsa_ledger * devi
     }
 }
 
-// what ggml's CUDA memory pools hold (patch 0019, through the CUDA backend's get_proc_address);
-// 0 without a CUDA backend
-uint64_t cuda_pool_bytes() {
-    ggml_backend_reg_t reg = ggml_backend_reg_by_name("CUDA");
-    void *             fn  = reg ? ggml_backend_reg_get_proc_address(reg, "pyqsa_cuda_pool_bytes") : nullptr;
-    return fn ? reinterpret_cast<uint64_t (*)()>(fn)() : 0;
+// a process-wide figure of the CUDA backend ("pyqsa_cuda_pool_bytes", "pyqsa_cuda_stack_bytes");
+// 0 without one
+uint64_t cuda_bytes(const char * name) {
+    auto * fn = pyqsa_cuda_proc<uint64_t()>(name);
+    return fn ? fn() : 0;
 }
 
 }  // namespace
@@ -75,7 +75,8 @@ int32_t pyqsa_ledger_get(const void * ctx_v, pyqsa_ledger * device, pyqsa_ledger
         add(pager->memory_breakdown(part::tail), &pyqsa_ledger::tail, device, host);
         add(pager->memory_breakdown(part::keys), &pyqsa_ledger::indexer, device, host);
     }
-    device->pool = cuda_pool_bytes();
+    device->pool  = cuda_bytes("pyqsa_cuda_pool_bytes");
+    device->stack = cuda_bytes("pyqsa_cuda_stack_bytes");
     return PYQSA_OK;
 }
 

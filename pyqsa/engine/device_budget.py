@@ -7,9 +7,9 @@ of the card). With paging and no --hot-blocks, the hot cache grows into what a f
 leaves of it (a larger hot cache misses less). And start refuses, naming the figures, when the
 weights, or the context's categories of the ledger, do not fit.
 
-The ledger (pyqsa.h's pyqsa_ledger) counts pyqsa's and llama.cpp's buffers, and ggml's CUDA
+The ledger (pyqsa.h's pyqsa_ledger) counts pyqsa's and llama.cpp's buffers, ggml's CUDA
 memory pool (kernels' temporaries, which grow with the passes that need them, from 0 at the
-check). What it cannot see (the CUDA context, loaded kernels, cuBLAS workspaces, graph
+check) and what the CUDA thread stacks grew past their first figure (raised before the load). What it cannot see (the CUDA context, loaded kernels, cuBLAS workspaces, graph
 instances) is RUNTIME_RESERVE: nvidia-smi's figure minus the ledger's was 0.78 GiB for a paged
 server of 8 x 262144 on the H200, before the ledger counted the pool.
 """
@@ -35,6 +35,7 @@ LEDGER_NAMES = {  # ledger field -> what a refusal calls it
     "staging": "staging",
     "tail": "tail",
     "pool": "CUDA pool",
+    "stack": "CUDA thread stacks",
 }
 
 

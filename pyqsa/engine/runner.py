@@ -22,6 +22,7 @@ from ..gguf_keys import PYQSA_TOKENIZER_NORMALIZER
 from .config import EngineConfig
 from .context import ContextError, load_model, open_context
 from .grammar import Grammar
+from .paging import gpu_devices
 from .prefix_rows import RowSource
 from .scheduler import Chunk
 
@@ -141,6 +142,27 @@ def _init_backend() -> None:
         _initialized = True
 
 
+# The CUDA per-thread stack raised to before the model loads, in bytes (PYQSA_CUDA_STACK_BYTES;
+# 0 leaves the driver's, 1024 by default). The driver grows a device's stacks for good, for
+# every thread it can hold at once, at the first launch of a kernel whose frame is larger:
+# cuBLASLt 13's sm_90 GEMMs (sm90_xmma_gemm_*) have frames of up to 1160 bytes, the largest
+# in the libraries a CUDA build loads (read from their cubins), and cuBLAS picks them by shape,
+# so the first such shape, mid-run, would grow the device's memory past its start figure.
+CUDA_STACK_BYTES = 1160
+
+
+def reserve_thread_stacks(gpu_layers: int | None, device: int | None) -> None:
+    """Raise the CUDA stacks of the GPUs that hold layers (all, or GPU `device`) to
+    CUDA_STACK_BYTES now and count them in the ledger; nothing without CUDA."""
+    if gpu_layers == 0:
+        return
+    per_thread = int(os.environ.get("PYQSA_CUDA_STACK_BYTES", CUDA_STACK_BYTES))
+    gpus = [device] if device is not None else range(len(gpu_devices()))
+    for d in gpus:
+        if not native.cuda_stack_reserve(d, per_thread):
+            return
+
+
 class LlamaModel:
     """Loaded weights + vocabulary. Tokenization is thread-safe (llama.h says so)."""
 
@@ -152,6 +174,7 @@ class LlamaModel:
         progress: Callable[[float], None] | None = None,
     ) -> None:
         _init_backend()
+        reserve_thread_stacks(gpu_layers, device)
         L = _llama()
         self.path = path
         try:

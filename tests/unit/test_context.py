@@ -83,6 +83,7 @@ def test_ledger_splits_a_context_by_category(model):
     # the cells, the weights and the recurrent state (one per sequence) do not
     assert all(v == 0 for k, v in small.items() if k.startswith("device."))
     assert small["device.pool"] == small["host.pool"] == 0  # ggml's CUDA memory pools only
+    assert small["device.stack"] == small["host.stack"] == 0  # CUDA's thread stacks only
     for part in ("weights", "kv", "indexer", "recurrent", "compute"):
         assert small[f"host.{part}"] > 0, part
     assert large["host.kv"] == 4 * small["host.kv"]
@@ -122,3 +123,11 @@ def test_a_failing_progress_display_does_not_stop_the_load(tiny_gguf):
     m = load_model(str(tiny_gguf), gpu_layers=0, progress=broken)
     assert m and calls[-1] == 1.0  # every call came, none stopped the load
     llama_cpp.llama_model_free(m)
+
+
+def test_cuda_stack_reserve_without_cuda():
+    """On a CPU build there are no CUDA stacks: the call says so instead of failing, and the
+    model's load (which calls it for the GPUs that hold layers) goes on."""
+    if native.build_info().backend != "CPU":
+        pytest.skip("a CUDA build reserves (tests/gpu)")
+    assert native.cuda_stack_reserve(0, 1160) is False

@@ -185,6 +185,8 @@ namespace {
 
 std::atomic<uint64_t> graph_computes[3];  // kernel by kernel, captured, replayed
 std::atomic<int64_t>  pool_bytes;
+// a device's per-thread stack when pyqsa_cuda_stack_raise first saw it; 0: not counted
+std::atomic<size_t>   stack_base[GGML_CUDA_MAX_DEVICES];
 
 }  // namespace
 
@@ -204,4 +206,41 @@ void pyqsa_cuda_pool_resized(int64_t delta) {
 
 uint64_t pyqsa_cuda_pool_bytes() {
     return (uint64_t) std::max<int64_t>(0, pool_bytes.load(std::memory_order_relaxed));
+}
+
+// NOTE: the driver holds one stack for every thread a device can run at once, as large as the
+// largest frame launched so far: a launch that needs more grows it for good (cuCtxSetLimit's
+// CU_LIMIT_STACK_SIZE). Raised here before the first pass, that growth happens at start, where
+// the budget sees it, rather than in the middle of a run.
+bool pyqsa_cuda_stack_raise(int device, size_t min_per_thread) {
+    if (device < 0 || device >= ggml_cuda_info().device_count) {
+        return false;
+    }
+    ggml_cuda_set_device(device);
+    size_t per_thread = 0;
+    CUDA_CHECK(cudaDeviceGetLimit(&per_thread, cudaLimitStackSize));
+    size_t unset = 0;
+    stack_base[device].compare_exchange_strong(unset, per_thread, std::memory_order_relaxed);
+    if (per_thread < min_per_thread) {
+        CUDA_CHECK(cudaDeviceSetLimit(cudaLimitStackSize, min_per_thread));
+    }
+    return true;
+}
+
+uint64_t pyqsa_cuda_stack_bytes() {
+    uint64_t total = 0;
+    for (int d = 0; d < ggml_cuda_info().device_count; ++d) {
+        const size_t base = stack_base[d].load(std::memory_order_relaxed);
+        if (base == 0) {
+            continue;
+        }
+        ggml_cuda_set_device(d);
+        size_t per_thread = 0;
+        int    per_sm = 0, n_sm = 0;
+        CUDA_CHECK(cudaDeviceGetLimit(&per_thread, cudaLimitStackSize));
+        CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, d));
+        CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, d));
+        total += (uint64_t) (per_thread - std::min(per_thread, base)) * (uint64_t) per_sm * (uint64_t) n_sm;
+    }
+    return total;
 }

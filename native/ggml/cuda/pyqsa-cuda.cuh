@@ -31,3 +31,14 @@ void pyqsa_cuda_pool_resized(int64_t delta);
 // the device bytes every CUDA memory pool of the process holds now (given by the CUDA backend's
 // get_proc_address as "pyqsa_cuda_pool_bytes")
 uint64_t pyqsa_cuda_pool_bytes();
+
+// Raises the per-thread stack of CUDA device `device` to at least min_per_thread bytes (0: leaves
+// it) and counts the device in pyqsa_cuda_stack_bytes from then on. Returns false for a device
+// the backend lacks. (given by the CUDA backend's get_proc_address as "pyqsa_cuda_stack_raise")
+bool pyqsa_cuda_stack_raise(int device, size_t min_per_thread);
+
+// the device bytes the thread stacks of the devices counted so far hold beyond what they held when
+// first counted (part of the CUDA context): each device's growth of its per-thread stack times the
+// threads it holds at once (given by the CUDA backend's get_proc_address as
+// "pyqsa_cuda_stack_bytes")
+uint64_t pyqsa_cuda_stack_bytes();
