@@ -23,7 +23,18 @@ LABEL = {"pyqsa": "pyqsa", "pyqsa-paged": "pyqsa, paged", "upstream": "upstream 
 COLOR = {"pyqsa": "#1f77b4", "pyqsa-paged": "#2ca02c", "upstream": "#d62728"}
 STYLE = {1: "--", 8: "-"}
 # ledger categories in stacking order (those absent or all zero are left out)
-CATEGORIES = ("weights", "kv", "hot", "indexer", "recurrent", "compute", "staging", "tail", "pool", "stack")
+CATEGORIES = (
+    "weights",
+    "kv",
+    "hot",
+    "indexer",
+    "recurrent",
+    "compute",
+    "staging",
+    "tail",
+    "pool",
+    "stack",
+)
 
 
 def _context(x: float, _pos: Any = None) -> str:

@@ -9,9 +9,10 @@ weights, or the context's categories of the ledger, do not fit.
 
 The ledger (pyqsa.h's pyqsa_ledger) counts pyqsa's and llama.cpp's buffers, ggml's CUDA
 memory pool (kernels' temporaries, which grow with the passes that need them, from 0 at the
-check) and what the CUDA thread stacks grew past their first figure (raised before the load). What it cannot see (the CUDA context, loaded kernels, cuBLAS workspaces, graph
-instances) is RUNTIME_RESERVE: nvidia-smi's figure minus the ledger's was 0.78 GiB for a paged
-server of 8 x 262144 on the H200, before the ledger counted the pool.
+check) and what the CUDA thread stacks grew past their first figure (raised before the load).
+What it cannot see (the CUDA context, loaded kernels, cuBLAS workspaces, graph instances) is
+RUNTIME_RESERVE: nvidia-smi's figure minus the ledger's was 0.78 GiB for a paged server of
+8 x 262144 on the H200, before the ledger counted the pool.
 """
 
 from __future__ import annotations
