@@ -40,6 +40,7 @@ from typing import Any
 from .decode_bench import Bench, BenchError
 from .kernels import require_kernel_profiler
 from .meta import RESULTS, run_meta
+from .weight_floor import floor_ms, step_weights
 
 PREFILL_EXPONENT = 2.0  # prefill time grows at most quadratically with context (budget guess)
 RUN_MARGIN_S = 30.0  # what a run needs besides its prefill: model load, context, decode steps
@@ -271,6 +272,7 @@ def run(args: argparse.Namespace) -> int:
     if args.profile:  # its records, printed only, say so: the profiler slows the steps
         meta["profiled"] = True
     emit = Emitter([] if args.profile else args.out, meta, known_prefills(meta, args.ubatch))
+    floors = {n: step_weights(args.model, n) for n in args.seqs}
     bench = Bench(L, args.model, args)
     n_seq = max(args.seqs)
     for context in args.contexts:
@@ -328,6 +330,8 @@ def run(args: argparse.Namespace) -> int:
                             "n_seq": n,
                             "repeat": repeat,
                             "flags": flags,
+                            "weight_bytes": floors[n].total,
+                            "weight_floor_ms": floor_ms(floors[n], meta.get("gpu")),
                             **rec,
                         }
                     )

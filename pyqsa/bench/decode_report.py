@@ -140,8 +140,19 @@ def decode_rows(recs: list[Rec]) -> list[Rec]:
                 )
                 row[v]["smallest_context"] = base
         _ratios(row)
+        _floor(row, [by[k] for k in by if k[1:] == (ctx, n)])
         rows.append(row)
     return rows
+
+
+def _floor(row: Rec, recs: list[Rec]) -> None:
+    """The step's weight floor (decode.py's weight_floor_ms) and each variant's step over it."""
+    floor = next((r["weight_floor_ms"] for r in recs if r.get("weight_floor_ms")), None)
+    row["weight_bytes"] = next((r["weight_bytes"] for r in recs if "weight_bytes" in r), None)
+    row["weight_floor_ms"] = floor
+    for v in VARIANTS:
+        if row[v] and floor:
+            row[v]["step_over_floor"] = row[v]["step_ms_median"] / floor
 
 
 def _ratios(row: Rec) -> None:
@@ -196,6 +207,13 @@ def print_tables(recs: list[Rec], dec: list[Rec], pre: list[Rec]) -> None:
         w(f"{r['context']:>8} {r['n_seq']:>4} | {' | '.join(cells)} | ")
         w(f"{_fmt(r['pyqsa_over_upstream'], '.2f'):>11}{paged_cells(r)}")
     w("  x@min: this step time over the same variant's at its smallest measured context\n")
+    for r in dec:
+        if r.get("weight_floor_ms"):
+            over = ", ".join(f"{SHORT[v]} {r[v]['step_over_floor']:.2f}x" for v in shown if r[v])
+            w(
+                f"  weight floor {r['context']} x {r['n_seq']}: {r['weight_bytes'] / 1e9:.2f} GB "
+                f"a step, {r['weight_floor_ms']:.2f} ms at the GPU's nominal bandwidth; {over}\n"
+            )
     for r in dec:
         for v in shown:
             c = r[v]

@@ -372,3 +372,48 @@ def test_graph_ops_counts_what_the_fused_ops_take_out_of_a_step(small_gguf, monk
     assert sum(unfused.values()) - sum(fused.values()) == 12 * 6 + 2 * 8
     assert fused["PYQSA"] - unfused["PYQSA"] == 3 * 6 + 8  # gdn_gates, conv_step, norm; add_gated
     assert "CONCAT" not in fused and unfused["SSM_CONV"] == 6 and unfused["SOFTPLUS"] == 6
+
+
+def test_weight_floor_of_a_step(small_gguf):
+    """A step reads every tensor whole but the embedding table (a row a token) and the routed
+    experts (those its tokens pick: k of E at one token, nearly all of them at many)."""
+    import gguf
+
+    from pyqsa.bench.weight_floor import floor_ms, nominal_bandwidth, step_weights
+
+    reader = gguf.GGUFReader(str(small_gguf))
+    n_expert = int(reader.fields["qwen4exp.expert_count"].contents())
+    n_used = int(reader.fields["qwen4exp.expert_used_count"].contents())
+    sizes = {t.name: int(t.n_bytes) for t in reader.tensors}
+    experts = sum(v for k, v in sizes.items() if "_exps." in k)
+    embd = sizes["token_embd.weight"]
+    assert experts > 0 and embd > 0
+
+    one, eight, many = (step_weights(small_gguf, n) for n in (1, 8, 4096))
+    assert one.experts_read == n_used and one.experts == pytest.approx(experts * n_used / n_expert)
+    assert one.experts_read < eight.experts_read < many.experts_read <= n_expert
+    assert many.experts == pytest.approx(experts)
+    assert one.dense == eight.dense == sum(sizes.values()) - experts - embd
+    assert eight.gathered == 8 * one.gathered == 8 * embd // 151936
+    assert one.total < eight.total < one.dense + experts + embd
+
+    assert nominal_bandwidth("NVIDIA H200") == 4.8e12
+    assert nominal_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12
+    assert nominal_bandwidth("NVIDIA H100 PCIe") == 2.0e12
+    assert nominal_bandwidth(None) is None and floor_ms(one, "a CPU") is None
+    assert floor_ms(one, "NVIDIA H200") == pytest.approx(one.total / 4.8e12 * 1e3)
+
+
+def test_report_puts_each_step_against_its_weight_floor(small_gguf, tmp_path):
+    out = tmp_path / "decode.jsonl"
+    recs = decode_records(small_gguf, out)
+    assert all(r["weight_bytes"] > 0 and r["weight_floor_ms"] is None for r in recs[1:])
+    for r in recs[1:]:  # as a run on a GPU of known bandwidth records it
+        r["weight_floor_ms"] = 0.25
+    out.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rep = run(str(BENCH / "report.py"), str(out), "--no-save").stdout
+    for r in recs[1:]:
+        over = r["step_ms_median"] / 0.25
+        gb = r["weight_bytes"] / 1e9
+        line = f"weight floor 256 x {r['n_seq']}: {gb:.2f} GB a step, 0.25 ms"
+        assert line in rep and f"pyqsa {over:.2f}x" in rep
