@@ -141,11 +141,10 @@ if [ -n "$dev" ]; then
     done
 fi
 
-# (b) both CUDA builds (upstream's only when a variant runs it) and (c) the model, in parallel. Upstream links with --exclude-libs,ALL as
-# pyqsa does (native/llama.cmake): on this image's toolchain its libraries otherwise export a
-# static libstdc++ copy and libllama crashes while loading any model.
-# pyqsa's is the one tests/gpu/prebuild.sh made on the development machine when the carry holds
-# it for this tree and it runs here (tests/gpu/prebuilt.sh), else built here as before.
+# (b) both CUDA builds (upstream's only when a variant runs it) and (c) the model, in parallel.
+# Each is the one tests/gpu/prebuild.sh made on the development machine when the carry holds it
+# for this tree (pyqsa's) or this pin (upstream's) and it runs here (tests/gpu/prebuilt.sh), else
+# built here as before.
 . tests/gpu/prebuilt.sh
 (
     export PYQSA_CUDA=1 PYQSA_BUILD_JOBS=$(nproc)
@@ -154,12 +153,8 @@ fi
 pid_pyqsa=$!
 pid_upstream=
 [[ ,$variants, == *,upstream,* ]] && (
-    cmake -S "$src" -B "$work/upstream-cuda" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DBUILD_SHARED_LIBS=ON -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-        -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN' \
-        -DLLAMA_BUILD_COMMIT="$commit" '-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--exclude-libs,ALL'
+    upstream_prebuilt_install "$work/upstream-cuda" "${src%/vendor/llama.cpp}" && exit 0
+    upstream_configure "$src" "$work/upstream-cuda" 90a ""
     cmake --build "$work/upstream-cuda" -j "$(nproc)" --target llama
 ) > "$logs/build-upstream.log" 2>&1 &
 [[ ,$variants, == *,upstream,* ]] && pid_upstream=$!
@@ -190,7 +185,7 @@ for job in build-pyqsa:$pid_pyqsa ${pid_upstream:+build-upstream:$pid_upstream} 
         status=1
     fi
 done
-grep -h '^prebuilt:' "$logs/build-pyqsa.log" || true  # whether the carried build served
+grep -h '^prebuilt' "$logs/build-pyqsa.log" "$logs/build-upstream.log" 2> /dev/null || true  # whether the carried builds served
 tail -n 1 "$logs/synth.log"
 for job in ${dev_pids[@]+"${dev_pids[@]}"}; do  # a study's failure is a finding, not a failed run
     if wait "${job#*:}"; then r=passed; else r=FAILED; fi

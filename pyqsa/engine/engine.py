@@ -672,35 +672,19 @@ def warm_up(
       to first token went from 42 to 25 ms (medians of 5 starts), as for later requests; its
       time to its first pass from 13 to 1 ms.
     - What the device holds: on CUDA, ggml's memory pool (the temporaries of the MoE products,
-      QSA attention's partial sums, the pager's miss lists) and the CUDA graphs grow to the
-      largest shapes a pass has had and keep that memory. After a 32-token warm-up, a load of
-      8 x 255,000-token prompts left nvidia-smi 44 MiB (paged) and 56 MiB (unpaged) above the
-      figure it had before (bench/results/*-mission*.json at efc86b0 and 4c32063) while the
-      ledger was back. Those temporaries are bounded by the pass's tokens, the selection
+      QSA attention's partial sums, the pager's miss lists) grows to the largest shapes a pass
+      has had and keeps that memory. They are bounded by the pass's tokens, the selection
       budget and the slots, not by the context, so the largest pass (a chunk of the step
       budget, whose later rows select a full budget) and a step of every slot reach them.
-    - What loads once: CUDA loads a kernel into device memory the first time it runs, and the
-      decode products have a kernel of their own for each column count (1-8 sequences a step).
-      After a warm-up with one decode step of all slots, nvidia-smi ended 70-78 MiB above its
-      start after the mission's loads and 72 MiB after each agents run (68157f3), 10 MiB at
-      5d7286a, before the products of 2-8 columns had kernels of their own: so a decode step of
-      each slot count. That did not close the gap: at fff4b6a the mission's paged server still
-      ended 70 MiB above its start, the growth in the first seconds after the first slot began
-      to decode (native/PAGING.md), when the other prompts' chunks shrank from the prefill
-      budget (2048) to a regular step's (511 beside a decode token), the shape of the matrix
-      products (cuBLAS picks kernels by it) that no warm-up pass had: hence `n_chunk`, the
-      chunk a regular step gives a prompt beside every other slot's decode token. At f9d692d
-      (that chunk computed alone, the step of every slot twice) it was still there: +70 MiB
-      after the mission's paged load, +64 after 8 x 2000-token prompts, the same with
-      GGML_CUDA_DISABLE_GRAPHS=1, the ledger's `pool` unchanged, none of it given back after
-      an idle past the CUDA graphs' eviction; each time in the first seconds of passes that
-      mix decode tokens with other prompts' chunks, which no warm-up pass had made: hence that
-      chunk beside the other slots' decode tokens. Not yet measured on the GPU.
+    - What loads once: CUDA loads a kernel into device memory the first time it runs. The
+      decode products have a kernel for each column count, so a decode step of each slot count
+      runs; cuBLAS picks its kernels by a product's shape, so a chunk runs beside a decode
+      token of every other slot, the shape of a loaded server's regular step.
     - What is captured once: ggml's CUDA backend captures a pass as a CUDA graph, whose
-      instance holds device memory, only at the second pass in a row with the same graph; no
-      pass above had one, and the loads' growth came when steps began to repeat (a slot's
-      decode beside the others' last chunks). So the step of every slot runs twice. Not yet
-      measured on the GPU."""
+      instance holds device memory, at the second pass in a row with the same graph, so the
+      step of every slot runs twice.
+    What the device held after loads against its start, run by run, and what each of these
+    changed: native/PAGING.md ("Measured")."""
     lengths = [n_prompt + n_chunk] + [1] * (n_slots - 1)
     # every decode step's token, and one more (the other slots' token beside slot 0's chunk)
     room = warm_up_decodes(n_slots) + 1

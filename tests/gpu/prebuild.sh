@@ -11,7 +11,8 @@
 # .build/cmake-*, .build/llama.cpp and .build/py are not touched. Rebuilds are incremental.
 # First run: 29 min at -j2 on the 2-core development machine (the CUDA objects; ~50 with a test
 # run beside it); after a change to native/ minutes (the changed objects, the links); downloads the
-# cuBLAS wheel once (423 MB). The archive: 15.7 MB (libggml-cuda 160 MB unpacked).
+# cuBLAS wheel once (423 MB). The archive: 15.7 MB (libggml-cuda 160 MB unpacked). Then upstream's
+# library for the comparisons, once per pin (.gpu-carry/upstream-cuda.tar.xz).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu/prebuilt.sh
@@ -73,11 +74,12 @@ inputs=$(prebuilt_inputs "$src")
 # needs libcublasLt.so.13), the stand-in driver.
 export PYQSA_CUDA=1 PYQSA_CUDA_ARCHS=90a-real PYQSA_BUILD_JOBS=${PREBUILD_JOBS:-2}
 export PYQSA_EXTRA_TARGETS=test-backend-ops CUDACXX=$cuda/bin/nvcc
-export PYQSA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_CUDA_COMPRESSION_MODE=none -DCUDAToolkit_ROOT=$cuda
+kit_args="-DGGML_NATIVE=OFF -DGGML_CUDA_COMPRESSION_MODE=none -DCUDAToolkit_ROOT=$cuda
     -DCUDA_cublas_LIBRARY=$cublas/lib/libcublas.so.13 -DCUDA_cublasLt_LIBRARY=$cublas/lib/libcublasLt.so.13
-    -DCUDA_cuda_driver_LIBRARY=$kit/stub/libcuda.so -DCMAKE_CUDA_FLAGS=-I$cublas/include
-    -DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,$cublas/lib:$kit/stub
-    -DCMAKE_SHARED_LINKER_FLAGS=-Wl,-rpath-link,$cublas/lib:$kit/stub"
+    -DCUDA_cuda_driver_LIBRARY=$kit/stub/libcuda.so -DCMAKE_CUDA_FLAGS=-I$cublas/include"
+rpath_link=-Wl,-rpath-link,$cublas/lib:$kit/stub
+export PYQSA_CMAKE_ARGS="$kit_args -DCMAKE_EXE_LINKER_FLAGS=$rpath_link
+    -DCMAKE_SHARED_LINKER_FLAGS=$rpath_link"
 echo "building the CUDA variant of inputs $inputs in $src (log: $work/build.log)"
 (cd "$src" && nice -n 15 python3 -c 'from pyqsa._build import native; native.build()') \
     > "$work/build.log" 2>&1 || { tail -n 30 "$work/build.log"; exit 1; }
@@ -101,6 +103,30 @@ dirty=$(git diff --quiet HEAD -- native ggml_patches pyqsa setup.py UPSTREAM || 
     echo "NOTE: the tree changed while it built; the stamp holds the snapshot's inputs ($inputs)"
 cat .gpu-carry/prebuilt-cuda.stamp
 du -h .gpu-carry/prebuilt-cuda.tar.xz
+
+# upstream's unpatched library for the comparisons (bench/gpu_run.sh's upstream variant), built
+# again only when the pin changes; PREBUILD_UPSTREAM=0 skips it. The same kit and choices as
+# above, upstream's flags as the GPU machine's build has them (upstream_configure).
+pin="upstream=$(sed -n 's/^llama_cpp_commit *= *//p' UPSTREAM) archs=90a"
+if [ "${PREBUILD_UPSTREAM:-1}" = 1 ] && { [ ! -f .gpu-carry/upstream-cuda.tar.xz ] ||
+    [ "$(grep -E '^upstream=' .gpu-carry/upstream-cuda.stamp 2> /dev/null)" != "$pin" ]; }; then
+    up=$work/upstream-cuda
+    echo "building upstream's CUDA library ($pin) in $up (log: $work/build-upstream.log)"
+    # shellcheck disable=SC2086 # kit_args: one cmake argument per word
+    (upstream_configure "$extract/vendor/llama.cpp" "$up" 90a-real "$rpath_link" $kit_args \
+        -DCMAKE_CUDA_COMPILER="$cuda/bin/nvcc" &&
+        nice -n 15 cmake --build "$up" -j "${PREBUILD_JOBS:-2}" --target llama) \
+        > "$work/build-upstream.log" 2>&1 || { tail -n 30 "$work/build-upstream.log"; exit 1; }
+    (cd "$up" && tar -cf - bin/lib*.so*) | xz -9 -T2 > .gpu-carry/upstream-cuda.tar.xz.tmp
+    mv .gpu-carry/upstream-cuda.tar.xz.tmp .gpu-carry/upstream-cuda.tar.xz
+    {
+        echo "$pin"
+        echo "built=$(date -u +%FT%TZ), archs 90a-real, $("$cuda/bin/nvcc" --version |
+            sed -n 's/.*release \([0-9.]*\), \(V[0-9.]*\)/nvcc \2/p')"
+    } > .gpu-carry/upstream-cuda.stamp
+    echo "built upstream ($(( $(date +%s) - t0 )) s)"
+fi
+[ -f .gpu-carry/upstream-cuda.stamp ] && cat .gpu-carry/upstream-cuda.stamp
 # a device run carries the tree (~3.5 MB) and .gpu-carry, 64 MiB at most
 [ "$(du -sm .gpu-carry | cut -f1)" -le 58 ] && du -sh .gpu-carry ||
     echo "WARNING: .gpu-carry is $(du -sh .gpu-carry | cut -f1): with the tree, over the device tool's 64 MiB carry"

@@ -71,3 +71,51 @@ prebuilt_check() {
         return 1
     fi
 }
+
+# Upstream's unpatched CUDA `llama`, the comparisons' other side: configured the same way where
+# bench/gpu_run.sh builds it on the GPU machine and where tests/gpu/prebuild.sh builds it ahead.
+# It links with --exclude-libs,ALL as pyqsa does (native/llama.cmake): on the GPU image's
+# toolchain its libraries otherwise export a static libstdc++ copy and libllama crashes while
+# loading any model.
+#   upstream_configure SRC BUILD_DIR ARCHS EXTRA_LINK_FLAGS [more cmake args]
+upstream_configure() {
+    local src=$1 dir=$2 archs=$3 link=$4 commit
+    shift 4
+    commit=$(sed -n 's/^llama_cpp_commit *= *//p' UPSTREAM)
+    cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DBUILD_SHARED_LIBS=ON -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN' \
+        -DLLAMA_BUILD_COMMIT="$commit" "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--exclude-libs,ALL $link" "$@"
+}
+
+# GPU machine: upstream's build unpacked into DIR/bin from .gpu-carry/upstream-cuda.tar.xz when
+# its stamp names the pinned commit and it loads with the device seen, through the bindings in
+# BINDINGS (the extract's llama_cpp, not pyqsa's install, which may be under way beside it);
+# status 0, else the caller builds. (Python's tarfile where the image's tar has no xz.)
+#   upstream_prebuilt_install DIR BINDINGS
+upstream_prebuilt_install() {
+    local dir=$1 bindings=$2 tarball=.gpu-carry/upstream-cuda.tar.xz
+    local stamp=.gpu-carry/upstream-cuda.stamp want
+    [ "${PYQSA_PREBUILT_USE:-1}" = 1 ] && [ -f "$tarball" ] && [ -f "$stamp" ] || return 1
+    want="upstream=$(sed -n 's/^llama_cpp_commit *= *//p' UPSTREAM) archs=90a"
+    if [ "$(grep -E '^upstream=' "$stamp")" != "$want" ]; then
+        echo "prebuilt upstream: not for this pin ($(grep -E '^upstream=' "$stamp"); here: $want), building"
+        return 1
+    fi
+    if [ "$(cat "$dir/bin/.prebuilt" 2> /dev/null)" != "$want" ]; then
+        rm -rf "$dir" && mkdir -p "$dir"
+        tar -C "$dir" -xJf "$tarball" 2> /dev/null ||
+            python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+                "$tarball" "$dir" || { rm -rf "$dir"; return 1; }
+    fi
+    if ! PYTHONPATH=$bindings${PYTHONPATH:+:$PYTHONPATH} LLAMA_CPP_LIB_PATH=$PWD/$dir/bin python3 -c 'import llama_cpp as L; L.llama_backend_init()
+assert L.llama_supports_gpu_offload()'; then
+        echo "prebuilt upstream: does not load with a GPU here, building"
+        rm -rf "$dir"
+        return 1
+    fi
+    echo "$want" > "$dir/bin/.prebuilt"
+    echo "prebuilt upstream: in place, $(grep -E '^built=' "$stamp")"
+}
