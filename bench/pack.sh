@@ -14,6 +14,10 @@ if grep -q "^inputs=$(prebuilt_inputs .) " .gpu-carry/prebuilt-cuda.stamp 2> /de
 else
     echo "NOTE: no prebuilt CUDA build of this tree: tests/gpu/prebuild.sh here saves the device pyqsa's CUDA build (~325 s)"
 fi
+if grep -q "^upstream=$(sed -n 's/^llama_cpp_commit *= *//p' UPSTREAM) " .gpu-carry/upstream-cuda.stamp 2> /dev/null; then
+    echo "the carry's prebuilt upstream library is this pin's: the device skips upstream's build"
+fi
+carry_room
 head=$(git rev-parse HEAD)
 git diff --quiet HEAD -- ggml_patches native pyqsa bench setup.py ||
     echo "NOTE: tracked files differ from HEAD; the device runs this working tree, not $head"

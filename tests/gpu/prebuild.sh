@@ -127,6 +127,4 @@ if [ "${PREBUILD_UPSTREAM:-1}" = 1 ] && { [ ! -f .gpu-carry/upstream-cuda.tar.xz
     echo "built upstream ($(( $(date +%s) - t0 )) s)"
 fi
 [ -f .gpu-carry/upstream-cuda.stamp ] && cat .gpu-carry/upstream-cuda.stamp
-# a device run carries the tree (~3.5 MB) and .gpu-carry, 64 MiB at most
-[ "$(du -sm .gpu-carry | cut -f1)" -le 58 ] && du -sh .gpu-carry ||
-    echo "WARNING: .gpu-carry is $(du -sh .gpu-carry | cut -f1): with the tree, over the device tool's 64 MiB carry"
+carry_room

@@ -119,3 +119,16 @@ assert L.llama_supports_gpu_offload()'; then
     echo "$want" > "$dir/bin/.prebuilt"
     echo "prebuilt upstream: in place, $(grep -E '^built=' "$stamp")"
 }
+
+# What a device run carries, the working tree (tracked and untracked files, not ignored) and
+# .gpu-carry, against the device tool's 64 MiB limit: one line, "over" when it does not fit.
+carry_room() {
+    local tree carry limit=$((64 << 20))
+    tree=$(git ls-files -co --exclude-standard -z | du --files0-from=- -cb 2> /dev/null | tail -n 1 | cut -f1)
+    carry=$(du -sb .gpu-carry | cut -f1)
+    if [ $((tree + carry)) -le "$limit" ]; then
+        echo "carry: $((tree + carry)) bytes (tree $tree, .gpu-carry $carry), $((limit - tree - carry)) under the 64 MiB limit"
+    else
+        echo "carry: over the 64 MiB limit by $((tree + carry - limit)) bytes (tree $tree, .gpu-carry $carry): drop .gpu-carry/upstream-cuda.tar.xz (gpu_run.sh then builds upstream there)"
+    fi
+}
