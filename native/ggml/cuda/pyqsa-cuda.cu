@@ -185,8 +185,10 @@ namespace {
 
 std::atomic<uint64_t> graph_computes[3];  // kernel by kernel, captured, replayed
 std::atomic<int64_t>  pool_bytes;
-// a device's per-thread stack when pyqsa_cuda_stack_raise first saw it; 0: not counted
+// a device's per-thread stack when pyqsa_cuda_stack_raise first saw it (0: not counted) and
+// the threads it holds at once
 std::atomic<size_t>   stack_base[GGML_CUDA_MAX_DEVICES];
+std::atomic<uint64_t> stack_threads[GGML_CUDA_MAX_DEVICES];
 
 }  // namespace
 
@@ -218,7 +220,11 @@ bool pyqsa_cuda_stack_raise(int device, size_t min_per_thread) {
     }
     ggml_cuda_set_device(device);
     size_t per_thread = 0;
+    int    per_sm = 0, n_sm = 0;
     CUDA_CHECK(cudaDeviceGetLimit(&per_thread, cudaLimitStackSize));
+    CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, device));
+    stack_threads[device].store((uint64_t) per_sm * (uint64_t) n_sm, std::memory_order_relaxed);
     size_t unset = 0;
     stack_base[device].compare_exchange_strong(unset, per_thread, std::memory_order_relaxed);
     if (per_thread < min_per_thread) {
@@ -236,11 +242,9 @@ uint64_t pyqsa_cuda_stack_bytes() {
         }
         ggml_cuda_set_device(d);
         size_t per_thread = 0;
-        int    per_sm = 0, n_sm = 0;
         CUDA_CHECK(cudaDeviceGetLimit(&per_thread, cudaLimitStackSize));
-        CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, d));
-        CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, d));
-        total += (uint64_t) (per_thread - std::min(per_thread, base)) * (uint64_t) per_sm * (uint64_t) n_sm;
+        total += (uint64_t) (per_thread - std::min(per_thread, base)) *
+                 stack_threads[d].load(std::memory_order_relaxed);
     }
     return total;
 }
