@@ -47,30 +47,24 @@ class StepWeights:
 
 def step_weights(model: Path, n_tokens: int) -> StepWeights:
     """The weight bytes a decode step of `n_tokens` tokens (one a sequence) reads from `model`."""
-    import gguf
+    from pyqsa.convert.gguf_file import GGUFFile
 
-    reader = gguf.GGUFReader(str(model))
-    arch = _field(reader, "general.architecture")
-    n_expert = int(_field(reader, f"{arch}.expert_count", 0))
-    n_used = int(_field(reader, f"{arch}.expert_used_count", 0))
+    g = GGUFFile(model)
+    arch = g.get("general.architecture")
+    n_expert = int(g.get(f"{arch}.expert_count", 0))
+    n_used = int(g.get(f"{arch}.expert_used_count", 0))
     read = n_expert * (1 - (1 - n_used / n_expert) ** n_tokens) if n_expert else 0.0
     dense = gathered = 0
     experts = 0.0
-    for t in reader.tensors:
-        nbytes = int(t.n_bytes)
+    for t in g.tensors:
         if t.name in GATHERED:
-            rows = int(t.shape[-1])  # GGUF lists dims innermost first: [width, rows]
-            gathered += n_tokens * nbytes // rows
+            rows = t.ne[-1]  # ggml order: [width, rows]
+            gathered += n_tokens * t.nbytes // rows
         elif "_exps." in t.name and n_expert:
-            experts += read * nbytes / n_expert
+            experts += read * t.nbytes / n_expert
         else:
-            dense += nbytes
+            dense += t.nbytes
     return StepWeights(dense, experts, gathered, read)
-
-
-def _field(reader, key: str, default=None):
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
 
 
 def nominal_bandwidth(gpu: str | None) -> float | None:
