@@ -154,9 +154,12 @@ CUDA_STACK_BYTES = 1160
 def reserve_thread_stacks(gpu_layers: int | None, device: int | None) -> None:
     """Raise the CUDA stacks of the GPUs that hold layers (all, or GPU `device`) to
     CUDA_STACK_BYTES now and count them in the ledger; nothing without CUDA."""
+    value = os.environ.get("PYQSA_CUDA_STACK_BYTES", str(CUDA_STACK_BYTES))
+    if not value.strip().isdigit():
+        raise RunnerError(f"PYQSA_CUDA_STACK_BYTES must be a whole number of bytes, got {value!r}")
     if gpu_layers == 0:
         return
-    per_thread = int(os.environ.get("PYQSA_CUDA_STACK_BYTES", CUDA_STACK_BYTES))
+    per_thread = int(value)
     gpus = [device] if device is not None else range(len(gpu_devices()))
     for d in gpus:
         if not native.cuda_stack_reserve(d, per_thread):

@@ -228,3 +228,13 @@ def test_the_hot_cache_grows_into_the_budget_on_a_fake_device(monkeypatch, capsy
     err = capsys.readouterr().err
     assert "the hot cache grows from 8 to 128 blocks per slot and QSA layer" in err
     assert "device budget 6.00 GiB (--gpu-memory)" in err
+
+
+def test_a_bad_cuda_stack_size_is_a_one_line_error():
+    """PYQSA_CUDA_STACK_BYTES is read as the model loads, on any build."""
+    for value in ("lots", "-1", "1.5", ""):
+        env = {**NO_ENV_KEY, "PYQSA_CUDA_STACK_BYTES": value}
+        r = CliRunner().invoke(main, ["serve"], env=env)
+        assert r.exit_code == 1 and r.exception is not None, r.output
+        assert f"PYQSA_CUDA_STACK_BYTES must be a whole number of bytes, got {value!r}" in r.output
+        assert "Traceback" not in r.output
