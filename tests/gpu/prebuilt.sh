@@ -15,6 +15,12 @@ prebuilt_inputs() {
         LC_ALL=C sort | xargs -d '\n' sha256sum | sha256sum | cut -c1-16)
 }
 
+# unpack_xz TARBALL DIR: a .tar.xz into DIR (Python's tarfile where the image's tar has no xz)
+unpack_xz() {
+    tar -C "$2" -xJf "$1" 2> /dev/null ||
+        python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$1" "$2"
+}
+
 prebuilt_install() {
     local tarball=.gpu-carry/prebuilt-cuda.tar.xz stamp=.gpu-carry/prebuilt-cuda.stamp
     local bin=.build/cmake-cuda/bin want have unpacked t
@@ -34,10 +40,7 @@ prebuilt_install() {
     if [ "$unpacked" != "$have" ]; then  # (a warm machine may hold it unpacked and checked)
         rm -rf .build/cmake-cuda .build/py/llama_cpp/lib
         mkdir -p .build/cmake-cuda
-        # (Python's tarfile where the image's tar has no xz)
-        tar -C .build/cmake-cuda -xJf "$tarball" 2> /dev/null ||
-            python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
-                "$tarball" .build/cmake-cuda || { rm -rf .build/cmake-cuda; return 1; }
+        unpack_xz "$tarball" .build/cmake-cuda || { rm -rf .build/cmake-cuda; return 1; }
     fi
     # pip's editable install (the llama_cpp mapping, the pyqsa command) with the build replaced by
     # staging bin/'s libraries (pyqsa/_build/native.py)
@@ -93,7 +96,7 @@ upstream_configure() {
 # GPU machine: upstream's build unpacked into DIR/bin from .gpu-carry/upstream-cuda.tar.xz when
 # its stamp names the pinned commit and it loads with the device seen, through the bindings in
 # BINDINGS (the extract's llama_cpp, not pyqsa's install, which may be under way beside it);
-# status 0, else the caller builds. (Python's tarfile where the image's tar has no xz.)
+# status 0, else the caller builds.
 #   upstream_prebuilt_install DIR BINDINGS
 upstream_prebuilt_install() {
     local dir=$1 bindings=$2 tarball=.gpu-carry/upstream-cuda.tar.xz
@@ -106,9 +109,7 @@ upstream_prebuilt_install() {
     fi
     if [ "$(cat "$dir/bin/.prebuilt" 2> /dev/null)" != "$want" ]; then
         rm -rf "$dir" && mkdir -p "$dir"
-        tar -C "$dir" -xJf "$tarball" 2> /dev/null ||
-            python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
-                "$tarball" "$dir" || { rm -rf "$dir"; return 1; }
+        unpack_xz "$tarball" "$dir" || { rm -rf "$dir"; return 1; }
     fi
     if ! PYTHONPATH=$bindings${PYTHONPATH:+:$PYTHONPATH} LLAMA_CPP_LIB_PATH=$PWD/$dir/bin python3 -c 'import llama_cpp as L; L.llama_backend_init()
 assert L.llama_supports_gpu_offload()'; then
