@@ -236,15 +236,13 @@ ggml_tensor * select_blocks(ggml_context * ctx, ggml_cgraph * gf, pyqsa_qsa_posi
     GGML_ASSERT(table->type == GGML_TYPE_F32 && table->ne[0] == Di);
     GGML_ASSERT(n_tokens % ns == 0);
 
-    // [Di, r * n_slot] -> mean over the r members of each block
+    // [Di, r * n_slot] -> [Di, 1, n_slot] the mean over the r members of each block, as one
+    // average pool (two launches where the copies, adds and scale took 2r + 1); it sums the
+    // members in order and divides by r, so for r a power of two (the models' 4) the bits are those
+    // of adding the members one by one and scaling by 1/r, on the CPU and on CUDA
     ggml_tensor * members = ggml_get_rows(ctx, table, inp->comp_rows);
     members = ggml_reshape_3d(ctx, members, Di, r, inp->n_slot);
-    ggml_tensor * pooled = nullptr;
-    for (int64_t t = 0; t < r; ++t) {
-        ggml_tensor * m = ggml_cont(ctx, ggml_view_2d(ctx, members, Di, inp->n_slot, members->nb[2], t * members->nb[1]));
-        pooled = pooled ? ggml_add(ctx, pooled, m) : m;
-    }
-    pooled = ggml_scale(ctx, pooled, 1.0f / (float) r);
+    ggml_tensor * pooled = ggml_pool_2d(ctx, members, GGML_OP_POOL_AVG, 1, (int) r, 1, (int) r, 0.0f, 0.0f);
     pooled = ggml_mul(ctx, ggml_rms_norm(ctx, pooled, rope.eps), rope.k_norm);
     pooled = ggml_rope_multi(ctx, ggml_reshape_3d(ctx, pooled, Di, 1, inp->n_slot), inp->comp_pos, nullptr,
                              rope.n_rot, rope.sections, rope.mode, rope.n_ctx_orig, rope.freq_base,
