@@ -38,6 +38,9 @@
 #                 --op-checks (the first part of --checks only: the op-check binaries, CUDA vs CPU
 #                 and their timings, then tests/gpu/fast_path.py (greedy outputs with the fused
 #                 ops and without, bit for bit); a few minutes where --checks takes many)
+#                 --profile (after the timed runs: one run of pyqsa's library at the first context
+#                 and --seqs under the kernel profiler (decode.py --profile), its tables of kernel
+#                 time and launches a step in $OUT/kernels.txt; never timed)
 #                 --dev (the studies of native/dev, each built with nvcc and run while the builds
 #                 run, finished before any timing; each one's output in $OUT/dev-NAME.txt)
 # Steps: unpack the carried upstream extract; build pyqsa's CUDA variant (setup path) and an
@@ -48,15 +51,16 @@
 # contexts can get a call of their own (e.g. --contexts 131072,262144).
 # Results ($OUT takes 8 files at most): decode.jsonl (JSON lines, see bench/decode.py),
 # commands.txt, report.txt, gpu_run.log (with the tail of any failing step's log; the full
-# logs stay in .build/bench/logs/ on the machine); with --checks also ops-perf.txt, the paging
-# and serve logs and tests/gpu/parity.sh's three logs (past 8 files, the last are left out, so
-# --serve, which adds serve-bench.jsonl, goes in a call without --checks).
+# logs stay in .build/bench/logs/ on the machine); with --profile kernels.txt; with --checks
+# also ops-perf.txt, the paging and serve logs and tests/gpu/parity.sh's three logs (past 8
+# files, the last are left out, so --serve, which adds serve-bench.jsonl, goes in a call without
+# --checks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
 invocation="bench/gpu_run.sh $*"
 budget=540 contexts=8192,32768,131072,262144 seqs=1,8 steps=32 warmup=4 small= locality= realmoe=
-variants=pyqsa,upstream checks= op_checks= dev= hot_blocks=1024 serve= decode_args=
+variants=pyqsa,upstream checks= op_checks= dev= profile= hot_blocks=1024 serve= decode_args=
 while [ $# -gt 0 ]; do
     case "$1" in
         --small) small=--small; shift; continue ;;
@@ -65,6 +69,7 @@ while [ $# -gt 0 ]; do
         --checks) checks=1; shift; continue ;;
         --op-checks) op_checks=1; shift; continue ;;
         --dev) dev=1; shift; continue ;;
+        --profile) profile=1; shift; continue ;;
         --commit) export PYQSA_BENCH_COMMIT=$2 ;;
         --budget) budget=$2 ;;
         --contexts) contexts=$2 ;;
@@ -245,6 +250,18 @@ for c in ${contexts//,/ }; do
         }
     done
 done
+if [ -n "$profile" ]; then
+    c=${contexts%%,*}
+    if [ "$(date +%s)" -ge "$deadline" ]; then echo "budget spent: no kernel profile"; else
+        cmd=(python3 bench/decode.py "$model" --variant pyqsa --lib "$(lib_of pyqsa)" --contexts "$c"
+             --seqs "$seqs" --steps "$steps" --warmup "$warmup" --profile "$out/kernels.txt")
+        echo "${cmd[*]}" >> "$out/commands.txt"
+        echo "kernel profile: pyqsa at $c ($(elapsed))"
+        "${cmd[@]}" > /dev/null 2> "$logs/profile.log" && grep '^## ' "$out/kernels.txt" || {
+            echo "kernel profile: FAILED, log tail:"; tail -n 20 "$logs/profile.log"; status=1
+        }
+    fi
+fi
 [ -f "$out/decode.jsonl" ] && python3 bench/report.py "$out/decode.jsonl" --no-save | tee "$out/report.txt" || true
 if [ -n "$serve" ]; then
     echo "serve benchmark ($(elapsed))"
