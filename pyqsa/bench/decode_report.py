@@ -2,6 +2,7 @@
 
     python bench/report.py decode.jsonl [more.jsonl ...] [--commands commands.txt ...]
         [--note TEXT] [--no-save]
+    python bench/report.py bench/results/<date>-<commit>-decode.json --no-save   # a saved run again
 
 Decode speed and prefill are separate sections and never combined into one figure. Each cell
 is one run's median over its timed steps; when a (variant, context, sequences) was measured
@@ -77,10 +78,39 @@ PAGED = (
 Rec = dict[str, Any]
 
 
-def load(paths: list[Path]) -> list[Rec]:
+class NotRecords(ValueError):
+    """A file that holds no decode.py records."""
+
+
+def records_of(path: Path) -> list[Rec]:
+    """decode.py's records in `path`: its JSON lines, or the `records` of a results file this
+    script wrote (so a saved run's tables can be printed again)."""
+    text = path.read_text()
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("records"), list):
+        return doc["records"]
     recs = []
-    for p in paths:
-        recs += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            rec = None
+        if not isinstance(rec, dict):
+            raise NotRecords(
+                f"{path}, line {n}: not a decode.py record (JSON lines from decode.py --out, or "
+                "a results file of bench/report.py)"
+            )
+        recs.append(rec)
+    return recs
+
+
+def load(paths: list[Path]) -> list[Rec]:
+    recs = [r for p in paths for r in records_of(p)]
     return sorted(recs, key=lambda r: r.get("utc", ""))
 
 
@@ -297,7 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--note", default="", help="a remark kept in the results file")
     ap.add_argument("--no-save", action="store_true", help="print only")
     args = ap.parse_args(argv)
-    recs = load(args.files)
+    try:
+        recs = load(args.files)
+    except (OSError, NotRecords) as e:
+        print(f"report.py: {e}", file=sys.stderr)
+        return 2
     if not recs:
         print("no records", file=sys.stderr)
         return 1

@@ -417,3 +417,30 @@ def test_report_puts_each_step_against_its_weight_floor(small_gguf, tmp_path):
         gb = r["weight_bytes"] / 1e9
         line = f"weight floor 256 x {r['n_seq']}: {gb:.2f} GB a step, 0.25 ms"
         assert line in rep and f"pyqsa {over:.2f}x" in rep
+
+
+def test_report_reads_a_saved_results_file_and_refuses_other_files(small_gguf, tmp_path):
+    """A results file under bench/results/ keeps every record, so report.py prints its tables
+    again from it, the same as from decode.py's JSON lines; a file that holds no records is a
+    one-line error naming the file and line, not a traceback."""
+    lines = tmp_path / "decode.jsonl"
+    recs = decode_records(small_gguf, lines)
+    saved = tmp_path / "2026-01-01-abc1234-decode.json"
+    saved.write_text(json.dumps({"note": "", "decode": [], "records": recs}, indent=1) + "\n")
+    from_lines = run(str(BENCH / "report.py"), str(lines), "--no-save").stdout
+    assert "## Decode" in from_lines
+    assert run(str(BENCH / "report.py"), str(saved), "--no-save").stdout == from_lines
+
+    other = tmp_path / "notes.txt"
+    other.write_text('{"kind": "decode"}\nnot json\n')
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "report.py"), str(other), "--no-save"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == (
+        f"report.py: {other}, line 2: not a decode.py record (JSON lines from decode.py --out, "
+        "or a results file of bench/report.py)"
+    )
