@@ -1,13 +1,12 @@
-"""`pyqsa serve` (the OpenAI-compatible server) and `pyqsa chat` (terminal chat)."""
+"""`pyqsa serve` (the OpenAI-compatible server) and `pyqsa chat` (terminal chat): their flags
+and commands; the engine they start is server/startup.py's."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,252 +17,9 @@ from pyqsa.engine.paging import KV_OFFLOAD
 from pyqsa.engine.runner import DEVICE_MAX_ADJUST
 from pyqsa.engine.scheduler import PREFILL_POLICIES
 
+from .startup import EngineFlags, start_engine
+
 DEFAULT_PORT = 8000
-
-
-def _load(
-    model: str | None,
-    slots: int,
-    ctx: int,
-    batch_tokens: int,
-    prefill_batch_tokens: int | None,
-    prefill_policy: str,
-    max_waiting: int,
-    threads: int,
-    kv_type: str,
-    gpu_layers: int | None,
-    device: int | None,
-    kv_offload: str,
-    hot_blocks: int | None,
-    kv_host_type: str | None,
-    kv_hot_type: str | None,
-    gpu_memory: float | None,
-    sampling: str,
-    prefix_cache_gib: float | None,
-    prefix_cache_stride: int,
-):
-    """Start an engine on MODEL (the embedded demo model when None)."""
-    from pyqsa.demo_model import demo_model_path
-    from pyqsa.engine import EngineConfig, device_budget, load_engine, paging
-    from pyqsa.engine.runner import RunnerError
-
-    paging_flags = (
-        ("--hot-blocks", hot_blocks),
-        ("--kv-host-type", kv_host_type),
-        ("--kv-hot-type", kv_hot_type),
-    )
-    for flag, value in paging_flags:
-        if kv_offload == "none" and value is not None:
-            raise click.UsageError(f"{flag} needs paging: --kv-offload host or auto, not none")
-    # with paging every QSA layer's K/V is in the host store, and the hot cache holds copies of
-    # its blocks, so the store's type is the K/V type
-    paged_type = kv_host_type or kv_type
-    if kv_hot_type is not None and paged_type != "q8_0":
-        raise click.UsageError(
-            f"--kv-hot-type {kv_hot_type} needs a q8_0 host store (--kv-host-type q8_0), "
-            f"not {paged_type}"
-        )
-    if device is not None:
-        _check_device(device)
-    free_at_start = paging.device_free(gpu_layers, device)
-    gpu = free_at_start is not None  # a GPU build, layers on a GPU
-    if gpu_memory is not None and not gpu:
-        raise click.UsageError("--gpu-memory needs a GPU build with layers on a GPU")
-    budget = None
-    if gpu:
-        n_devices = 1 if device is not None else len(paging.gpu_devices())
-        try:
-            budget = device_budget.DeviceBudget.of(gpu_memory, free_at_start, n_devices)
-        except device_budget.BudgetError as e:
-            raise click.BadParameter(str(e), param_hint="'--gpu-memory'") from None
-    # the sample op's per-sequence draws cost a GPU less than the logits' round trip, and a CPU
-    # more than drawing rows in parallel on the host (bench/README.md, 2026-12-01)
-    on_device = sampling == "device" or (sampling == "auto" and gpu)
-    if model is None:
-        click.echo(
-            "pyqsa: no model given, using the embedded demo model (random weights)", err=True
-        )
-        path, name = str(demo_model_path()), "pyqsa-demo"
-    else:
-        path, name = model, Path(model).name.removesuffix(".gguf")
-    try:
-        config = EngineConfig(
-            path,
-            n_slots=slots,
-            ctx_per_slot=ctx,
-            max_batch_tokens=batch_tokens,
-            max_prefill_tokens=prefill_batch_tokens or 0,
-            prefill_policy=prefill_policy,
-            max_waiting=max_waiting,
-            n_threads=threads,
-            kv_type=kv_type,
-            gpu_layers=gpu_layers,
-            device=device,
-            sample_on_device=on_device,
-            prefix_stride=prefix_cache_stride,
-        )
-    except ValueError as e:  # settings that do not fit together, in the flags' names
-        raise click.UsageError(_in_flag_names(str(e))) from None
-    if gpu and hot_blocks is not None and hot_blocks > paging.MAX_HOT_BLOCKS_GPU:
-        raise click.UsageError(
-            f"--hot-blocks {hot_blocks}: a GPU takes at most {paging.MAX_HOT_BLOCKS_GPU}"
-        )
-    kv = None  # the model's QSA K/V geometry, read where paging may be on
-    if kv_offload == "host" or hot_blocks is not None or (kv_offload == "auto" and gpu):
-        kv = _qsa_kv(path, hot_blocks)
-    # what can be refused is refused before the weights load; auto on a GPU decides after,
-    # against the device memory they left free
-    plan = None
-    if kv_offload == "host":
-        plan = _paging_plan(kv, "host", hot_blocks, slots * ctx, paged_type, None)
-    elif kv_offload == "none" or not gpu:
-        plan = paging.PagingPlan(0, 0)
-    try:
-        llama_model = _load_model(path, gpu_layers, device)
-        room = None  # the device memory free now that the budget leaves the K/V
-        if budget is not None:
-            free_now = paging.device_free(gpu_layers, device)
-            weights = free_at_start - free_now
-            budget.check_weights(weights)
-            room = min(free_now, budget.kv_room(weights))
-        if plan is None:  # auto on a GPU, so with a budget
-            plan = _paging_plan(kv, "auto", hot_blocks, slots * ctx, paged_type, room)
-        unused = [f for f, v in paging_flags if v]
-        if unused and not plan.hot_blocks:
-            click.echo(
-                "pyqsa: --kv-offload auto keeps the K/V on the device (no GPU, or they fit): "
-                f"{' and '.join(unused)} unused; --kv-offload host pages anyway",
-                err=True,
-            )
-        config = dataclasses.replace(
-            config,
-            hot_blocks=plan.hot_blocks,
-            kv_type=paged_type if plan.hot_blocks else kv_type,
-            kv_hot_type=kv_hot_type if plan.hot_blocks else None,
-            prefix_cache_bytes=_prefix_budget(prefix_cache_gib, plan),
-            device_memory_limit=budget.limit if budget is not None else 0,
-        )
-        if budget is not None and plan.hot_blocks and hot_blocks is None:
-            most = min(paging.MAX_HOT_BLOCKS_GPU, -(-ctx // kv.ratio))
-            config = _grow_hot_cache(llama_model, config, budget, most)
-        engine, llama_model = load_engine(config, llama_model)
-        if budget is not None:
-            try:
-                budget.check(engine.stats().ledger)
-            except device_budget.BudgetError:
-                engine.stop()
-                raise
-    except RunnerError as e:
-        raise click.ClickException(str(e)) from None
-    except device_budget.BudgetError as e:
-        raise click.ClickException(str(e)) from None
-    stats = engine.stats()
-    click.echo(f"pyqsa: memory {_ledger_line(stats.ledger)}", err=True)
-    if budget is not None:
-        held = sum(device_budget.device_bytes(stats.ledger).values())
-        click.echo(
-            f"pyqsa: device budget {_size(budget.limit)} "
-            f"({'--gpu-memory' if gpu_memory is not None else 'free at start'}): the ledger "
-            f"holds {_size(held)}, the CUDA runtime's reserve "
-            f"{_size(device_budget.RUNTIME_RESERVE)}",
-            err=True,
-        )
-    if stats.paging is not None:
-        store = stats.ledger.get("host.kv") or plan.kv_bytes
-        click.echo(
-            f"pyqsa: paging: hot cache {stats.paging['hot_blocks']} blocks per slot and QSA "
-            f"layer; host store {_size(store)} ({config.kv_type} K/V of {slots} x {ctx} tokens)",
-            err=True,
-        )
-    if config.prefix_cache_bytes:
-        click.echo(
-            f"pyqsa: prefix cache: up to {_size(config.prefix_cache_bytes)} of host memory, "
-            f"snapshots where prompts and replies end and every {prefix_cache_stride} prompt "
-            "tokens",
-            err=True,
-        )
-    else:
-        click.echo("pyqsa: prefix cache: off", err=True)
-    chosen = f"{sampling}: " if sampling == "auto" else ""
-    if on_device:
-        click.echo(
-            f"pyqsa: sampling: device ({chosen}tokens drawn inside the forward pass; a draw "
-            f"with over {DEVICE_MAX_ADJUST} biased or penalized tokens is made on the host)",
-            err=True,
-        )
-    else:
-        click.echo(
-            f"pyqsa: sampling: host ({chosen}each sampled row's logits copied out)", err=True
-        )
-    return engine, llama_model, name
-
-
-def _grow_hot_cache(llama_model, config, budget, most: int):
-    """config with the hot cache grown into the device memory a first context of its
-    hot_blocks leaves of the budget (engine/device_budget.py), said on stderr; that context is
-    freed before the engine's is made."""
-    from pyqsa.engine.runner import LlamaRunner
-
-    probe = LlamaRunner(llama_model, config)
-    try:
-        ledger = probe.ledger()
-    finally:
-        probe.close()
-    budget.check(ledger)
-    grown = budget.grown_hot_blocks(ledger, config.hot_blocks, most)
-    if grown > config.hot_blocks:
-        click.echo(
-            f"pyqsa: paging: the hot cache grows from {config.hot_blocks} to {grown} blocks per "
-            f"slot and QSA layer, into the room {budget.flag} leaves (--hot-blocks sets it)",
-            err=True,
-        )
-        config = dataclasses.replace(config, hot_blocks=grown)
-    return config
-
-
-def _check_device(device: int) -> None:
-    """--device N names a GPU (an index among the GPU devices, llama.cpp's main_gpu); anything
-    else is a one-line usage error."""
-    from pyqsa import native
-    from pyqsa.engine.paging import gpu_devices
-
-    gpus = gpu_devices()
-    if not gpus:
-        where = "a CPU-only build" if native.build_info().backend == "CPU" else "none found"
-        raise click.UsageError(f"--device {device}: there is no GPU ({where})")
-    if device >= len(gpus):
-        names = ", ".join(f"{i} ({d.description or d.name})" for i, d in enumerate(gpus))
-        raise click.BadParameter(f"{device}: the GPUs here are {names}", param_hint="'--device'")
-
-
-def _qsa_kv(path: str, hot_blocks: int | None):
-    """The model's QSA K/V geometry (engine/paging.py); a --hot-blocks too small for it is a
-    usage error."""
-    from pyqsa.engine.paging import PagingError, QsaKv
-
-    try:
-        kv = QsaKv.from_gguf(path)
-    except PagingError as e:
-        raise click.ClickException(str(e)) from None
-    if hot_blocks is not None and hot_blocks < kv.blocks_selected:
-        raise click.BadParameter(
-            f"{hot_blocks} cannot hold the {kv.blocks_selected} blocks one query selects "
-            f"(indexer top_k {kv.top_k} / compress ratio {kv.ratio})",
-            param_hint="'--hot-blocks'",
-        )
-    return kv
-
-
-def _paging_plan(kv, kv_offload, hot_blocks, n_tokens, kv_type, free_device):
-    """engine.paging.plan with the host memory free now; a refusal is a one-line error."""
-    from pyqsa.engine import paging
-
-    try:
-        return paging.plan(
-            kv, kv_offload, hot_blocks, n_tokens, kv_type, free_device, paging.host_available()
-        )
-    except paging.PagingError as e:
-        raise click.ClickException(str(e)) from None
 
 
 def _check_gib(ctx, param, value: float | None) -> float | None:
@@ -276,53 +32,6 @@ def _check_gib(ctx, param, value: float | None) -> float | None:
         except ValueError as e:
             raise click.BadParameter(str(e)) from None
     return value
-
-
-def _prefix_budget(gib: float | None, plan) -> int:
-    """--prefix-cache-gib in bytes, beside the paging host store in the host memory free now."""
-    from pyqsa.engine import paging, prefix_cache
-
-    reserved = plan.kv_bytes if plan.hot_blocks else 0
-    try:
-        return prefix_cache.budget(gib, paging.host_available(), reserved)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="'--prefix-cache-gib'") from None
-
-
-def _load_model(path: str, gpu_layers: int | None, device: int | None):
-    """The LlamaModel at path, said on stderr: a line naming the file and its size, and on a
-    terminal a bar as the weights load; then the seconds it took."""
-    from tqdm import tqdm
-
-    from pyqsa.engine.runner import LlamaModel
-
-    click.echo(f"pyqsa: loading {path} ({_size(os.path.getsize(path))})", err=True)
-    t0 = time.monotonic()
-    bar_format = "{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}"
-    with tqdm(
-        total=100, desc="pyqsa: loading", bar_format=bar_format, file=sys.stderr, disable=None
-    ) as bar:
-        model = LlamaModel(
-            path, gpu_layers, device, progress=lambda f: bar.update(int(100 * f) - bar.n)
-        )
-    click.echo(f"pyqsa: loaded in {time.monotonic() - t0:.1f} s", err=True)
-    return model
-
-
-def _size(n: int) -> str:
-    """Bytes as GiB from 1 GiB on, else MiB (the demo's and the hot caches' figures)."""
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
-def _ledger_line(ledger: dict[str, int]) -> str:
-    """'device: weights 9.07 GiB, kv 2.00 GiB, hot 840.0 MiB, ...; host: ...', categories
-    that hold bytes."""
-    parts = []
-    for where in ("device", "host"):
-        held = [(k.split(".", 1)[1], v) for k, v in ledger.items() if k.startswith(where) and v]
-        if held:
-            parts.append(f"{where}: " + ", ".join(f"{k} {_size(v)}" for k, v in held))
-    return "; ".join(parts) or "(no ledger)"
 
 
 def _template(llama_model, override: str | None):
@@ -358,52 +67,14 @@ def _uvicorn_server(app, host: str, port: int, on_ready: Callable[[str], None]):
     return Server(config)
 
 
-# the options _engine_options adds that _load takes, handed to the command as one dict
-_ENGINE_KEYS = (
-    "slots",
-    "ctx",
-    "batch_tokens",
-    "prefill_batch_tokens",
-    "prefill_policy",
-    "max_waiting",
-    "threads",
-    "kv_type",
-    "gpu_layers",
-    "device",
-    "kv_offload",
-    "hot_blocks",
-    "kv_host_type",
-    "kv_hot_type",
-    "gpu_memory",
-    "sampling",
-    "prefix_cache_gib",
-    "prefix_cache_stride",
-)
-
-
-# EngineConfig's field names as the flags that set them
-_FLAG_OF_FIELD = {
-    "max_prefill_tokens": "--prefill-batch-tokens",
-    "max_batch_tokens": "--batch-tokens",
-    "n_slots": "--slots",
-    "ctx_per_slot": "--ctx",
-    "max_waiting": "--max-waiting",
-}
-
-
-def _in_flag_names(message: str) -> str:
-    for field, flag in _FLAG_OF_FIELD.items():
-        message = message.replace(field, flag)
-    return message
-
-
 def _engine_options(f):
     """The engine's options (and --chat-template) for serve and chat: the command receives the
-    engine's as one `engine_options` dict, for `_load(model, **engine_options)`."""
+    engine's as one `engine_flags` (startup.EngineFlags), for start_engine(model, engine_flags)."""
 
     @functools.wraps(f)
     def command(**kw):
-        return f(engine_options={k: kw.pop(k) for k in _ENGINE_KEYS}, **kw)
+        names = [field.name for field in dataclasses.fields(EngineFlags)]
+        return f(engine_flags=EngineFlags(**{k: kw.pop(k) for k in names}), **kw)
 
     options = [
         click.option("--slots", default=8, show_default=True, help="Concurrent sequences."),
@@ -562,7 +233,7 @@ def serve(
     model_name,
     max_body_bytes,
     default_max_tokens,
-    engine_options,
+    engine_flags,
     chat_template,
 ) -> None:
     """Serve MODEL (a qwen4exp GGUF; default: the embedded demo) over an OpenAI API."""
@@ -574,7 +245,7 @@ def serve(
         api_key = Path(api_key_file).read_text().strip()
         if not api_key:
             raise click.UsageError(f"{api_key_file} holds no key")
-    engine, llama_model, name = _load(model, **engine_options)
+    engine, llama_model, name = start_engine(model, engine_flags)
     try:
         app = create_app(
             engine,
@@ -612,7 +283,7 @@ def chat(
     max_tokens,
     temperature,
     ignore_eos,
-    engine_options,
+    engine_flags,
     chat_template,
 ) -> None:
     """Chat in the terminal with MODEL (default: the embedded demo) or a server at --url.
@@ -629,7 +300,7 @@ def chat(
         return
     from .app import create_app
 
-    engine, llama_model, name = _load(model, **engine_options)
+    engine, llama_model, name = start_engine(model, engine_flags)
     app = create_app(engine, llama_model, name, _template(llama_model, chat_template), None)
     ready = threading.Event()
     urls: list[str] = []

@@ -201,7 +201,7 @@ def test_the_hot_cache_grows_into_the_budget_on_a_fake_device(monkeypatch, capsy
     leaves of --gpu-memory, up to a slot's whole context. A fake GPU: 8 GiB free, and a ledger
     that puts 4 GiB of compute and 1 MiB a hot block on the device (the CPU build's own ledger
     holds no device bytes)."""
-    from pyqsa.server.cli import _load
+    from pyqsa.server.startup import EngineFlags, start_engine
 
     import pyqsa.engine.paging
 
@@ -214,10 +214,11 @@ def test_the_hot_cache_grows_into_the_budget_on_a_fake_device(monkeypatch, capsy
         return real_ledger(ctx) | {"device.compute": 4 * 2**30, "device.hot": hot * 2**20}
 
     monkeypatch.setattr(native, "ledger", ledger)
-    engine, _, _ = _load(
-        None, 2, 512, 64, None, "fair", 4, 1, "f16", None, None, "host", None, None, None, 6.0,
+    flags = EngineFlags(
+        2, 512, 64, None, "fair", 4, 1, "f16", None, None, "host", None, None, None, 6.0,
         "host", 0.0, 16384,
     )  # fmt: skip
+    engine, _, _ = start_engine(None, flags)
     try:
         # 6 GiB less the 1 GiB reserve leaves ~1 GiB of room at 8 blocks: far more than the 128
         # blocks of a 512-token slot (the demo model's blocks hold 4 tokens)

@@ -1,4 +1,4 @@
-"""`--kv-offload` / `--hot-blocks` (engine/paging.py, server/cli.py): the hot cache's default
+"""`--kv-offload` / `--hot-blocks` (engine/paging.py, server/startup.py): the hot cache's default
 from the GGUF, auto's choice, admission control against host memory, the paging counters on
 /metrics, and a real `pyqsa serve --kv-offload host --hot-blocks 8` on the demo model (its QSA
 layers select 16 tokens in blocks of 4: 4 blocks a query, so 8 by default)."""
