@@ -8,7 +8,8 @@ chunks by the prefill policy) | runner (llama.cpp: model, tokenizer, batched for
 sampler (numpy sampling, penalties) | grammar (draws constrained to a GBNF grammar: JSON
 response formats) | detokenizer (UTF-8-safe deltas, stop strings) | prefix_cache, prefix_rows,
 prefix_reuse (the prefix cache: snapshots, their rows copied off the engine thread, where a
-request starts) | engine (the thread and its step loop).
+request starts) | engine (the thread and its step loop) | start (load_engine: the model
+loaded, its context warmed up, the engine thread started).
 The embedded default model is built by pyqsa.demo_model.
 """
 
@@ -20,7 +21,6 @@ from .engine import (
     EngineStopped,
     PromptTooLong,
     QueueFull,
-    load_engine,
 )
 from .grammar import GrammarError
 from .request import (
@@ -32,6 +32,7 @@ from .request import (
     SamplingParams,
     TokenLogprob,
 )
+from .start import load_engine
 
 __all__ = [
     "AdmissionError",

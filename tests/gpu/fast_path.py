@@ -37,8 +37,7 @@ def generate(model: str, n_slots: int, steps: int, gpu_layers: int) -> list[dict
     """Each request's tokens and log-probabilities (as float32 bit patterns) from one engine."""
     import numpy as np
 
-    from pyqsa.engine import EngineConfig, SamplingParams
-    from pyqsa.engine.engine import load_engine
+    from pyqsa.engine import EngineConfig, SamplingParams, load_engine
     from pyqsa.engine.request import Delta
     from tests.unit.engine_fakes import Collector
 

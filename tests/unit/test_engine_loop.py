@@ -18,7 +18,7 @@ from pyqsa.engine import (
     QueueFull,
     SamplingParams,
 )
-from pyqsa.engine.engine import warm_up
+from pyqsa.engine.start import warm_up
 from pyqsa.native import SampleResult
 
 GREEDY = SamplingParams(temperature=0, max_tokens=5)
@@ -363,7 +363,7 @@ def test_load_engine_warms_up_the_largest_pass_and_every_slot_count_on_a_gpu(mon
     """On a GPU the device's memory pool grows to the largest shapes a pass has had: the warm-up
     makes them before the ledger's and nvidia-smi's start figures are taken; on the CPU, whose
     passes allocate nothing that outlives them, a short prompt suffices."""
-    from pyqsa.engine import engine as engine_mod
+    from pyqsa.engine import start as start_mod
 
     seen = []
 
@@ -376,9 +376,9 @@ def test_load_engine_warms_up_the_largest_pass_and_every_slot_count_on_a_gpu(mon
     class Model:
         eos = EOS
 
-    monkeypatch.setattr(engine_mod, "LlamaRunner", Runner)
-    monkeypatch.setattr(engine_mod, "Engine", lambda config, runner, model: _Started())
-    monkeypatch.setattr(engine_mod, "warm_up", lambda *a: seen.append(a[2:]))
+    monkeypatch.setattr(start_mod, "LlamaRunner", Runner)
+    monkeypatch.setattr(start_mod, "Engine", lambda config, runner, model: _Started())
+    monkeypatch.setattr(start_mod, "warm_up", lambda *a: seen.append(a[2:]))
 
     class _Started:
         def start(self):
@@ -387,11 +387,11 @@ def test_load_engine_warms_up_the_largest_pass_and_every_slot_count_on_a_gpu(mon
     cfg = EngineConfig(
         "fake.gguf", n_slots=4, ctx_per_slot=1000, max_batch_tokens=64, max_prefill_tokens=512
     )
-    engine_mod.load_engine(cfg, Model())
+    start_mod.load_engine(cfg, Model())
     # the prefill budget's pass, and a regular step's chunk beside 3 decode tokens: 64 - 3
     assert seen == ([(512, 4, 61)] if on_gpu else [(32,)])
     seen.clear()
-    engine_mod.load_engine(dataclasses.replace(cfg, ctx_per_slot=300), Model())
+    start_mod.load_engine(dataclasses.replace(cfg, ctx_per_slot=300), Model())
     assert seen == ([(233, 4, 61)] if on_gpu else [(32,)])  # 294 in the slot, less the chunk
 
 
