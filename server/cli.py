@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import sys
 import threading
 from collections.abc import Callable
@@ -43,6 +44,32 @@ def _template(llama_model, override: str | None):
     else:
         source = llama_model.meta("tokenizer.chat_template") or QWEN_TEMPLATE
     return ChatTemplate(source, eos_token=llama_model.token_bytes(llama_model.eos).decode())
+
+
+def _gpu_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
+    """--gpus 0,1: GPU indices, parsed before anything loads (startup checks they are here)."""
+    if value is None:
+        return None
+    try:
+        gpus = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: GPU indices separated by commas, e.g. 0,1") from None
+    if min(gpus) < 0:
+        raise click.BadParameter(f"{value!r}: GPU indices are 0 or more")
+    return gpus
+
+
+def _shares(ctx, param, value: str | None) -> tuple[float, ...] | None:
+    """--tensor-split 3,1: shares >= 0, not all 0."""
+    if value is None:
+        return None
+    try:
+        shares = tuple(float(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: numbers separated by commas, e.g. 3,1") from None
+    if not all(math.isfinite(v) and v >= 0 for v in shares) or sum(shares) <= 0:
+        raise click.BadParameter(f"{value!r}: shares are 0 or more, not all 0")
+    return shares
 
 
 def _uvicorn_server(app, host: str, port: int, on_ready: Callable[[str], None]):
@@ -128,7 +155,19 @@ def _engine_options(f):
             "--device",
             type=click.IntRange(min=0),
             help="The GPU (0, 1, ...) that holds the model and its caches (default: layers split "
-            "over every GPU).",
+            "over every GPU); the same as --gpus N.",
+        ),
+        click.option(
+            "--gpus",
+            callback=_gpu_list,
+            help="The GPUs that hold the layers and their caches, e.g. 0,1: one holds the whole "
+            "model, several split its layers between them (default: every GPU).",
+        ),
+        click.option(
+            "--tensor-split",
+            callback=_shares,
+            help="Each GPU's share of the layers where they are split over several, e.g. 3,1 "
+            "(default: by the memory each has free).",
         ),
         click.option(
             "--kv-offload",

@@ -30,6 +30,8 @@ class EngineFlags:
     kv_type: str
     gpu_layers: int | None
     device: int | None
+    gpus: tuple[int, ...] | None
+    tensor_split: tuple[float, ...] | None
     kv_offload: str
     hot_blocks: int | None
     kv_host_type: str | None
@@ -64,15 +66,14 @@ def start_engine(model: str | None, flags: EngineFlags):
     from pyqsa.engine.runner import RunnerError
 
     paged_type = _paged_kv_type(flags)
-    if flags.device is not None:
-        _check_device(flags.device)
-    free_at_start, budget = _device_budget(flags)
+    gpus = _held_gpus(flags)
+    free_at_start, budget = _device_budget(flags, gpus)
     gpu = free_at_start is not None  # a GPU build, layers on a GPU
     # the sample op's per-sequence draws cost a GPU less than the logits' round trip, and a CPU
     # more than drawing rows in parallel on the host (bench/README.md, 2026-12-01)
     on_device = flags.sampling == "device" or (flags.sampling == "auto" and gpu)
     path, name = _model_path(model)
-    config = _engine_config(path, flags, on_device)
+    config = _engine_config(path, flags, gpus, on_device)
     if gpu and flags.hot_blocks is not None and flags.hot_blocks > paging.MAX_HOT_BLOCKS_GPU:
         raise click.UsageError(
             f"--hot-blocks {flags.hot_blocks}: a GPU takes at most {paging.MAX_HOT_BLOCKS_GPU}"
@@ -93,10 +94,10 @@ def start_engine(model: str | None, flags: EngineFlags):
     elif flags.kv_offload == "none" or not gpu:
         plan = paging.PagingPlan(0, 0)
     try:
-        llama_model = _load_model(path, flags.gpu_layers, flags.device)
+        llama_model = _load_model(path, flags.gpu_layers, gpus, flags.tensor_split)
         room = None  # the device memory free now that the budget leaves the K/V
         if budget is not None:
-            free_now = paging.device_free(flags.gpu_layers, flags.device)
+            free_now = paging.device_free(flags.gpu_layers, gpus)
             weights = free_at_start - free_now
             budget.check_weights(weights)
             room = min(free_now, budget.kv_room(weights))
@@ -150,17 +151,42 @@ def _paged_kv_type(flags: EngineFlags) -> str:
     return paged_type
 
 
-def _device_budget(flags: EngineFlags):
+def _held_gpus(flags: EngineFlags) -> tuple[int, ...] | None:
+    """The GPUs that hold the layers: --device N (one), --gpus (one or several) or None (every
+    GPU); a GPU that is not here, both flags, or a --tensor-split that does not give each GPU
+    of a split one share, are usage errors naming the GPUs."""
+    from pyqsa.engine.paging import gpu_devices
+
+    if flags.device is not None and flags.gpus is not None:
+        raise click.UsageError("give --device or --gpus, not both")
+    gpus = (flags.device,) if flags.device is not None else flags.gpus
+    if gpus is not None:
+        flag = "--device" if flags.device is not None else "--gpus"
+        _check_gpus(gpus, flag)
+    if flags.tensor_split is not None:
+        n = len(gpus) if gpus is not None else len(gpu_devices())
+        if n < 2:
+            raise click.UsageError(
+                f"--tensor-split needs the layers split over 2 or more GPUs; {n} here hold them"
+            )
+        if len(flags.tensor_split) != n:
+            raise click.BadParameter(
+                f"{len(flags.tensor_split)} shares for {n} GPUs", param_hint="'--tensor-split'"
+            )
+    return gpus
+
+
+def _device_budget(flags: EngineFlags, gpus: tuple[int, ...] | None):
     """(device memory free at start, DeviceBudget): (None, None) without a GPU build with layers
     on a GPU, where --gpu-memory is a usage error."""
     from pyqsa.engine import device_budget, paging
 
-    free_at_start = paging.device_free(flags.gpu_layers, flags.device)
+    free_at_start = paging.device_free(flags.gpu_layers, gpus)
     if free_at_start is None:
         if flags.gpu_memory is not None:
             raise click.UsageError("--gpu-memory needs a GPU build with layers on a GPU")
         return None, None
-    n_devices = 1 if flags.device is not None else len(paging.gpu_devices())
+    n_devices = len(gpus) if gpus is not None else len(paging.gpu_devices())
     try:
         return free_at_start, device_budget.DeviceBudget.of(
             flags.gpu_memory, free_at_start, n_devices
@@ -181,7 +207,7 @@ def _model_path(model: str | None) -> tuple[str, str]:
     return model, Path(model).name.removesuffix(".gguf")
 
 
-def _engine_config(path: str, flags: EngineFlags, on_device: bool):
+def _engine_config(path: str, flags: EngineFlags, gpus: tuple[int, ...] | None, on_device: bool):
     """The EngineConfig of the flags before paging is decided; settings that do not fit
     together are a usage error in the flags' names."""
     from pyqsa.engine import EngineConfig
@@ -198,7 +224,8 @@ def _engine_config(path: str, flags: EngineFlags, on_device: bool):
             n_threads=flags.threads,
             kv_type=flags.kv_type,
             gpu_layers=flags.gpu_layers,
-            device=flags.device,
+            gpus=gpus,
+            tensor_split=flags.tensor_split,
             sample_on_device=on_device,
             prefix_stride=flags.prefix_cache_stride,
         )
@@ -277,19 +304,22 @@ def _grow_hot_cache(llama_model, config, budget, most: int):
     return config
 
 
-def _check_device(device: int) -> None:
-    """--device N names a GPU (an index among the GPU devices, llama.cpp's main_gpu); anything
-    else is a one-line usage error."""
+def _check_gpus(gpus: tuple[int, ...], flag: str) -> None:
+    """`flag`'s GPUs are indices among the GPU devices (llama.cpp's order), each once; anything
+    else is a one-line usage error naming the GPUs here."""
     from pyqsa import native
     from pyqsa.engine.paging import gpu_devices
 
-    gpus = gpu_devices()
-    if not gpus:
+    here = gpu_devices()
+    value = ",".join(map(str, gpus))
+    if not here:
         where = "a CPU-only build" if native.build_info().backend == "CPU" else "none found"
-        raise click.UsageError(f"--device {device}: there is no GPU ({where})")
-    if device >= len(gpus):
-        names = ", ".join(f"{i} ({d.description or d.name})" for i, d in enumerate(gpus))
-        raise click.BadParameter(f"{device}: the GPUs here are {names}", param_hint="'--device'")
+        raise click.UsageError(f"{flag} {value}: there is no GPU ({where})")
+    if len(set(gpus)) < len(gpus):
+        raise click.BadParameter(f"{value}: a GPU named twice", param_hint=f"'{flag}'")
+    if max(gpus) >= len(here):
+        names = ", ".join(f"{i} ({d.description or d.name})" for i, d in enumerate(here))
+        raise click.BadParameter(f"{value}: the GPUs here are {names}", param_hint=f"'{flag}'")
 
 
 def _qsa_kv(path: str, hot_blocks: int | None):
@@ -333,7 +363,12 @@ def _prefix_budget(gib: float | None, plan) -> int:
         raise click.BadParameter(str(e), param_hint="'--prefix-cache-gib'") from None
 
 
-def _load_model(path: str, gpu_layers: int | None, device: int | None):
+def _load_model(
+    path: str,
+    gpu_layers: int | None,
+    gpus: tuple[int, ...] | None,
+    tensor_split: tuple[float, ...] | None,
+):
     """The LlamaModel at path, said on stderr: a line naming the file and its size, and on a
     terminal a bar as the weights load; then the seconds it took."""
     from tqdm import tqdm
@@ -347,7 +382,11 @@ def _load_model(path: str, gpu_layers: int | None, device: int | None):
         total=100, desc="pyqsa: loading", bar_format=bar_format, file=sys.stderr, disable=None
     ) as bar:
         model = LlamaModel(
-            path, gpu_layers, device, progress=lambda f: bar.update(int(100 * f) - bar.n)
+            path,
+            gpu_layers,
+            gpus,
+            tensor_split,
+            progress=lambda f: bar.update(int(100 * f) - bar.n),
         )
     click.echo(f"pyqsa: loaded in {time.monotonic() - t0:.1f} s", err=True)
     return model

@@ -30,9 +30,12 @@ class EngineConfig:
     n_threads: int = 0  # 0: all cores
     kv_type: str = "f16"  # K/V cache of the indexed layers: f32, f16 or q8_0
     gpu_layers: int | None = None  # layers whose weights go to the GPU; None: all
-    # the one GPU (index among the GPU devices) that holds the model and its caches; None:
-    # llama.cpp's default, layers split over every GPU
-    device: int | None = None
+    # the GPUs (indices among the GPU devices) that hold the layers and their caches: one holds
+    # the whole model, several split its layers; None: llama.cpp's default, every GPU
+    gpus: tuple[int, ...] | None = None
+    # each GPU's share of the layers where they are split (one per GPU of `gpus`, or of every
+    # GPU); None: llama.cpp's, by free memory
+    tensor_split: tuple[float, ...] | None = None
     seed: int = 0  # seeds requests that give no seed of their own, in arrival order
     prefill_policy: str = "fair"
     # > 0: page the QSA layers' K/V (pinned host store, a device hot cache of this many blocks
@@ -80,8 +83,18 @@ class EngineConfig:
             )
         if self.gpu_layers is not None and self.gpu_layers < 0:
             raise ValueError(f"gpu_layers must be >= 0, got {self.gpu_layers}")
-        if self.device is not None and self.device < 0:
-            raise ValueError(f"device must be >= 0, got {self.device}")
+        if self.gpus is not None:
+            if not self.gpus or min(self.gpus) < 0 or len(set(self.gpus)) < len(self.gpus):
+                raise ValueError(f"gpus must be distinct GPU indices >= 0, got {self.gpus}")
+        if self.tensor_split is not None:
+            if not self.tensor_split or min(self.tensor_split) < 0 or sum(self.tensor_split) <= 0:
+                raise ValueError(
+                    f"tensor_split must be shares >= 0, not all 0, got {self.tensor_split}"
+                )
+            if self.gpus is not None and len(self.tensor_split) != len(self.gpus):
+                raise ValueError(
+                    f"tensor_split has {len(self.tensor_split)} shares for {len(self.gpus)} gpus"
+                )
         if self.prefix_cache_bytes < 0:
             raise ValueError(f"prefix_cache_bytes must be >= 0, got {self.prefix_cache_bytes}")
         if self.prefix_stride < 1:

@@ -86,17 +86,65 @@ class ContextConfig:
         return self.n_threads or os.cpu_count() or 1
 
 
+def gpu_handles() -> list[int]:
+    """The GPU devices' ggml_backend_dev_t handles, in llama.cpp's order (the order of
+    paging.gpu_devices(), which `gpus` indices follow)."""
+    ggml = ctypes.CDLL(str(native.lib_dir() / "libggml.so.0"))
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    ggml.ggml_backend_dev_type.restype = ctypes.c_int
+    ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    handles = (ggml.ggml_backend_dev_get(i) for i in range(ggml.ggml_backend_dev_count()))
+    return [h for h in handles if ggml.ggml_backend_dev_type(h) in GPU_DEVICE_TYPES]
+
+
+# ggml_backend_dev_type: GPU and IGPU (native.DEVICE_TYPES' "GPU" and "iGPU")
+GPU_DEVICE_TYPES = (1, 2)
+
+
+def set_gpus(
+    params,
+    gpus: tuple[int, ...] | None,
+    tensor_split: tuple[float, ...] | None,
+    handles: Callable[[], list[int]] = gpu_handles,
+) -> list:
+    """Fill a llama_model_params' GPU fields: `gpus` None leaves llama.cpp's default (layers
+    split over every GPU), one GPU holds the whole model and its caches (split mode none, that
+    GPU as main_gpu), several split the layers over those GPUs alone (the model's device list);
+    `tensor_split` gives each GPU of the split its share of the layers (None: llama.cpp's, by
+    free memory). Returns the arrays the params point to, to be kept alive until the load."""
+    L = _llama()
+    keep: list = []
+    if gpus is not None and len(gpus) == 1:
+        params.split_mode = L.LLAMA_SPLIT_MODE_NONE
+        params.main_gpu = gpus[0]
+    elif gpus is not None:
+        all_gpus = handles()
+        devices = (ctypes.c_void_p * (len(gpus) + 1))(*[all_gpus[g] for g in gpus], None)
+        params.devices = ctypes.cast(devices, ctypes.c_void_p)
+        params.split_mode = L.LLAMA_SPLIT_MODE_LAYER
+        params.main_gpu = 0
+        keep.append(devices)
+    if tensor_split is not None and (gpus is None or len(gpus) > 1):
+        shares = (ctypes.c_float * len(tensor_split))(*tensor_split)
+        params.tensor_split = ctypes.cast(shares, type(params.tensor_split))
+        keep.append(shares)
+    return keep
+
+
 def load_model(
     path: str,
     gpu_layers: int | None = None,
     extra_bufts: bool = True,
-    device: int | None = None,
+    gpus: tuple[int, ...] | None = None,
+    tensor_split: tuple[float, ...] | None = None,
     progress: Callable[[float], None] | None = None,
 ) -> int:
     """A llama_model pointer for the GGUF at `path`; `gpu_layers` None keeps llama.cpp's
-    default (every layer on the GPU when there is one). `device`: the one GPU (an index among
-    llama.cpp's GPU devices, in their order) that holds the model, and so its contexts' caches
-    (split mode none, main_gpu); None keeps llama.cpp's default (layers split over every GPU).
+    default (every layer on the GPU when there is one). `gpus`: the GPUs (indices among
+    llama.cpp's GPU devices, in their order) that hold the layers, and so their contexts'
+    caches, and `tensor_split` their shares (see set_gpus); None keeps llama.cpp's default.
     `progress` is called with the fraction loaded (0..1) as the weights load."""
     L = _llama()
     if not os.path.isfile(path):
@@ -104,11 +152,7 @@ def load_model(
     p = L.llama_model_default_params()
     if gpu_layers is not None:
         p.n_gpu_layers = gpu_layers
-    if device is not None:
-        if device < 0:
-            raise ValueError(f"device must be >= 0, got {device}")
-        p.split_mode = L.LLAMA_SPLIT_MODE_NONE
-        p.main_gpu = device
+    keep = set_gpus(p, gpus, tensor_split)
     p.use_extra_bufts = extra_bufts
     if progress is not None:
 
@@ -121,8 +165,8 @@ def load_model(
                 log.exception("model load progress display failed")
             return True
 
-        callback = L.llama_progress_callback(on_progress)  # alive until the load returns
-        p.progress_callback = callback
+        keep.append(L.llama_progress_callback(on_progress))  # alive until the load returns
+        p.progress_callback = keep[-1]
     model = L.llama_model_load_from_file(path.encode(), p)
     if not model:
         raise ContextError(f"llama.cpp could not load {path}")

@@ -89,24 +89,24 @@ def host_available() -> int | None:
 
 
 def gpu_devices() -> list:
-    """The GPU devices (pyqsa.native.DeviceInfo) in llama.cpp's order: `--device N` (the
-    model's main_gpu) is an index into this list."""
+    """The GPU devices (pyqsa.native.DeviceInfo) in llama.cpp's order: `--gpus` and `--device`
+    name indices into this list."""
     from pyqsa import native
 
     return [d for d in native.devices() if d.type in ("GPU", "iGPU")]
 
 
-def device_free(gpu_layers: int | None, device: int | None = None) -> int | None:
-    """Free bytes of the GPUs that hold layers (all of them together, or GPU `device` alone);
-    None on a CPU-only build or with --gpu-layers 0 (the K/V are in host memory then anyway)."""
+def device_free(gpu_layers: int | None, gpus: tuple[int, ...] | None = None) -> int | None:
+    """Free bytes of the GPUs that hold layers (`gpus` together, or all of them); None on a
+    CPU-only build or with --gpu-layers 0 (the K/V are in host memory then anyway)."""
     from pyqsa import native
 
     if gpu_layers == 0 or native.build_info().backend == "CPU":
         return None
-    gpus = gpu_devices()
-    if device is not None:
-        gpus = gpus[device : device + 1]
-    return sum(d.memory_free for d in gpus) if gpus else None
+    held = gpu_devices()
+    if gpus is not None:
+        held = [held[g] for g in gpus if g < len(held)]
+    return sum(d.memory_free for d in held) if held else None
 
 
 def gib(n: float) -> str:

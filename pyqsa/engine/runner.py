@@ -151,8 +151,8 @@ def _init_backend() -> None:
 CUDA_STACK_BYTES = 1160
 
 
-def reserve_thread_stacks(gpu_layers: int | None, device: int | None) -> None:
-    """Raise the CUDA stacks of the GPUs that hold layers (all, or GPU `device`) to
+def reserve_thread_stacks(gpu_layers: int | None, gpus: tuple[int, ...] | None) -> None:
+    """Raise the CUDA stacks of the GPUs that hold layers (`gpus`, or all) to
     CUDA_STACK_BYTES now and count them in the ledger; nothing without CUDA."""
     value = os.environ.get("PYQSA_CUDA_STACK_BYTES", str(CUDA_STACK_BYTES))
     if not value.strip().isdigit():
@@ -160,8 +160,7 @@ def reserve_thread_stacks(gpu_layers: int | None, device: int | None) -> None:
     if gpu_layers == 0:
         return
     per_thread = int(value)
-    gpus = [device] if device is not None else range(len(gpu_devices()))
-    for d in gpus:
+    for d in gpus if gpus is not None else range(len(gpu_devices())):
         if not native.cuda_stack_reserve(d, per_thread):
             return
 
@@ -173,15 +172,18 @@ class LlamaModel:
         self,
         path: str,
         gpu_layers: int | None = None,
-        device: int | None = None,
+        gpus: tuple[int, ...] | None = None,
+        tensor_split: tuple[float, ...] | None = None,
         progress: Callable[[float], None] | None = None,
     ) -> None:
         _init_backend()
-        reserve_thread_stacks(gpu_layers, device)
+        reserve_thread_stacks(gpu_layers, gpus)
         L = _llama()
         self.path = path
         try:
-            self.ptr = load_model(path, gpu_layers=gpu_layers, device=device, progress=progress)
+            self.ptr = load_model(
+                path, gpu_layers=gpu_layers, gpus=gpus, tensor_split=tensor_split, progress=progress
+            )
         except ContextError as e:
             raise RunnerError(str(e)) from None
         self.vocab = L.llama_model_get_vocab(self.ptr)

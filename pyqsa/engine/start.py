@@ -14,9 +14,9 @@ from .slots import SlotLease
 
 def load_engine(config: EngineConfig, model: LlamaModel | None = None) -> tuple[Engine, LlamaModel]:
     """Load the model (unless given, loaded from config.model_path with config.gpu_layers on
-    config.device), create its context, warm it up and start the engine thread."""
+    config.gpus), create its context, warm it up and start the engine thread."""
     if model is None:
-        model = LlamaModel(config.model_path, config.gpu_layers, config.device)
+        model = LlamaModel(config.model_path, config.gpu_layers, config.gpus, config.tensor_split)
     runner = LlamaRunner(model, config)
     if runner.passes_async:
         # the largest pass the scheduler makes, a regular step's chunk beside every other slot's

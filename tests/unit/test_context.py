@@ -131,3 +131,47 @@ def test_cuda_stack_reserve_without_cuda():
     if native.build_info().backend != "CPU":
         pytest.skip("a CUDA build reserves (tests/gpu)")
     assert native.cuda_stack_reserve(0, 1160) is False
+
+
+def test_the_gpus_that_hold_the_layers_fill_the_model_params():
+    """One GPU holds the whole model (split mode none, main_gpu); several split the layers over
+    themselves alone (the model's device list, in the order given) with --tensor-split's
+    shares; none keeps llama.cpp's default (every GPU), shares included. The device handles
+    are faked: a CPU build has no GPU."""
+    from pyqsa.engine.context import set_gpus
+
+    handles = [0x1000, 0x2000, 0x3000]
+    p = llama_cpp.llama_model_default_params()
+    assert set_gpus(p, (2,), None, lambda: handles) == []
+    assert (p.split_mode, p.main_gpu, p.devices) == (llama_cpp.LLAMA_SPLIT_MODE_NONE, 2, None)
+
+    p = llama_cpp.llama_model_default_params()
+    keep = set_gpus(p, (2, 0), (3.0, 1.0), lambda: handles)
+    devices = ctypes.cast(p.devices, ctypes.POINTER(ctypes.c_void_p))
+    assert [devices[i] for i in range(3)] == [0x3000, 0x1000, None]
+    assert (p.split_mode, p.main_gpu) == (llama_cpp.LLAMA_SPLIT_MODE_LAYER, 0)
+    assert [p.tensor_split[i] for i in range(2)] == [3.0, 1.0] and len(keep) == 2
+
+    p = llama_cpp.llama_model_default_params()
+    default_mode = p.split_mode
+    set_gpus(p, None, (1.0, 1.0, 2.0), lambda: handles)
+    assert p.devices is None and p.split_mode == default_mode
+    assert [p.tensor_split[i] for i in range(3)] == [1.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    "kw, error",
+    [
+        ({"gpus": ()}, "gpus must be distinct GPU indices >= 0"),
+        ({"gpus": (0, 0)}, "gpus must be distinct GPU indices >= 0"),
+        ({"gpus": (-1,)}, "gpus must be distinct GPU indices >= 0"),
+        ({"tensor_split": (0.0, 0.0)}, "tensor_split must be shares >= 0, not all 0"),
+        ({"tensor_split": (1.0, -1.0)}, "tensor_split must be shares >= 0, not all 0"),
+        ({"gpus": (0, 1), "tensor_split": (1.0,)}, "tensor_split has 1 shares for 2 gpus"),
+    ],
+)
+def test_engine_config_refuses_gpus_that_split_nothing(kw, error):
+    from pyqsa.engine import EngineConfig
+
+    with pytest.raises(ValueError, match=error.replace("(", r"\(")):
+        EngineConfig("m.gguf", **kw)

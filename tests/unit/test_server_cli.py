@@ -105,7 +105,7 @@ def test_gpu_memory_refusals_on_a_fake_device(monkeypatch, tmp_path):
     monkeypatch.setattr(pyqsa.engine.paging, "device_free", lambda layers, device=None: free[0])
     monkeypatch.setattr(pyqsa.engine.paging, "gpu_devices", lambda: [_gpu("GPU0")])
 
-    def load(path, gpu_layers=None, device=None, progress=None):
+    def load(path, gpu_layers=None, gpus=None, tensor_split=None, progress=None):
         free[0] = 2**30
         return object()
 
@@ -144,8 +144,8 @@ def test_device_names_a_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(native, "devices", lambda: devices)
     loads = []
 
-    def load(path, gpu_layers=None, device=None, progress=None):
-        loads.append((gpu_layers, device))
+    def load(path, gpu_layers=None, gpus=None, tensor_split=None, progress=None):
+        loads.append((gpu_layers, gpus, tensor_split))
         raise RunnerError("not loaded here")
 
     monkeypatch.setattr(pyqsa.engine.runner, "LlamaModel", load)
@@ -164,7 +164,53 @@ def test_device_names_a_gpu(monkeypatch, tmp_path):
         assert r.exit_code == 1, r.output
         said = [f"pyqsa: loading {gguf} (0.0 MiB)", "Error: not loaded here"]
         assert r.output.splitlines() == said
-    assert loads == [(3, 1), (3, 1)]
+    assert loads == [(3, (1,), None), (3, (1,), None)]
+    # --gpus N is the same one GPU; several split the layers, by --tensor-split's shares
+    loads.clear()
+    for args in (["--gpus", "1"], ["--gpus", "1,0", "--tensor-split", "3,1"]):
+        args = ["serve", str(gguf), *args, "--gpu-layers", "3", "--kv-offload", "none"]
+        r = CliRunner().invoke(main, args, env=NO_ENV_KEY)
+        assert r.exit_code == 1 and "Error: not loaded here" in r.output, r.output
+    assert loads == [(3, (1,), None), (3, (1, 0), (3.0, 1.0))]
+
+
+def test_gpus_and_tensor_split_refuse_what_names_no_split_here(monkeypatch, tmp_path):
+    """--gpus and --tensor-split are checked before anything loads: GPUs that are not here or
+    named twice, --device beside --gpus, shares that are no numbers, negative or all 0, a
+    count of shares other than the GPUs that split the layers, and a split of one GPU are
+    one-line usage errors."""
+    monkeypatch.setattr(native, "devices", lambda: [_gpu("GPU0"), _gpu("GPU1"), _gpu("CPU", "CPU")])
+    loads = []
+    monkeypatch.setattr(pyqsa.engine.runner, "LlamaModel", lambda *a, **k: loads.append(a))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"")
+    here = "the GPUs here are 0 (NVIDIA GPU0), 1 (NVIDIA GPU1)"
+    for args, error in (
+        (["--gpus", "0,2"], f"Invalid value for '--gpus': 0,2: {here}"),
+        (["--gpus", "1,1"], "Invalid value for '--gpus': 1,1: a GPU named twice"),
+        (["--gpus", "0;1"], "Invalid value for '--gpus': '0;1': GPU indices separated by commas"),
+        (["--gpus", "-1"], "Invalid value for '--gpus': '-1': GPU indices are 0 or more"),
+        (["--device", "0", "--gpus", "1"], "give --device or --gpus, not both"),
+        (["--tensor-split", "1,x"], "Invalid value for '--tensor-split': '1,x': numbers"),
+        (["--tensor-split", "1,-1"], "'1,-1': shares are 0 or more, not all 0"),
+        (["--tensor-split", "0,0"], "'0,0': shares are 0 or more, not all 0"),
+        (["--tensor-split", "nan,1"], "'nan,1': shares are 0 or more, not all 0"),
+        (["--tensor-split", "1,1,1"], "Invalid value for '--tensor-split': 3 shares for 2 GPUs"),
+        (["--gpus", "0,1", "--tensor-split", "1"], "1 shares for 2 GPUs"),
+        (["--gpus", "1", "--tensor-split", "1"], "--tensor-split needs the layers split over 2"),
+    ):
+        for cmd in ("serve", "chat"):
+            r = CliRunner().invoke(main, [cmd, str(gguf), *args], env=NO_ENV_KEY)
+            assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+            errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
+            assert len(errors) == 1 and error in errors[0], r.output
+    assert loads == []
+
+
+def test_gpus_on_a_cpu_build_is_a_usage_error():
+    r = CliRunner().invoke(main, ["serve", "--gpus", "0,1"], env=NO_ENV_KEY)
+    assert r.exit_code == 2, r.output
+    assert "Error: --gpus 0,1: there is no GPU (a CPU-only build)" in r.output
 
 
 def test_engine_settings_that_do_not_fit_together_are_one_line_errors():
@@ -215,8 +261,11 @@ def test_the_hot_cache_grows_into_the_budget_on_a_fake_device(monkeypatch, capsy
 
     monkeypatch.setattr(native, "ledger", ledger)
     flags = EngineFlags(
-        2, 512, 64, None, "fair", 4, 1, "f16", None, None, "host", None, None, None, 6.0,
-        "host", 0.0, 16384,
+        slots=2, ctx=512, batch_tokens=64, prefill_batch_tokens=None, prefill_policy="fair",
+        max_waiting=4, threads=1, kv_type="f16", gpu_layers=None, device=None, gpus=None,
+        tensor_split=None, kv_offload="host", hot_blocks=None, kv_host_type=None,
+        kv_hot_type=None, gpu_memory=6.0, sampling="host", prefix_cache_gib=0.0,
+        prefix_cache_stride=16384,
     )  # fmt: skip
     engine, _, _ = start_engine(None, flags)
     try:
