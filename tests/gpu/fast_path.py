@@ -33,8 +33,11 @@ def prompts(n: int) -> list[list[int]]:
     return [[(31 * i + 17 * k) % 2900 + 60 for i in range(40 + 23 * k)] for k in range(n)]
 
 
-def generate(model: str, n_slots: int, steps: int, gpu_layers: int) -> list[dict]:
-    """Each request's tokens and log-probabilities (as float32 bit patterns) from one engine."""
+def generate(
+    model: str, n_slots: int, steps: int, gpu_layers: int, overrides: dict | None = None
+) -> list[dict]:
+    """Each request's tokens and log-probabilities (as float32 bit patterns) from one engine;
+    `overrides`: more EngineConfig fields (lists for tuples, as JSON gives them)."""
     import numpy as np
 
     from pyqsa.engine import EngineConfig, SamplingParams, load_engine
@@ -47,6 +50,7 @@ def generate(model: str, n_slots: int, steps: int, gpu_layers: int) -> list[dict
         ctx_per_slot=512 + steps,
         max_batch_tokens=256,
         gpu_layers=gpu_layers,
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in (overrides or {}).items()},
     )
     engine, _ = load_engine(config)
     try:
@@ -71,14 +75,22 @@ def generate(model: str, n_slots: int, steps: int, gpu_layers: int) -> list[dict
     ]
 
 
-def run(model: str, n_slots: int, steps: int, gpu_layers: int, env: dict[str, str]) -> list[dict]:
+def run(
+    model: str,
+    n_slots: int,
+    steps: int,
+    gpu_layers: int,
+    env: dict[str, str],
+    overrides: dict | None = None,
+) -> list[dict]:
     """generate() in a process of its own with these switches set (and no other)."""
     child_env = {k: v for k, v in os.environ.items() if k not in SWITCHES} | env
     code = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); from tests.gpu.fast_path import "
-        "generate; print(json.dumps(generate(sys.argv[2], *map(int, sys.argv[3:]))))"
+        "generate; print(json.dumps(generate(sys.argv[2], *map(int, sys.argv[3:6]), "
+        "json.loads(sys.argv[6]))))"
     )
-    args = [str(ROOT), model, str(n_slots), str(steps), str(gpu_layers)]
+    args = [str(ROOT), model, str(n_slots), str(steps), str(gpu_layers), json.dumps(overrides)]
     proc = subprocess.run(
         [sys.executable, "-c", code, *args],
         cwd=ROOT,

@@ -105,3 +105,17 @@ def test_greedy_outputs_of_eight_slots_through_the_engine_keep_their_bits_unfuse
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 2 and "[16, 16, 16, 16, 16, 16, 16, 16] tokens each" in lines[0]
     assert "vs unfused" in lines[0] and "identical True" in lines[0] and lines[0].endswith("OK")
+
+
+def test_the_two_gpu_check_needs_two_gpus():
+    """tests/gpu/two_gpus.py (fast_path.py's runs with --gpus 0 against --gpus 0,1) says so
+    and exits 2 where fewer than two GPUs are seen, as on this CPU build."""
+    proc = subprocess.run(
+        [sys.executable, "tests/gpu/two_gpus.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == "two_gpus.py: 0 GPU(s) here, two needed"
