@@ -130,6 +130,7 @@ def start_engine(model: str | None, flags: EngineFlags):
                 raise
     except (RunnerError, device_budget.BudgetError) as e:
         raise click.ClickException(str(e)) from None
+    click.echo(f"pyqsa: layers on {_placement(flags, gpus, llama_model.n_layer)}", err=True)
     _say_started(engine, flags, budget, plan, on_device)
     return engine, llama_model, name
 
@@ -234,6 +235,24 @@ def _engine_config(path: str, flags: EngineFlags, gpus: tuple[int, ...] | None, 
         for field, flag in _FLAG_OF_FIELD.items():
             message = message.replace(field, flag)
         raise click.UsageError(message) from None
+
+
+def _placement(flags: EngineFlags, gpus: tuple[int, ...] | None, n_layer: int) -> str:
+    """Where the layers are: 'the CPU', 'GPU 0 (NVIDIA H200)', or several GPUs and how they
+    split the layers; with --gpu-layers below the model's, how many are on the GPUs."""
+    from pyqsa.engine.paging import device_free, gpu_devices
+
+    if device_free(flags.gpu_layers, gpus) is None:
+        return "the CPU"
+    here = gpu_devices()
+    held = gpus if gpus is not None else tuple(range(len(here)))
+    where = " and ".join(f"GPU {i} ({here[i].description or here[i].name})" for i in held)
+    if len(held) > 1:
+        shares = flags.tensor_split
+        where += ", split " + (":".join(f"{v:g}" for v in shares) if shares else "by free memory")
+    if flags.gpu_layers is not None and flags.gpu_layers < n_layer:
+        return f"{where}: {flags.gpu_layers} of {n_layer}, the rest on the CPU"
+    return where
 
 
 def _say_started(engine, flags: EngineFlags, budget, plan, on_device: bool) -> None:

@@ -189,6 +189,7 @@ class LlamaModel:
         self.vocab = L.llama_model_get_vocab(self.ptr)
         self.n_vocab: int = L.llama_vocab_n_tokens(self.vocab)
         self.eos: int = L.llama_vocab_eos(self.vocab)
+        self.n_layer: int = L.llama_model_n_layer(self.ptr)
         self._pieces: dict[int, bytes] = {}
         # NOTE: HF's Qwen tokenizers NFC-normalise and llama.cpp's BPE cannot; the converter
         # records it so text is normalised here, as HF would, before llama_tokenize.
@@ -275,9 +276,8 @@ class LlamaRunner:
         self.max_tokens = config.context_config().n_batch  # the larger of the two step budgets
         # NOTE: with every layer on a GPU llama_decode returns once the pass is queued (the
         # results are waited for when read); on the CPU the call itself computes the pass
-        n_layer = L.llama_model_n_layer(model.ptr)
         self.passes_async = bool(L.llama_supports_gpu_offload()) and (
-            config.gpu_layers is None or config.gpu_layers > n_layer
+            config.gpu_layers is None or config.gpu_layers > model.n_layer
         )
         self.batch = L.llama_batch_init(self.max_tokens, 0, 1)
         self._install_abort()

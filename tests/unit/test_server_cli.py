@@ -1,6 +1,7 @@
 """`pyqsa serve --api-key-file`: the key comes from a file, and wrong use stops before loading.
 Engine flags with bad values are one-line usage errors; `--device N` names a GPU."""
 
+import dataclasses
 import itertools
 
 import pytest
@@ -133,6 +134,20 @@ def test_gpu_memory_refusals_on_a_fake_device(monkeypatch, tmp_path):
     ]
 
 
+def _flags(**kw):
+    """serve's engine flags at their defaults for a small engine, with `kw` over them."""
+    from pyqsa.server.startup import EngineFlags
+
+    small = dict(
+        slots=1, ctx=64, batch_tokens=8, prefill_batch_tokens=None, prefill_policy="fair",
+        max_waiting=1, threads=1, kv_type="f16", gpu_layers=None, device=None, gpus=None,
+        tensor_split=None, kv_offload="none", hot_blocks=None, kv_host_type=None,
+        kv_hot_type=None, gpu_memory=None, sampling="host", prefix_cache_gib=0.0,
+        prefix_cache_stride=16384,
+    )  # fmt: skip
+    return EngineFlags(**(small | kw))
+
+
 def _gpu(name: str, type: str = "GPU") -> native.DeviceInfo:
     return native.DeviceInfo(name, f"NVIDIA {name}", type, 2**30, 2**31)
 
@@ -247,7 +262,7 @@ def test_the_hot_cache_grows_into_the_budget_on_a_fake_device(monkeypatch, capsy
     leaves of --gpu-memory, up to a slot's whole context. A fake GPU: 8 GiB free, and a ledger
     that puts 4 GiB of compute and 1 MiB a hot block on the device (the CPU build's own ledger
     holds no device bytes)."""
-    from pyqsa.server.startup import EngineFlags, start_engine
+    from pyqsa.server.startup import start_engine
 
     import pyqsa.engine.paging
 
@@ -260,14 +275,8 @@ def test_the_hot_cache_grows_into_the_budget_on_a_fake_device(monkeypatch, capsy
         return real_ledger(ctx) | {"device.compute": 4 * 2**30, "device.hot": hot * 2**20}
 
     monkeypatch.setattr(native, "ledger", ledger)
-    flags = EngineFlags(
-        slots=2, ctx=512, batch_tokens=64, prefill_batch_tokens=None, prefill_policy="fair",
-        max_waiting=4, threads=1, kv_type="f16", gpu_layers=None, device=None, gpus=None,
-        tensor_split=None, kv_offload="host", hot_blocks=None, kv_host_type=None,
-        kv_hot_type=None, gpu_memory=6.0, sampling="host", prefix_cache_gib=0.0,
-        prefix_cache_stride=16384,
-    )  # fmt: skip
-    engine, _, _ = start_engine(None, flags)
+    flags = _flags(slots=2, ctx=512, batch_tokens=64, max_waiting=4, kv_offload="host")
+    engine, _, _ = start_engine(None, dataclasses.replace(flags, gpu_memory=6.0))
     try:
         # 6 GiB less the 1 GiB reserve leaves ~1 GiB of room at 8 blocks: far more than the 128
         # blocks of a 512-token slot (the demo model's blocks hold 4 tokens)
@@ -288,3 +297,31 @@ def test_a_bad_cuda_stack_size_is_a_one_line_error():
         assert r.exit_code == 1 and r.exception is not None, r.output
         assert f"PYQSA_CUDA_STACK_BYTES must be a whole number of bytes, got {value!r}" in r.output
         assert "Traceback" not in r.output
+
+
+def test_the_start_line_says_where_the_layers_are(monkeypatch):
+    """'pyqsa: layers on ...': the CPU on a CPU build; on a (faked) GPU build the GPUs that
+    hold them by index and name, how several split them, and how many a --gpu-layers below the
+    model's puts there."""
+    from pyqsa.server.startup import _placement
+
+    import pyqsa.engine.paging
+
+    assert _placement(_flags(), None, 48) == "the CPU"
+    monkeypatch.setattr(pyqsa.engine.paging, "device_free", lambda layers, gpus=None: 2**30)
+    monkeypatch.setattr(pyqsa.engine.paging, "gpu_devices", lambda: [_gpu("A"), _gpu("B")])
+    cases = (
+        ({}, None, "GPU 0 (NVIDIA A) and GPU 1 (NVIDIA B), split by free memory"),
+        ({"tensor_split": (3.0, 1.0)}, (1, 0), "GPU 1 (NVIDIA B) and GPU 0 (NVIDIA A), split 3:1"),
+        ({"gpu_layers": 10}, (1,), "GPU 1 (NVIDIA B): 10 of 48, the rest on the CPU"),
+    )
+    for kw, gpus, said in cases:
+        assert _placement(_flags(**kw), gpus, 48) == said
+
+
+def test_serve_on_the_cpu_says_so(capsys):
+    from pyqsa.server.startup import start_engine
+
+    engine, _, _ = start_engine(None, _flags())
+    engine.stop()
+    assert "pyqsa: layers on the CPU\n" in capsys.readouterr().err
