@@ -1,7 +1,6 @@
 """`pyqsa serve --api-key-file`: the key comes from a file, and wrong use stops before loading.
 Engine flags with bad values are one-line usage errors; `--device N` names a GPU."""
 
-import dataclasses
 import itertools
 
 import pytest
@@ -275,8 +274,10 @@ def test_the_hot_cache_grows_into_the_budget_on_a_fake_device(monkeypatch, capsy
         return real_ledger(ctx) | {"device.compute": 4 * 2**30, "device.hot": hot * 2**20}
 
     monkeypatch.setattr(native, "ledger", ledger)
-    flags = _flags(slots=2, ctx=512, batch_tokens=64, max_waiting=4, kv_offload="host")
-    engine, _, _ = start_engine(None, dataclasses.replace(flags, gpu_memory=6.0))
+    flags = _flags(
+        slots=2, ctx=512, batch_tokens=64, max_waiting=4, kv_offload="host", gpu_memory=6.0
+    )
+    engine, _, _ = start_engine(None, flags)
     try:
         # 6 GiB less the 1 GiB reserve leaves ~1 GiB of room at 8 blocks: far more than the 128
         # blocks of a 512-token slot (the demo model's blocks hold 4 tokens)
