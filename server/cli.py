@@ -46,28 +46,29 @@ def _template(llama_model, override: str | None):
     return ChatTemplate(source, eos_token=llama_model.token_bytes(llama_model.eos).decode())
 
 
+def _comma_list(value: str, convert, what: str, example: str) -> tuple:
+    """A flag's comma-separated values, each converted; one that does not convert is a usage
+    error naming what they should be."""
+    try:
+        return tuple(convert(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: {what} separated by commas, e.g. {example}") from None
+
+
 def _gpu_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
     """--gpus 0,1: GPU indices, parsed before anything loads (startup checks they are here)."""
-    if value is None:
-        return None
-    try:
-        gpus = tuple(int(v) for v in value.split(","))
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: GPU indices separated by commas, e.g. 0,1") from None
-    if min(gpus) < 0:
+    gpus = None if value is None else _comma_list(value, int, "GPU indices", "0,1")
+    if gpus is not None and min(gpus) < 0:
         raise click.BadParameter(f"{value!r}: GPU indices are 0 or more")
     return gpus
 
 
 def _shares(ctx, param, value: str | None) -> tuple[float, ...] | None:
     """--tensor-split 3,1: shares >= 0, not all 0."""
-    if value is None:
-        return None
-    try:
-        shares = tuple(float(v) for v in value.split(","))
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: numbers separated by commas, e.g. 3,1") from None
-    if not all(math.isfinite(v) and v >= 0 for v in shares) or sum(shares) <= 0:
+    shares = None if value is None else _comma_list(value, float, "numbers", "3,1")
+    if shares is not None and (
+        not all(math.isfinite(v) and v >= 0 for v in shares) or sum(shares) <= 0
+    ):
         raise click.BadParameter(f"{value!r}: shares are 0 or more, not all 0")
     return shares
 

@@ -122,6 +122,14 @@ def compare(base: list[dict], other: list[dict]) -> dict:
     }
 
 
+def described(res: dict) -> str:
+    """compare()'s result in words."""
+    return (
+        f"identical {res['identical']}, tokens equal {res['token_share']:.1%}, first differing "
+        f"step per request {res['first_differing']}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?")
@@ -141,11 +149,10 @@ def main(argv: list[str] | None = None) -> int:
             res = compare(base, run(a.model, n_slots, a.steps, a.gpu_layers, env))
             ok = res["identical"] or not gated
             status |= not ok
+            switches = " ".join(f"{k}={v}" for k, v in env.items())
             print(
-                f"{n_slots} slot(s), {steps} tokens each, fast path vs {label} "
-                f"({' '.join(f'{k}={v}' for k, v in env.items())}): identical {res['identical']}, "
-                f"tokens equal {res['token_share']:.1%}, first differing step per request "
-                f"{res['first_differing']}{'' if gated else ' (reported, not gated)'}: "
+                f"{n_slots} slot(s), {steps} tokens each, fast path vs {label} ({switches}): "
+                f"{described(res)}{'' if gated else ' (reported, not gated)'}: "
                 f"{'OK' if ok else 'FAIL'}",
                 flush=True,
             )

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.gpu.fast_path import compare, run  # noqa: E402
+from tests.gpu.fast_path import compare, described, run  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,13 +46,8 @@ def main(argv: list[str] | None = None) -> int:
             res = compare(one, two)
             status |= not res["identical"]
             kv = f"paged, {hot_blocks} hot blocks" if hot_blocks else "unpaged"
-            print(
-                f"{n_slots} slot(s), {kv}: "
-                f"two GPUs vs one identical {res['identical']}, tokens equal "
-                f"{res['token_share']:.1%}, first differing step per request "
-                f"{res['first_differing']}: {'OK' if res['identical'] else 'FAIL'}",
-                flush=True,
-            )
+            ok = "OK" if res["identical"] else "FAIL"
+            print(f"{n_slots} slot(s), {kv}: two GPUs vs one: {described(res)}: {ok}", flush=True)
     return status
 
 
