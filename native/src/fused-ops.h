@@ -4,6 +4,8 @@
 // compare the ways.
 #pragma once
 
+#include <cstdint>
+
 // The hyper-connection combine (scatter weights 2 * sigmoid(inject / hc), each stream plus the
 // block's output scaled by its weight) as pyqsa_ggml_hc_combine, one op where upstream's graph
 // has four, and the mix's gate silu(lo / hc) as pyqsa_ggml_silu_scaled, one op for two; off with
@@ -19,3 +21,15 @@ bool pyqsa_hc_fused();
 // sigmoid), and the shared expert's sigmoid-gated join with the routed experts as
 // pyqsa_ggml_add_gated (one op for sigmoid, mul and add); off with PYQSA_GATES_UNFUSED.
 bool pyqsa_gates_fused();
+
+class llama_memory_recurrent_context;
+
+// Whether a ubatch of n_seqs sequences finds each one's recurrent state in the cell it writes
+// (llama.cpp's s_copy the identity over the ubatch's cells, no cell to zero, no state to carry):
+// then a decode step reads its convolution and delta-rule states in place, not through
+// build_rs's gathered copies (two launches fewer a linear-attention layer, and at 8 sequences
+// 32 MiB a layer less to move), safe because each kernel reads a state element before it
+// writes it and no other kernel touches it (conv_step a thread a channel and sequence, the
+// delta rule a warp a column). Never with rollback slots (n_rs_seq > 0). Off with
+// PYQSA_GATES_UNFUSED.
+bool pyqsa_rs_in_place(const llama_memory_recurrent_context * mctx, uint32_t n_seqs, uint32_t n_rs_seq);

@@ -354,9 +354,10 @@ def test_decode_under_a_library_switch_is_a_variant_of_its_own(
 @pytest.mark.parametrize("n_seqs", [1, 8])
 def test_graph_ops_counts_what_the_fused_ops_take_out_of_a_step(small_gguf, monkeypatch, n_seqs):
     """bench/graph_ops.py on the small model (8 layers: 6 linear-attention ones, a shared
-    expert in each): with PYQSA_GATES_UNFUSED=1 a decode step computes 12 nodes more a
-    linear-attention layer (gates 3, q/k norms 2, the convolution 4, the gated norm 3) and 2 more
-    a shared expert, as on the 48-layer layout (528 = 12 x 36 + 2 x 48)."""
+    expert in each): with PYQSA_GATES_UNFUSED=1 a decode step computes 14 nodes more a
+    linear-attention layer (gates 3, q/k norms 2, the convolution 4, the gated norm 3, and the
+    gathers of its two states, which the fused step reads in place) and 2 more a shared expert,
+    as on the 48-layer layout (600 = 14 x 36 + 2 x 48)."""
 
     def computing(unfused: bool) -> dict[str, int]:
         if unfused:
@@ -369,7 +370,8 @@ def test_graph_ops_counts_what_the_fused_ops_take_out_of_a_step(small_gguf, monk
         return {op: n for op, n in counts.items() if op not in ("RESHAPE", "VIEW", "TRANSPOSE")}
 
     fused, unfused = computing(False), computing(True)
-    assert sum(unfused.values()) - sum(fused.values()) == 12 * 6 + 2 * 8
+    assert sum(unfused.values()) - sum(fused.values()) == 14 * 6 + 2 * 8
+    assert unfused["GET_ROWS"] - fused["GET_ROWS"] == 2 * 6
     assert fused["PYQSA"] - unfused["PYQSA"] == 3 * 6 + 8  # gdn_gates, conv_step, norm; add_gated
     assert "CONCAT" not in fused and unfused["SSM_CONV"] == 6 and unfused["SOFTPLUS"] == 6
 
