@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "ACCEL"}
+GPU_TYPES = ("GPU", "iGPU")  # the DEVICE_TYPES that hold layers (--gpus, --device)
 
 
 class NativeError(RuntimeError):

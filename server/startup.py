@@ -130,7 +130,8 @@ def start_engine(model: str | None, flags: EngineFlags):
                 raise
     except (RunnerError, device_budget.BudgetError) as e:
         raise click.ClickException(str(e)) from None
-    click.echo(f"pyqsa: layers on {_placement(flags, gpus, llama_model.n_layer)}", err=True)
+    where = _placement(flags, gpus, llama_model.n_layer) if gpu else "the CPU"
+    click.echo(f"pyqsa: layers on {where}", err=True)
     _say_started(engine, flags, budget, plan, on_device)
     return engine, llama_model, name
 
@@ -238,12 +239,11 @@ def _engine_config(path: str, flags: EngineFlags, gpus: tuple[int, ...] | None, 
 
 
 def _placement(flags: EngineFlags, gpus: tuple[int, ...] | None, n_layer: int) -> str:
-    """Where the layers are: 'the CPU', 'GPU 0 (NVIDIA H200)', or several GPUs and how they
-    split the layers; with --gpu-layers below the model's, how many are on the GPUs."""
-    from pyqsa.engine.paging import device_free, gpu_devices
+    """Where the layers are on a GPU build with layers on a GPU: 'GPU 0 (NVIDIA H200)', or
+    several GPUs and how they split the layers; with --gpu-layers below the model's, how many
+    are on the GPUs."""
+    from pyqsa.engine.paging import gpu_devices
 
-    if device_free(flags.gpu_layers, gpus) is None:
-        return "the CPU"
     here = gpu_devices()
     held = gpus if gpus is not None else tuple(range(len(here)))
     where = " and ".join(f"GPU {i} ({here[i].description or here[i].name})" for i in held)

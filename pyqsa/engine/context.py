@@ -96,11 +96,8 @@ def gpu_handles() -> list[int]:
     ggml.ggml_backend_dev_type.restype = ctypes.c_int
     ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
     handles = (ggml.ggml_backend_dev_get(i) for i in range(ggml.ggml_backend_dev_count()))
-    return [h for h in handles if ggml.ggml_backend_dev_type(h) in GPU_DEVICE_TYPES]
-
-
-# ggml_backend_dev_type: GPU and IGPU (native.DEVICE_TYPES' "GPU" and "iGPU")
-GPU_DEVICE_TYPES = (1, 2)
+    type_of = ggml.ggml_backend_dev_type
+    return [h for h in handles if native.DEVICE_TYPES.get(type_of(h)) in native.GPU_TYPES]
 
 
 def set_gpus(

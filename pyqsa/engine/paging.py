@@ -93,7 +93,7 @@ def gpu_devices() -> list:
     name indices into this list."""
     from pyqsa import native
 
-    return [d for d in native.devices() if d.type in ("GPU", "iGPU")]
+    return [d for d in native.devices() if d.type in native.GPU_TYPES]
 
 
 def device_free(gpu_layers: int | None, gpus: tuple[int, ...] | None = None) -> int | None:

@@ -301,15 +301,13 @@ def test_a_bad_cuda_stack_size_is_a_one_line_error():
 
 
 def test_the_start_line_says_where_the_layers_are(monkeypatch):
-    """'pyqsa: layers on ...': the CPU on a CPU build; on a (faked) GPU build the GPUs that
-    hold them by index and name, how several split them, and how many a --gpu-layers below the
-    model's puts there."""
+    """'pyqsa: layers on ...' on a (faked) GPU build: the GPUs that hold them by index and
+    name, how several split them, and how many a --gpu-layers below the model's puts there
+    (the CPU build's line: test_serve_on_the_cpu_says_so)."""
     from pyqsa.server.startup import _placement
 
     import pyqsa.engine.paging
 
-    assert _placement(_flags(), None, 48) == "the CPU"
-    monkeypatch.setattr(pyqsa.engine.paging, "device_free", lambda layers, gpus=None: 2**30)
     monkeypatch.setattr(pyqsa.engine.paging, "gpu_devices", lambda: [_gpu("A"), _gpu("B")])
     cases = (
         ({}, None, "GPU 0 (NVIDIA A) and GPU 1 (NVIDIA B), split by free memory"),
