@@ -313,11 +313,15 @@ def locality_rows(docs: list[Doc]) -> list[Row]:
     return out
 
 
-def _table(rows: list[Row]) -> list[str]:
+def _table(rows: list[Row], header_gpus: list[str]) -> list[str]:
+    """The rows as a markdown table; a row measured on a GPU the block's first line does not
+    name says which (figures of different GPUs are not comparable)."""
     lines = ["| kind | figure | commit, date | result file |", "| --- | --- | --- | --- |"]
     for kind, text, doc in rows:
         name = doc.path.name
-        lines.append(f"| {kind} | {text} | {doc.cite()} | [{name}](bench/results/{name}) |")
+        other = [g for g in results.gpus([doc]) if g not in header_gpus]
+        where = f" (on {', '.join(other)})" if other else ""
+        lines.append(f"| {kind} | {text}{where} | {doc.cite()} | [{name}](bench/results/{name}) |")
     return lines
 
 
@@ -326,15 +330,15 @@ def block(docs: list[Doc], locality: list[Doc] = ()) -> str:
     documents, a table of their own)."""
     rows: list[Row] = [*capacity_rows(docs), *speed_rows(docs), *long_rows(docs)]
     more = locality_rows(list(locality))
-    used = sorted({doc.path.name for _, _, doc in rows + more})
-    gpus = results.gpus([d for d in docs if d.path.name in used]) or ["an unnamed GPU"]
+    gpus = results.gpus([doc for _, _, doc in rows])
+    measured_on = ", ".join(gpus) or "an unnamed GPU"
     lines = [
         BEGIN,
-        f"Measured on {', '.join(gpus)} with the full-shape synthetic model (random weights:",
+        f"Measured on {measured_on} with the full-shape synthetic model (random weights:",
         "[bench/README.md](bench/README.md#the-model)). Capacity, speed and long-context figures",
         "are separate measurements; none is summed with another.",
         "",
-        *_table(rows),
+        *_table(rows, gpus),
         "",
     ]
     if more:
@@ -343,7 +347,7 @@ def block(docs: list[Doc], locality: list[Doc] = ()) -> str:
             "stable blocks, as trained models do, so a hot cache keeps what the next step",
             "selects; random weights are a hot cache's worst case):",
             "",
-            *_table(more),
+            *_table(more, gpus),
             "",
         ]
     for name in EMBEDDED:

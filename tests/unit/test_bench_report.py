@@ -120,13 +120,14 @@ def test_the_locality_model_has_a_table_of_its_own():
         "long context",
         "prefix",
     ]
-    # the newest record of each scenario (file names lead with the date)
-    newest = lambda kind: max((d for d in local if d.kind == kind), key=lambda d: Path(d.path).name)  # noqa: E731
+    # the newest record of each scenario (by the time its runs ended: two of one date are
+    # ordered by it, not by their commits' names)
+    newest = lambda kind: max((d for d in local if d.kind == kind), key=lambda d: d.order)  # noqa: E731
     # the newest record of the mission in which both servers ran (a paged-only one has no ratio)
     both = [
         d for d in local if d.kind == "mission-locality" and "decode_window" in d.data["unpaged"]
     ]
-    mission = max(both, key=lambda d: Path(d.path).name).data
+    mission = max(both, key=lambda d: d.order).data
     paged = mission["decode_window"]["tokens_per_s"]
     unpaged = mission["unpaged"]["decode_window"]["tokens_per_s"]
     assert f"{paged} tok/s against the unpaged server's {unpaged}, {paged / unpaged:.3f}x" in block
@@ -137,7 +138,7 @@ def test_the_locality_model_has_a_table_of_its_own():
             for d in local
             if any(r.get("pyqsa") and r.get("upstream") for r in d.data.get("decode", []))
         ),
-        key=lambda d: Path(d.path).name,
+        key=lambda d: d.order,
     ).data
     first = min(
         (r for r in vs["decode"] if r.get("upstream")), key=lambda r: (r["context"], r["n_seq"])
@@ -151,3 +152,18 @@ def test_the_locality_model_has_a_table_of_its_own():
     runs = len(agents.get("runs", []))
     how = f"median of {runs} runs'" if runs else "one run, median of 20 follow-ups"
     assert f"after {agents['follow_up_ttft_s']:.2f} s ({how}" in block
+
+
+def test_a_row_measured_on_another_gpu_says_which():
+    docs, local = results.load(RESULTS), results.load(RESULTS, "locality")
+    block = report.block(docs, local)
+    header = results.gpus([d for d in docs if d.path.name in block])
+    assert block.splitlines()[1].startswith(f"Measured on {', '.join(header)} with")
+    for d in local:
+        if d.path.name not in block:
+            continue
+        row = next(line for line in block.splitlines() if f"[{d.path.name}]" in line)
+        other = [g for g in results.gpus([d]) if g not in header]
+        assert (f"(on {', '.join(other)})" in row) == bool(other), row
+    # a row of the header's GPU names none
+    assert not any("(on " in line for line in block.split("With the locality")[0].splitlines())
