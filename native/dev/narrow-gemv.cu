@@ -16,6 +16,10 @@
 //      sums to a workspace; the CTA that finishes a row block last (a counter per block, which
 //      it resets) adds the S partials in slice order. One launch, and the same bits every run:
 //      each partial is summed in a fixed order and so are the partials.
+//   C  split K over a thread-block cluster (Hopper): the S CTAs of a cluster take the S slices of
+//      one row block, and the first adds the others' partial sums in rank order from their
+//      shared memory (distributed shared memory): one launch, no workspace, no counters, the same
+//      bits every run; S a power of two up to 8 (the portable cluster size).
 // Each shape runs in a CUDA graph of 96 launches over 96 copies of the weights (a step's count
 // of hyper-connection mixes; the copies keep the reads out of L2), checked first against a
 // double-precision reference (and S against itself: the same bits twice).
@@ -23,6 +27,7 @@
 //   nvcc -std=c++17 -O3 -arch=sm_90a native/dev/narrow-gemv.cu -o /tmp/narrow-gemv && /tmp/narrow-gemv
 #include "cuda-check.cuh"
 
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -186,6 +191,37 @@ __global__ void __launch_bounds__(WARPS * 32)
     }
 }
 
+// C: grid (row blocks, S) in clusters of (1, S), a warp one row over slice `rank` of K
+template <int S>
+__global__ void __cluster_dims__(1, S, 1) __launch_bounds__(WARPS * 32)
+    c_gemv(const __half * w, const float * x, float * y, int N, int K) {
+    namespace cg                 = cooperative_groups;
+    const cg::cluster_group clu  = cg::this_cluster();
+    const int               rank = (int) clu.block_rank();
+    const int               n_chunks = K / CHUNK;
+    const int               per      = (n_chunks + S - 1) / S;
+    const int               c0       = rank * per;
+    const int               row      = blockIdx.x * WARPS + threadIdx.x / 32;
+    __shared__ float        part[WARPS];
+    const size_t            row_off[1] = { (size_t) min(row, N - 1) * K };
+    float                   acc[1]     = {};
+    row_dots<1>(w, row_off, x, c0, min(c0 + per, n_chunks), acc);
+    acc[0] = warp_sum(acc[0]);
+    if (threadIdx.x % 32 == 0) {
+        part[threadIdx.x / 32] = acc[0];
+    }
+    clu.sync();
+    if (rank == 0 && threadIdx.x < WARPS && blockIdx.x * WARPS + threadIdx.x < N) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < S; ++j) {
+            sum += *clu.map_shared_rank(&part[threadIdx.x], j);
+        }
+        y[blockIdx.x * WARPS + threadIdx.x] = sum;
+    }
+    clu.sync();  // the other CTAs' shared memory stays until the first has read it
+}
+
 // the library's choice of rows a warp: the most that still gives every SM two CTAs
 int rows_per_warp(int N, int n_sm) {
     for (int r : { 4, 2 }) {
@@ -205,7 +241,7 @@ int slices(int N, int K, int R, int n_sm) {
 }
 
 struct launch_plan {
-    char     variant;  // 'A', 'U', 'S'
+    char     variant;  // 'A', 'U', 'S', 'C'
     int      R, S;
     float *  partial;
     unsigned * count;
@@ -215,6 +251,15 @@ void run(const launch_plan & p, const __half * w, const float * x, float * y, in
     const int blocks = (N + WARPS * p.R - 1) / (WARPS * p.R);
     if (p.variant == 'U') {
         u_gemv<<<N, 256, 0, st>>>(w, x, y, N, K);
+        return;
+    }
+    if (p.variant == 'C') {
+        const dim3 grid((N + WARPS - 1) / WARPS, p.S);
+        switch (p.S) {
+            case 2: c_gemv<2><<<grid, WARPS * 32, 0, st>>>(w, x, y, N, K); break;
+            case 4: c_gemv<4><<<grid, WARPS * 32, 0, st>>>(w, x, y, N, K); break;
+            default: c_gemv<8><<<grid, WARPS * 32, 0, st>>>(w, x, y, N, K); break;
+        }
         return;
     }
     const dim3 grid(blocks, p.variant == 'S' ? p.S : 1);
@@ -311,11 +356,15 @@ bool study(const shape & sh, int n_sm, cudaStream_t st) {
     CHECK_CUDA(cudaMalloc(&partial, (size_t) COPIES * S * N * sizeof(float)));
     CHECK_CUDA(cudaMalloc(&count, (size_t) COPIES * blocks_s * sizeof(unsigned)));
     CHECK_CUDA(cudaMemset(count, 0, (size_t) COPIES * blocks_s * sizeof(unsigned)));
-    const launch_plan plans[3] = { { 'A', R_lib, 1, nullptr, nullptr }, { 'U', 1, 1, nullptr, nullptr },
-                                   { 'S', R_s, S, partial, count } };
+    int S_c = 2;  // C's slices: the power of two at or above S, at most 8
+    while (S_c < S && S_c < 8) {
+        S_c *= 2;
+    }
+    const launch_plan plans[4] = { { 'A', R_lib, 1, nullptr, nullptr }, { 'U', 1, 1, nullptr, nullptr },
+                                   { 'S', R_s, S, partial, count }, { 'C', 1, S_c, nullptr, nullptr } };
     const double bytes = (double) N * K * sizeof(__half);
-    std::printf("%s: %.2f MB of weights, A with %d row(s) a warp, S with %d slice(s) of K\n", sh.name, bytes / 1e6, R_lib,
-                S);
+    std::printf("%s: %.2f MB of weights, A with %d row(s) a warp, S with %d slice(s) of K, C with %d\n", sh.name,
+                bytes / 1e6, R_lib, S, S_c);
     bool ok = true;
     std::vector<float> first;
     for (const launch_plan & p : plans) {
@@ -340,8 +389,8 @@ bool study(const shape & sh, int n_sm, cudaStream_t st) {
         }
     }
     if (ok) {
-        float us[3];
-        for (int i = 0; i < 3; ++i) {
+        float us[4];
+        for (int i = 0; i < 4; ++i) {
             us[i] = median_us(
                 [&] {
                     for (int c = 0; c < COPIES; ++c) {
@@ -353,8 +402,10 @@ bool study(const shape & sh, int n_sm, cudaStream_t st) {
                 },
                 st);
         }
-        std::printf("  us a launch (graph of %d, median of 20): A %.2f (%.0f GB/s), U %.2f (%.0f GB/s), S %.2f (%.0f GB/s)\n",
-                    COPIES, us[0], bytes / us[0] / 1e3, us[1], bytes / us[1] / 1e3, us[2], bytes / us[2] / 1e3);
+        std::printf("  us a launch (graph of %d, median of 20):", COPIES);
+        for (int i = 0; i < 4; ++i) {
+            std::printf(" %c %.2f (%.0f GB/s)%s", plans[i].variant, us[i], bytes / us[i] / 1e3, i < 3 ? "," : "\n");
+        }
     }
     for (auto p : w) {
         CHECK_CUDA(cudaFree(p));
