@@ -262,14 +262,14 @@ void run(const launch_plan & p, const __half * w, const float * x, float * y, in
         }
         return;
     }
-    const dim3 grid(blocks, p.variant == 'S' ? p.S : 1);
-    switch (p.variant == 'S' ? p.R + 10 : p.R) {
-        case 1: a_gemv<1><<<grid, WARPS * 32, 0, st>>>(w, x, y, N, K); break;
-        case 2: a_gemv<2><<<grid, WARPS * 32, 0, st>>>(w, x, y, N, K); break;
-        case 4: a_gemv<4><<<grid, WARPS * 32, 0, st>>>(w, x, y, N, K); break;
-        case 11: s_gemv<1><<<grid, WARPS * 32, 0, st>>>(w, x, y, N, K, p.partial, p.count); break;
-        case 12: s_gemv<2><<<grid, WARPS * 32, 0, st>>>(w, x, y, N, K, p.partial, p.count); break;
-        default: s_gemv<4><<<grid, WARPS * 32, 0, st>>>(w, x, y, N, K, p.partial, p.count); break;
+    if (p.variant == 'S') {  // a warp a row: the slices, not more rows, fill the card
+        s_gemv<1><<<dim3(blocks, p.S), WARPS * 32, 0, st>>>(w, x, y, N, K, p.partial, p.count);
+        return;
+    }
+    switch (p.R) {
+        case 1: a_gemv<1><<<blocks, WARPS * 32, 0, st>>>(w, x, y, N, K); break;
+        case 2: a_gemv<2><<<blocks, WARPS * 32, 0, st>>>(w, x, y, N, K); break;
+        default: a_gemv<4><<<blocks, WARPS * 32, 0, st>>>(w, x, y, N, K); break;
     }
 }
 

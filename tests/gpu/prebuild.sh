@@ -11,8 +11,9 @@
 # .build/cmake-*, .build/llama.cpp and .build/py are not touched. Rebuilds are incremental.
 # First run: 29 min at -j2 on the 2-core development machine (the CUDA objects; 50-60 with a test
 # run or the CPU variant's pip build beside it); after a change to native/ minutes (the changed
-# objects, the links); downloads the cuBLAS wheel once (423 MB). The archive: 15.7 MB (libggml-cuda 160 MB unpacked). Then upstream's
-# library for the comparisons, once per pin (.gpu-carry/upstream-cuda.tar.xz).
+# objects, the links); downloads the cuBLAS wheel once (423 MB). The archive: 15.7 MB (libggml-cuda
+# 160 MB unpacked). Then upstream's library for the comparisons, once per pin
+# (.gpu-carry/upstream-cuda.tar.xz).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu/prebuilt.sh
