@@ -65,6 +65,7 @@ def start_engine(model: str | None, flags: EngineFlags):
     from pyqsa.engine import device_budget, load_engine, paging
     from pyqsa.engine.runner import RunnerError
 
+    device_budget.load_kernels_at_start()
     paged_type = _paged_kv_type(flags)
     gpus = _held_gpus(flags)
     free_at_start, budget = _device_budget(flags, gpus)
@@ -266,8 +267,8 @@ def _say_started(engine, flags: EngineFlags, budget, plan, on_device: bool) -> N
         click.echo(
             f"pyqsa: device budget {_size(budget.limit)} "
             f"({'--gpu-memory' if flags.gpu_memory is not None else 'free at start'}): the "
-            f"ledger holds {_size(held)}, the CUDA runtime's reserve "
-            f"{_size(device_budget.RUNTIME_RESERVE)}",
+            f"ledger holds {_size(held)}, the CUDA runtime's reserve {_size(budget.reserve)} "
+            f"(CUDA_MODULE_LOADING={device_budget.kernel_loading()})",
             err=True,
         )
     if stats.paging is not None:

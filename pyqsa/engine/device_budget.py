@@ -11,18 +11,44 @@ The ledger (pyqsa.h's pyqsa_ledger) counts pyqsa's and llama.cpp's buffers, ggml
 memory pool (kernels' temporaries, which grow with the passes that need them, from 0 at the
 check) and what the CUDA thread stacks grew past their first figure (raised before the load).
 What it cannot see (the CUDA context, loaded kernels, cuBLAS workspaces, graph instances) is
-RUNTIME_RESERVE: nvidia-smi's figure minus the ledger's was 0.78 GiB for a paged server of
-8 x 262144 on the H200, before the ledger counted the pool.
+the runtime's reserve, which depends on when CUDA loads the kernels (runtime_reserve).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 from .paging import gib
 
-RUNTIME_RESERVE = 1 << 30
+# nvidia-smi's figure minus the ledger's, a paged server of 8 x 262144 on an H100 (b60c8ee):
+# 0.65 GiB with each kernel loaded when it first runs (CUDA's lazy loading, its default), 1.31 GiB
+# with every kernel loaded when CUDA starts
+LAZY_RESERVE = 1 << 30
+EAGER_RESERVE = 3 << 29
+
+
+def load_kernels_at_start() -> None:
+    """Have CUDA load every kernel when it starts in this process (CUDA_MODULE_LOADING=EAGER),
+    unless the environment names a mode; before the first CUDA call. Loaded as they first run,
+    the kernels of a load's first passes that mix decode tokens with prompt chunks took 64 MiB
+    more mid-run, past the figure the budget checked at start, which no warm-up pass removed
+    (native/PAGING.md): loaded at start, they cost 0.66 GiB more, all of it inside the budget."""
+    if not os.environ.get("CUDA_MODULE_LOADING"):
+        os.environ["CUDA_MODULE_LOADING"] = "EAGER"
+
+
+def kernel_loading() -> str:
+    """How CUDA loads this process's kernels: CUDA_MODULE_LOADING, LAZY (its default) unset."""
+    return os.environ.get("CUDA_MODULE_LOADING", "").strip().upper() or "LAZY"
+
+
+def runtime_reserve() -> int:
+    """The device bytes the ledger cannot see, by how CUDA loads this process's kernels."""
+    return EAGER_RESERVE if kernel_loading() == "EAGER" else LAZY_RESERVE
+
+
 # the share of the room a first context leaves that the hot cache grows into: the rest is margin
 # for compute buffers that grow with it (page state) and for the pool's peaks
 HOT_FILL = 0.9
@@ -53,6 +79,7 @@ def device_bytes(ledger: dict[str, int]) -> dict[str, int]:
 class DeviceBudget:
     limit: int  # bytes the process may hold on the GPUs it uses
     flag: str  # how a message names the budget: "--gpu-memory 24.00 GiB" or "the free ..."
+    reserve: int = field(default_factory=runtime_reserve)  # what the ledger cannot see
 
     @classmethod
     def of(cls, gpu_memory_gib: float | None, free: int, n_devices: int = 1) -> DeviceBudget:
@@ -71,13 +98,13 @@ class DeviceBudget:
     @property
     def usable(self) -> int:
         """What the ledger may hold: the limit less the runtime's own."""
-        return self.limit - RUNTIME_RESERVE
+        return self.limit - self.reserve
 
     def check_weights(self, weights: int) -> None:
         if weights > self.usable:
             raise BudgetError(
                 f"the weights take {gib(weights)} of the device; with the CUDA runtime's "
-                f"{gib(RUNTIME_RESERVE)} that exceeds {self.flag} (try --gpu-layers, or a "
+                f"{gib(self.reserve)} that exceeds {self.flag} (try --gpu-layers, or a "
                 "quantized model: pyqsa quantize)"
             )
 
@@ -88,12 +115,12 @@ class DeviceBudget:
     def check(self, ledger: dict[str, int]) -> None:
         """Refuses a context whose device ledger (with the runtime reserve) exceeds the limit."""
         held = device_bytes(ledger)
-        total = sum(held.values()) + RUNTIME_RESERVE
+        total = sum(held.values()) + self.reserve
         if total > self.limit:
             parts = " + ".join(f"{LEDGER_NAMES.get(k, k)} {gib(v)}" for k, v in held.items())
             raise BudgetError(
                 f"this setting needs {gib(total)} of the device ({parts} + CUDA runtime "
-                f"{gib(RUNTIME_RESERVE)}), over {self.flag}: try fewer --slots, a smaller --ctx "
+                f"{gib(self.reserve)}), over {self.flag}: try fewer --slots, a smaller --ctx "
                 "or --prefill-batch-tokens, paging (--kv-offload host) or fewer --hot-blocks"
             )
 

@@ -3,9 +3,16 @@ refusals naming each category, and the hot cache grown into the room a first con
 
 import pytest
 
-from pyqsa.engine.device_budget import RUNTIME_RESERVE, BudgetError, DeviceBudget
+from pyqsa.engine import device_budget
+from pyqsa.engine.device_budget import EAGER_RESERVE, LAZY_RESERVE, BudgetError, DeviceBudget
 
 GiB = 2**30
+
+
+@pytest.fixture(autouse=True)
+def lazy_kernels(monkeypatch):
+    """The figures below are CUDA's default: kernels loaded as they first run."""
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")
 
 
 def _ledger(**device: int) -> dict[str, int]:
@@ -16,7 +23,7 @@ def test_the_limit_is_the_flag_per_device_or_what_is_free():
     assert DeviceBudget.of(None, 30 * GiB).limit == 30 * GiB
     assert DeviceBudget.of(24, 139 * GiB).limit == 24 * GiB
     assert DeviceBudget.of(24, 100 * GiB, n_devices=2).limit == 48 * GiB
-    assert DeviceBudget.of(24, 139 * GiB).usable == 24 * GiB - RUNTIME_RESERVE
+    assert DeviceBudget.of(24, 139 * GiB).usable == 24 * GiB - LAZY_RESERVE
     for value in (0, -1, float("nan"), float("inf")):
         with pytest.raises(BudgetError, match="must be above 0"):
             DeviceBudget.of(value, 139 * GiB)
@@ -26,7 +33,7 @@ def test_the_limit_is_the_flag_per_device_or_what_is_free():
 
 def test_weights_and_a_context_that_do_not_fit_are_refused_with_their_figures():
     budget = DeviceBudget.of(24, 139 * GiB)
-    budget.check_weights(23 * GiB - RUNTIME_RESERVE)
+    budget.check_weights(23 * GiB - LAZY_RESERVE)
     with pytest.raises(BudgetError, match="the weights take 23.50 GiB"):
         budget.check_weights(int(23.5 * GiB))
     assert budget.kv_room(9 * GiB) == 14 * GiB
@@ -52,3 +59,28 @@ def test_the_hot_cache_grows_into_the_room_left_within_its_cap():
     full = _ledger(weights=9 * GiB, indexer=3 * GiB, compute=10 * GiB, hot=GiB)
     assert budget.grown_hot_blocks(full, 64, 8192) == 64
     assert budget.grown_hot_blocks(_ledger(weights=9 * GiB), 64, 8192) == 64
+
+
+def test_the_reserve_follows_when_cuda_loads_the_kernels(monkeypatch):
+    assert DeviceBudget.of(24, 139 * GiB).reserve == LAZY_RESERVE == GiB
+    monkeypatch.setenv("CUDA_MODULE_LOADING", " eager")
+    budget = DeviceBudget.of(24, 139 * GiB)
+    assert budget.reserve == EAGER_RESERVE == int(1.5 * GiB)
+    assert budget.usable == int(22.5 * GiB)
+    with pytest.raises(BudgetError, match=r"\+ CUDA runtime 1\.50 GiB\), over --gpu-memory 24"):
+        budget.check(_ledger(weights=9 * GiB, indexer=3 * GiB, compute=3 * GiB, hot=10 * GiB))
+    monkeypatch.delenv("CUDA_MODULE_LOADING")
+    assert device_budget.kernel_loading() == "LAZY"  # CUDA's own default
+    assert DeviceBudget.of(24, 139 * GiB).reserve == LAZY_RESERVE
+
+
+def test_serving_loads_every_kernel_at_start_unless_the_environment_says(monkeypatch):
+    monkeypatch.delenv("CUDA_MODULE_LOADING")
+    device_budget.load_kernels_at_start()
+    assert device_budget.kernel_loading() == "EAGER"
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "")  # set but empty: CUDA's default, so ours
+    device_budget.load_kernels_at_start()
+    assert device_budget.kernel_loading() == "EAGER"
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")
+    device_budget.load_kernels_at_start()
+    assert device_budget.kernel_loading() == "LAZY"

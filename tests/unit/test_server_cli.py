@@ -2,6 +2,7 @@
 Engine flags with bad values are one-line usage errors; `--device N` names a GPU."""
 
 import itertools
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -101,6 +102,7 @@ def test_gpu_memory_refusals_on_a_fake_device(monkeypatch, tmp_path):
     reserve, and the engine is never made."""
     import pyqsa.engine.paging
 
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "")  # serve's own choice below, undone after
     free = [8 * 2**30]
     monkeypatch.setattr(pyqsa.engine.paging, "device_free", lambda layers, device=None: free[0])
     monkeypatch.setattr(pyqsa.engine.paging, "gpu_devices", lambda: [_gpu("GPU0")])
@@ -127,10 +129,16 @@ def test_gpu_memory_refusals_on_a_fake_device(monkeypatch, tmp_path):
     r = CliRunner().invoke(main, [*args, "6"], env=NO_ENV_KEY)
     assert r.exit_code == 1, r.output
     errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
+    # serve loads every kernel at start, so the reserve is the eager one
+    assert os.environ["CUDA_MODULE_LOADING"] == "EAGER"
     assert errors == [
-        "Error: the weights take 7.00 GiB of the device; with the CUDA runtime's 1.00 GiB that "
+        "Error: the weights take 7.00 GiB of the device; with the CUDA runtime's 1.50 GiB that "
         "exceeds --gpu-memory 6.00 GiB (try --gpu-layers, or a quantized model: pyqsa quantize)"
     ]
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")
+    free[0] = 8 * 2**30
+    r = CliRunner().invoke(main, [*args, "6"], env=NO_ENV_KEY)
+    assert "with the CUDA runtime's 1.00 GiB that exceeds --gpu-memory 6.00 GiB" in r.output
 
 
 def _flags(**kw):
