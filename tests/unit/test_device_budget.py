@@ -84,3 +84,20 @@ def test_serving_loads_every_kernel_at_start_unless_the_environment_says(monkeyp
     monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")
     device_budget.load_kernels_at_start()
     assert device_budget.kernel_loading() == "LAZY"
+
+
+def test_a_larger_context_measures_what_a_block_costs_in_all():
+    """The hot rows are not all a block costs: the compute graph's page state grows with the
+    cache too. A second context's ledger gives the whole growth a block, so the grown cache
+    fits where the hot bytes alone would overshoot."""
+    budget = DeviceBudget.of(24, 139 * GiB)
+    first = _ledger(weights=9 * GiB, indexer=3 * GiB, compute=4 * GiB, hot=GiB)
+    alone = budget.grown_hot_blocks(first, 64, 8192)
+    # at 128 blocks the hot rows doubled and compute grew by half as much again
+    larger = _ledger(weights=9 * GiB, indexer=3 * GiB, compute=int(4.5 * GiB), hot=2 * GiB)
+    grown = budget.grown_hot_blocks(first, 64, 8192, (128, larger))
+    assert grown == 64 + int(0.9 * 6 * GiB / (1.5 * GiB / 64)) < alone
+    held_then = 17 * GiB + (grown - 64) * 1.5 * GiB / 64
+    assert held_then <= budget.usable
+    # a "larger" context of no more blocks measures nothing: the hot bytes decide
+    assert budget.grown_hot_blocks(first, 64, 8192, (64, larger)) == alone

@@ -273,6 +273,7 @@ def test_the_hot_cache_grows_into_the_budget_on_a_fake_device(monkeypatch, capsy
 
     import pyqsa.engine.paging
 
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "")  # serve's own choice, undone after
     monkeypatch.setattr(pyqsa.engine.paging, "device_free", lambda layers, device=None: 8 * 2**30)
     monkeypatch.setattr(pyqsa.engine.paging, "gpu_devices", lambda: [_gpu("GPU0")])
     real_ledger = native.ledger
@@ -287,8 +288,9 @@ def test_the_hot_cache_grows_into_the_budget_on_a_fake_device(monkeypatch, capsy
     )
     engine, _, _ = start_engine(None, flags)
     try:
-        # 6 GiB less the 1 GiB reserve leaves ~1 GiB of room at 8 blocks: far more than the 128
-        # blocks of a 512-token slot (the demo model's blocks hold 4 tokens)
+        # 6 GiB less the 1.5 GiB reserve (kernels loaded at start) leaves ~0.5 GiB of room at 8
+        # blocks: far more than the 128 blocks of a 512-token slot (the demo model's blocks hold
+        # 4 tokens)
         assert engine.stats().paging["hot_blocks"] == 128
         assert engine.config.device_memory_limit == 6 * 2**30
     finally:
@@ -296,6 +298,39 @@ def test_the_hot_cache_grows_into_the_budget_on_a_fake_device(monkeypatch, capsy
     err = capsys.readouterr().err
     assert "the hot cache grows from 8 to 128 blocks per slot and QSA layer" in err
     assert "device budget 6.00 GiB (--gpu-memory)" in err
+
+
+def test_the_grown_hot_cache_counts_what_grows_with_it(monkeypatch, capsys):
+    """Buffers sized by the hot cache grow with it (a fake ledger: compute 3 MiB more a block
+    beside the block's 1 MiB of rows). A second, larger first context measures the 4 MiB a
+    block costs in all, so the grown cache fits the budget, where the hot rows alone would
+    have grown it to 902 blocks and 7.5 GiB, and start refused."""
+    from pyqsa.server.startup import start_engine
+
+    import pyqsa.engine.paging
+
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")  # a 1 GiB reserve
+    monkeypatch.setattr(pyqsa.engine.paging, "device_free", lambda layers, device=None: 8 * 2**30)
+    monkeypatch.setattr(pyqsa.engine.paging, "gpu_devices", lambda: [_gpu("GPU0")])
+    real_ledger = native.ledger
+    MiB = 2**20
+
+    def ledger(ctx):
+        hot = native.paging_stats(ctx)["hot_blocks"]
+        fake = {"device.compute": 4 * 2**30 + 3 * hot * MiB, "device.hot": hot * MiB}
+        return real_ledger(ctx) | fake
+
+    monkeypatch.setattr(native, "ledger", ledger)
+    flags = _flags(
+        slots=2, ctx=8192, batch_tokens=64, max_waiting=4, kv_offload="host", gpu_memory=6.0
+    )
+    engine, _, _ = start_engine(None, flags)
+    try:
+        # 5 GiB usable, 4 GiB + 32 MiB held at 8 blocks: 0.9 of 992 MiB at 4 MiB a block
+        assert engine.stats().paging["hot_blocks"] == 8 + int(0.9 * 992 / 4) == 231
+    finally:
+        engine.stop()
+    assert "the hot cache grows from 8 to 231 blocks" in capsys.readouterr().err
 
 
 def test_a_bad_cuda_stack_size_is_a_one_line_error():
