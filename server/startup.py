@@ -119,10 +119,22 @@ def start_engine(model: str | None, flags: EngineFlags):
             prefix_cache_bytes=_prefix_budget(flags.prefix_cache_gib, plan),
             device_memory_limit=budget.limit if budget is not None else 0,
         )
+        first = config.hot_blocks
         if budget is not None and plan.hot_blocks and flags.hot_blocks is None:
             most = min(paging.MAX_HOT_BLOCKS_GPU, -(-flags.ctx // kv.ratio))
             config = _grow_hot_cache(llama_model, config, budget, most)
         engine, llama_model = load_engine(config, llama_model)
+        if budget is not None and config.hot_blocks > first:
+            fitted = budget.refit_hot_blocks(engine.stats().ledger, config.hot_blocks, first)
+            if fitted < config.hot_blocks:
+                engine.stop()
+                click.echo(
+                    f"pyqsa: paging: {config.hot_blocks} hot blocks went over {budget.flag} once "
+                    f"warmed up; {fitted} instead",
+                    err=True,
+                )
+                config = dataclasses.replace(config, hot_blocks=fitted)
+                engine, llama_model = load_engine(config, llama_model)
         if budget is not None:
             try:
                 budget.check(engine.stats().ledger)
@@ -303,16 +315,17 @@ def _say_started(engine, flags: EngineFlags, budget, plan, on_device: bool) -> N
 
 def _grow_hot_cache(llama_model, config, budget, most: int):
     """config with the hot cache grown into the device memory a first context of its
-    hot_blocks leaves of the budget (engine/device_budget.py), said on stderr. A second context
-    of up to twice the blocks measures what a block costs in all; both are freed before the
-    engine's is made."""
-    first = _ledger_of(llama_model, config)
-    budget.check(first)
-    grown = budget.grown_hot_blocks(first, config.hot_blocks, most)
-    if grown > config.hot_blocks:
-        step = min(grown, 2 * config.hot_blocks)
-        larger = _ledger_of(llama_model, dataclasses.replace(config, hot_blocks=step))
-        grown = budget.grown_hot_blocks(first, config.hot_blocks, most, (step, larger))
+    hot_blocks leaves of the budget (engine/device_budget.py), said on stderr; that context is
+    freed before the engine's is made."""
+    from pyqsa.engine.runner import LlamaRunner
+
+    probe = LlamaRunner(llama_model, config)
+    try:
+        ledger = probe.ledger()
+    finally:
+        probe.close()
+    budget.check(ledger)
+    grown = budget.grown_hot_blocks(ledger, config.hot_blocks, most)
     if grown > config.hot_blocks:
         click.echo(
             f"pyqsa: paging: the hot cache grows from {config.hot_blocks} to {grown} blocks per "
@@ -321,17 +334,6 @@ def _grow_hot_cache(llama_model, config, budget, most: int):
         )
         config = dataclasses.replace(config, hot_blocks=grown)
     return config
-
-
-def _ledger_of(llama_model, config) -> dict[str, int]:
-    """The ledger of a context made on `config` and freed at once."""
-    from pyqsa.engine.runner import LlamaRunner
-
-    probe = LlamaRunner(llama_model, config)
-    try:
-        return probe.ledger()
-    finally:
-        probe.close()
 
 
 def _check_gpus(gpus: tuple[int, ...], flag: str) -> None:

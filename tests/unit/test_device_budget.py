@@ -86,18 +86,11 @@ def test_serving_loads_every_kernel_at_start_unless_the_environment_says(monkeyp
     assert device_budget.kernel_loading() == "LAZY"
 
 
-def test_a_larger_context_measures_what_a_block_costs_in_all():
-    """The hot rows are not all a block costs: the compute graph's page state grows with the
-    cache too. A second context's ledger gives the whole growth a block, so the grown cache
-    fits where the hot bytes alone would overshoot."""
-    budget = DeviceBudget.of(24, 139 * GiB)
-    first = _ledger(weights=9 * GiB, indexer=3 * GiB, compute=4 * GiB, hot=GiB)
-    alone = budget.grown_hot_blocks(first, 64, 8192)
-    # at 128 blocks the hot rows doubled and compute grew by half as much again
-    larger = _ledger(weights=9 * GiB, indexer=3 * GiB, compute=int(4.5 * GiB), hot=2 * GiB)
-    grown = budget.grown_hot_blocks(first, 64, 8192, (128, larger))
-    assert grown == 64 + int(0.9 * 6 * GiB / (1.5 * GiB / 64)) < alone
-    held_then = 17 * GiB + (grown - 64) * 1.5 * GiB / 64
-    assert held_then <= budget.usable
-    # a "larger" context of no more blocks measures nothing: the hot bytes decide
-    assert budget.grown_hot_blocks(first, 64, 8192, (64, larger)) == alone
+def test_a_grown_cache_over_the_limit_once_warmed_up_is_refitted():
+    budget = DeviceBudget.of(24, 139 * GiB)  # 23 GiB usable
+    # 8192 blocks of 1 MiB: 24.5 GiB held, 1.5 GiB over; 1.5 / 0.9 GiB of blocks taken off
+    warmed = _ledger(weights=9 * GiB, indexer=3 * GiB, compute=int(4.5 * GiB), hot=8 * GiB)
+    assert budget.refit_hot_blocks(warmed, 8192, 1024) == 8192 - -(-1536 // 0.9) == 6485
+    assert budget.refit_hot_blocks(warmed, 8192, 7000) == 7000  # never below the first cache
+    fits = _ledger(weights=9 * GiB, indexer=3 * GiB, compute=4 * GiB, hot=6 * GiB)
+    assert budget.refit_hot_blocks(fits, 6144, 1024) == 6144

@@ -300,11 +300,10 @@ def test_the_hot_cache_grows_into_the_budget_on_a_fake_device(monkeypatch, capsy
     assert "device budget 6.00 GiB (--gpu-memory)" in err
 
 
-def test_the_grown_hot_cache_counts_what_grows_with_it(monkeypatch, capsys):
-    """Buffers sized by the hot cache grow with it (a fake ledger: compute 3 MiB more a block
-    beside the block's 1 MiB of rows). A second, larger first context measures the 4 MiB a
-    block costs in all, so the grown cache fits the budget, where the hot rows alone would
-    have grown it to 902 blocks and 7.5 GiB, and start refused."""
+def test_a_grown_hot_cache_over_the_budget_once_warmed_up_is_refitted(monkeypatch, capsys):
+    """The first context's ledger misses what the engine's warm-up adds (a fake ledger: 512 MiB
+    more in every context of a grown cache), so the grown cache goes over the budget; serve
+    takes the bytes over (and a tenth more) off it in blocks and makes the engine again."""
     from pyqsa.server.startup import start_engine
 
     import pyqsa.engine.paging
@@ -317,8 +316,8 @@ def test_the_grown_hot_cache_counts_what_grows_with_it(monkeypatch, capsys):
 
     def ledger(ctx):
         hot = native.paging_stats(ctx)["hot_blocks"]
-        fake = {"device.compute": 4 * 2**30 + 3 * hot * MiB, "device.hot": hot * MiB}
-        return real_ledger(ctx) | fake
+        more = 512 * MiB if hot > 8 else 0
+        return real_ledger(ctx) | {"device.compute": 4 * 2**30 + more, "device.hot": hot * MiB}
 
     monkeypatch.setattr(native, "ledger", ledger)
     flags = _flags(
@@ -326,11 +325,14 @@ def test_the_grown_hot_cache_counts_what_grows_with_it(monkeypatch, capsys):
     )
     engine, _, _ = start_engine(None, flags)
     try:
-        # 5 GiB usable, 4 GiB + 32 MiB held at 8 blocks: 0.9 of 992 MiB at 4 MiB a block
-        assert engine.stats().paging["hot_blocks"] == 8 + int(0.9 * 992 / 4) == 231
+        # 5 GiB usable; at 8 blocks 4 GiB + 8 MiB held: 8 + 0.9 of 1016 = 922 blocks, then
+        # 4.5 GiB + 922 MiB held, 410 MiB over: 456 blocks off
+        assert engine.stats().paging["hot_blocks"] == 466
     finally:
         engine.stop()
-    assert "the hot cache grows from 8 to 231 blocks" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the hot cache grows from 8 to 922 blocks" in err
+    assert "922 hot blocks went over --gpu-memory 6.00 GiB once warmed up; 466 instead" in err
 
 
 def test_a_bad_cuda_stack_size_is_a_one_line_error():
