@@ -128,6 +128,7 @@ def start_engine(model: str | None, flags: EngineFlags):
             fitted = budget.refit_hot_blocks(engine.stats().ledger, config.hot_blocks, first)
             if fitted < config.hot_blocks:
                 engine.stop()
+                engine.runner.close()  # its device memory and host store, before the next
                 click.echo(
                     f"pyqsa: paging: {config.hot_blocks} hot blocks went over {budget.flag} once "
                     f"warmed up; {fitted} instead",

@@ -320,6 +320,15 @@ def test_a_grown_hot_cache_over_the_budget_once_warmed_up_is_refitted(monkeypatc
         return real_ledger(ctx) | {"device.compute": 4 * 2**30 + more, "device.hot": hot * MiB}
 
     monkeypatch.setattr(native, "ledger", ledger)
+    closed = []  # the hot blocks of each context freed
+    real_close = pyqsa.engine.runner.LlamaRunner.close
+
+    def close(runner):
+        if runner.ctx:
+            closed.append(native.paging_stats(runner.ctx)["hot_blocks"])
+        real_close(runner)
+
+    monkeypatch.setattr(pyqsa.engine.runner.LlamaRunner, "close", close)
     flags = _flags(
         slots=2, ctx=8192, batch_tokens=64, max_waiting=4, kv_offload="host", gpu_memory=6.0
     )
@@ -328,6 +337,7 @@ def test_a_grown_hot_cache_over_the_budget_once_warmed_up_is_refitted(monkeypatc
         # 5 GiB usable; at 8 blocks 4 GiB + 8 MiB held: 8 + 0.9 of 1016 = 922 blocks, then
         # 4.5 GiB + 922 MiB held, 410 MiB over: 456 blocks off
         assert engine.stats().paging["hot_blocks"] == 466
+        assert closed == [8, 922]  # the first context, then the overshooting engine's
     finally:
         engine.stop()
     err = capsys.readouterr().err
