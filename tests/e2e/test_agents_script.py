@@ -30,24 +30,30 @@ def out(tmp_path_factory, cache_dir) -> Path:
         "AGENTS_STATE": str(tmp / "state"),
         "OUT": str(tmp / "out"),
     }
+
+    def agents(*args: str, timeout: int) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(SCRIPT), "--small", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
     try:
+        # a call too short for a run: what it says to run next names the runs
+        first = agents("--trace", "--runs", "2", "--wait", "2", timeout=120)
+        assert first.returncode == 75, f"{first.stdout}\n{first.stderr}"
+        assert "run `tests/gpu/agents.sh --small --trace --runs 2` again" in first.stdout
         for _ in range(5):  # 75: still running, the same command again
-            run = subprocess.run(
-                [str(SCRIPT), "--small", "--trace", "--runs", "2", "--wait", "300"],
-                cwd=ROOT,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=400,
-            )
+            run = agents("--trace", "--runs", "2", "--wait", "300", timeout=400)
             if run.returncode != 75:
                 break
         assert run.returncode == 0, f"{run.stdout}\n{run.stderr}"
         assert "check:" in run.stdout
     finally:
-        subprocess.run(
-            [str(SCRIPT), "--small", "--runs", "2", "stop"], cwd=ROOT, env=env, timeout=120
-        )
+        agents("--runs", "2", "stop", timeout=120)
     for run in ("run1", "run2"):
         assert not (tmp / "state" / run / "warm.pid").exists()  # the servers were stopped
     return tmp / "out"

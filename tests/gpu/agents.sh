@@ -44,7 +44,8 @@ out=${OUT:-$state/out}
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:-/tmp/pyqsa-site} CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
-rerun="tests/gpu/agents.sh ${small:+--small }${locality:+--locality }${trace:+--trace }${PYQSA_BENCH_COMMIT:+--commit $PYQSA_BENCH_COMMIT}"
+# the command that continues the work (a run of --runs N is told its caller's, which names N)
+rerun=${AGENTS_RERUN:-"tests/gpu/agents.sh ${small:+--small }${locality:+--locality }${trace:+--trace }${PYQSA_BENCH_COMMIT:+--commit $PYQSA_BENCH_COMMIT}"}
 . tests/gpu/serve_lib.sh
 
 if command -v nvidia-smi > /dev/null; then
@@ -90,8 +91,8 @@ if [ -n "$runs" ]; then  # each run by this script on its own state, then their 
             AGENTS_STATE=$state/run$i "${self[@]}" stop
             continue
         fi
-        [ "$left" -gt 0 ] || { echo "still running; run \`$rerun --runs $runs\` again"; exit 75; }
-        AGENTS_STATE=$state/run$i "${self[@]}" --wait "$left" || exit $?
+        [ "$left" -gt 0 ] || { echo "still running; run \`${rerun% } --runs $runs\` again"; exit 75; }
+        AGENTS_RERUN="${rerun% } --runs $runs" AGENTS_STATE=$state/run$i "${self[@]}" --wait "$left" || exit $?
         records+=("$state/run$i/agents.json")
     done
     [ "$phase" = stop ] && exit 0
