@@ -119,23 +119,13 @@ def start_engine(model: str | None, flags: EngineFlags):
             prefix_cache_bytes=_prefix_budget(flags.prefix_cache_gib, plan),
             device_memory_limit=budget.limit if budget is not None else 0,
         )
-        first = config.hot_blocks
+        first = None  # (hot blocks, ledger) of the first context, where the cache grew
         if budget is not None and plan.hot_blocks and flags.hot_blocks is None:
             most = min(paging.MAX_HOT_BLOCKS_GPU, -(-flags.ctx // kv.ratio))
-            config = _grow_hot_cache(llama_model, config, budget, most)
+            config, first = _grow_hot_cache(llama_model, config, budget, most)
         engine, llama_model = load_engine(config, llama_model)
-        if budget is not None and config.hot_blocks > first:
-            fitted = budget.refit_hot_blocks(engine.stats().ledger, config.hot_blocks, first)
-            if fitted < config.hot_blocks:
-                engine.stop()
-                engine.runner.close()  # its device memory and host store, before the next
-                click.echo(
-                    f"pyqsa: paging: {config.hot_blocks} hot blocks went over {budget.flag} once "
-                    f"warmed up; {fitted} instead",
-                    err=True,
-                )
-                config = dataclasses.replace(config, hot_blocks=fitted)
-                engine, llama_model = load_engine(config, llama_model)
+        if first is not None and config.hot_blocks > first[0]:
+            engine, llama_model = _refit_hot_cache(engine, llama_model, budget, first)
         if budget is not None:
             try:
                 budget.check(engine.stats().ledger)
@@ -315,9 +305,9 @@ def _say_started(engine, flags: EngineFlags, budget, plan, on_device: bool) -> N
 
 
 def _grow_hot_cache(llama_model, config, budget, most: int):
-    """config with the hot cache grown into the device memory a first context of its
-    hot_blocks leaves of the budget (engine/device_budget.py), said on stderr; that context is
-    freed before the engine's is made."""
+    """(config with the hot cache grown into the device memory a first context of its
+    hot_blocks leaves of the budget (engine/device_budget.py), said on stderr; (its hot blocks,
+    its ledger)). That context is freed before the engine's is made."""
     from pyqsa.engine.runner import LlamaRunner
 
     probe = LlamaRunner(llama_model, config)
@@ -326,6 +316,7 @@ def _grow_hot_cache(llama_model, config, budget, most: int):
     finally:
         probe.close()
     budget.check(ledger)
+    first = (config.hot_blocks, ledger)
     grown = budget.grown_hot_blocks(ledger, config.hot_blocks, most)
     if grown > config.hot_blocks:
         click.echo(
@@ -334,7 +325,35 @@ def _grow_hot_cache(llama_model, config, budget, most: int):
             err=True,
         )
         config = dataclasses.replace(config, hot_blocks=grown)
-    return config
+    return config, first
+
+
+def _refit_hot_cache(engine, llama_model, budget, first: tuple[int, dict[str, int]]):
+    """(engine, llama_model): the engine, or, where its grown hot cache went over the budget
+    once warmed up, one made again with the blocks refit_hot_blocks leaves; what grew beside
+    the hot cache since the first context (`first`: its hot blocks, its ledger) said on stderr,
+    since that is what the first context did not foretell."""
+    from pyqsa.engine import device_budget, load_engine
+
+    config, ledger = engine.config, engine.stats().ledger
+    fitted = budget.refit_hot_blocks(ledger, config.hot_blocks, first[0])
+    if fitted == config.hot_blocks:
+        return engine, llama_model
+    engine.stop()
+    engine.runner.close()  # its device memory and host store, before the next
+    before, after = device_budget.device_bytes(first[1]), device_budget.device_bytes(ledger)
+    grew = [
+        f"{device_budget.LEDGER_NAMES.get(k, k)} +{_size(v - before.get(k, 0))}"
+        for k, v in after.items()
+        if k != "hot" and v > before.get(k, 0)
+    ]
+    click.echo(
+        f"pyqsa: paging: {config.hot_blocks} hot blocks went over {budget.flag} once warmed up "
+        f"({', '.join(grew) or 'nothing'} beside the hot cache since the first context); "
+        f"{fitted} instead",
+        err=True,
+    )
+    return load_engine(dataclasses.replace(config, hot_blocks=fitted), llama_model)
 
 
 def _check_gpus(gpus: tuple[int, ...], flag: str) -> None:

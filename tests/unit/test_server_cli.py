@@ -342,7 +342,10 @@ def test_a_grown_hot_cache_over_the_budget_once_warmed_up_is_refitted(monkeypatc
         engine.stop()
     err = capsys.readouterr().err
     assert "the hot cache grows from 8 to 922 blocks" in err
-    assert "922 hot blocks went over --gpu-memory 6.00 GiB once warmed up; 466 instead" in err
+    assert (
+        "922 hot blocks went over --gpu-memory 6.00 GiB once warmed up (compute +512.0 MiB "
+        "beside the hot cache since the first context); 466 instead"
+    ) in err
 
 
 def test_a_bad_cuda_stack_size_is_a_one_line_error():
