@@ -309,9 +309,14 @@ def _grow_hot_cache(llama_model, config, budget, most: int):
     hot_blocks leaves of the budget (engine/device_budget.py), said on stderr; (its hot blocks,
     its ledger)). That context is freed before the engine's is made."""
     from pyqsa.engine.runner import LlamaRunner
+    from pyqsa.engine.start import warm_up
 
     probe = LlamaRunner(llama_model, config)
     try:
+        # NOTE: attaching the slots' device samplers makes llama.cpp reserve its compute buffers
+        # again at the next pass, for the sampling graphs too (twice the demo model's compute
+        # on the CPU): a one-token pass makes the ledger hold what the engine's will
+        warm_up(probe, llama_model.eos)
         ledger = probe.ledger()
     finally:
         probe.close()

@@ -141,8 +141,10 @@ class DeviceBudget:
         over, and a tenth more, taken off in blocks. The grown cache is sized on a first
         context's ledger, which can hold less than the engine's after its warm-up: a paged
         8 x 262144 server on an H100 came out 0.36 GiB over --gpu-memory 24 with the 1.5 GiB
-        reserve, and a second first context of twice the blocks did not foretell it (what it
-        misses is not sized by the hot cache)."""
+        reserve, what a second first context of twice the blocks did not foretell either (it
+        is not sized by the hot cache). The first context now makes a pass first (the compute
+        buffers its device samplers need; serve's _grow_hot_cache); this stays for what else a
+        warm-up may add."""
         held = device_bytes(ledger)
         per_block = held.get("hot", 0) / hot_blocks
         over = sum(held.values()) - self.usable

@@ -348,6 +348,42 @@ def test_a_grown_hot_cache_over_the_budget_once_warmed_up_is_refitted(monkeypatc
     ) in err
 
 
+def test_the_first_context_holds_the_compute_of_device_sampling(monkeypatch, capsys):
+    """Device samplers, attached to every slot, make llama.cpp reserve its compute buffers
+    again at the first pass (twice the demo model's compute). The first context makes a pass
+    before its ledger is read, so the cache it grows fits once the engine has warmed up and no
+    refit is needed. A fake GPU whose compute is 16 times the CPU build's."""
+    from pyqsa.server.startup import start_engine
+
+    import pyqsa.engine.paging
+
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")  # a 1 GiB reserve
+    monkeypatch.setattr(pyqsa.engine.paging, "device_free", lambda layers, device=None: 8 * 2**30)
+    monkeypatch.setattr(pyqsa.engine.paging, "gpu_devices", lambda: [_gpu("GPU0")])
+    real_ledger = native.ledger
+
+    def ledger(ctx):
+        real = real_ledger(ctx)
+        hot = native.paging_stats(ctx)["hot_blocks"]
+        return real | {"device.compute": 16 * real["host.compute"], "device.hot": hot * 2**20}
+
+    monkeypatch.setattr(native, "ledger", ledger)
+    flags = _flags(
+        slots=2, ctx=8192, batch_tokens=64, max_waiting=4, kv_offload="host", gpu_memory=3.0,
+        sampling="device",
+    )  # fmt: skip
+    engine, _, _ = start_engine(None, flags)
+    try:
+        held = sum(v for k, v in engine.stats().ledger.items() if k.startswith("device."))
+        assert held <= 2 * 2**30  # 3 GiB less the reserve
+        grown = engine.stats().paging["hot_blocks"]
+    finally:
+        engine.stop()
+    err = capsys.readouterr().err
+    assert f"the hot cache grows from 8 to {grown} blocks" in err
+    assert "went over" not in err
+
+
 def test_a_bad_cuda_stack_size_is_a_one_line_error():
     """PYQSA_CUDA_STACK_BYTES is read as the model loads, on any build."""
     for value in ("lots", "-1", "1.5", ""):
