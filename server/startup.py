@@ -314,8 +314,8 @@ def _grow_hot_cache(llama_model, config, budget, most: int):
     probe = LlamaRunner(llama_model, config)
     try:
         # NOTE: attaching the slots' device samplers makes llama.cpp reserve its compute buffers
-        # again at the next pass, for the sampling graphs too (twice the demo model's compute
-        # on the CPU): a one-token pass makes the ledger hold what the engine's will
+        # again at the next pass, for the sampling graphs too (2.5 times the demo model's
+        # compute on the CPU): a one-token pass makes the ledger hold what the engine's will
         warm_up(probe, llama_model.eos)
         ledger = probe.ledger()
     finally:

@@ -111,4 +111,6 @@ class EngineConfig:
             kv_type=self.kv_type,
             hot_blocks=self.hot_blocks,
             kv_hot_type=self.kv_hot_type,
+            # a pass outputs the last token of each sampled chunk, a chunk a slot at most
+            n_outputs_max=self.n_slots,
         )

@@ -44,6 +44,10 @@ class ContextConfig:
     it must hold the blocks one query selects, and needs the positional mode. `kv_hot_type`
     (None: `kv_type`) is the hot cache's type: "f16" beside a q8_0 `kv_type` keeps the host
     store in q8_0 (half the bytes over the host link) and dequantizes each fetched block.
+    `n_outputs_max` is the most rows of logits one pass outputs (0: llama.cpp's default,
+    `n_batch`, every token): llama.cpp sizes its compute buffers for that many rows of the
+    vocabulary (and, with device samplers, their sampling), so a context that outputs a row a
+    sequence at most saves (n_batch - n_seqs) rows of both.
     """
 
     n_seqs: int = 1
@@ -56,13 +60,15 @@ class ContextConfig:
     op_offload: bool = True
     hot_blocks: int = 0
     kv_hot_type: str | None = None
+    n_outputs_max: int = 0
 
     def __post_init__(self) -> None:
         for name in ("n_seqs", "ctx_per_seq", "n_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.n_threads < 0:
-            raise ValueError(f"n_threads must be >= 0, got {self.n_threads}")
+        for name in ("n_threads", "n_outputs_max"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.kv_type not in KV_TYPES:
             raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}")
         if self.qsa_mode not in native.QSA_MODES:
@@ -187,6 +193,7 @@ def open_context(
     p.n_ctx = cfg.n_seqs * cfg.ctx_per_seq
     p.n_batch = p.n_ubatch = cfg.n_batch
     p.n_seq_max = cfg.n_seqs
+    p.n_outputs_max = cfg.n_outputs_max
     p.kv_unified = False  # a stream per sequence: a slot never runs another out of cells
     p.type_k = p.type_v = KV_TYPES[cfg.kv_type]
     p.flash_attn_type = (

@@ -43,7 +43,12 @@ class Session:
     """One context; feed() decodes chunks of (seq, tokens) and returns each chunk's last logits."""
 
     def __init__(
-        self, model: LlamaModel, kv_type: str, hot_blocks: int, kv_hot_type: str | None = None
+        self,
+        model: LlamaModel,
+        kv_type: str,
+        hot_blocks: int,
+        kv_hot_type: str | None = None,
+        n_outputs_max: int = 0,
     ):
         cfg = ContextConfig(
             n_seqs=N_SEQS,
@@ -53,6 +58,7 @@ class Session:
             kv_type=kv_type,
             hot_blocks=hot_blocks,
             kv_hot_type=kv_hot_type,
+            n_outputs_max=n_outputs_max,
         )
         self.ctx = open_context(model.ptr, cfg)
         self.n_vocab = model.n_vocab
@@ -113,6 +119,29 @@ def run_equal(paged: Session, whole: Session) -> None:
         for a, b in zip(paged.feed(step), whole.feed(step), strict=True):
             d = np.abs(a - b).max()
             assert np.array_equal(a, b), f"batch {n}: paged logits differ (max |d| {d})"
+
+
+@pytest.mark.parametrize("hot_blocks", [0, 4], ids=["unpaged", "paged"])
+def test_a_row_a_sequence_keeps_the_logits_and_shrinks_the_compute(model, hot_blocks):
+    """n_outputs_max = n_seqs, the engine's (a pass outputs a row a sequence at most): the same
+    logits bit for bit as llama.cpp's default (a row every token), compute buffers sized for
+    N_SEQS rows of the vocabulary instead of N_BATCH."""
+    narrow = Session(model, "f16", hot_blocks, n_outputs_max=N_SEQS)
+    wide = Session(model, "f16", hot_blocks)
+    try:
+        run_equal(narrow, wide)
+        rows = (N_BATCH - N_SEQS) * model.n_vocab * 4  # the f32 logits of the rows not reserved
+        held = [sum(native.ledger(s.ctx)[f"{w}.compute"] for w in ("device", "host"))
+                for s in (narrow, wide)]  # fmt: skip
+        assert held[0] <= held[1] - rows, (held, rows)
+    finally:
+        narrow.close()
+        wide.close()
+
+
+def test_the_outputs_a_pass_takes_are_never_negative():
+    with pytest.raises(ValueError, match="n_outputs_max must be >= 0, got -1"):
+        ContextConfig(n_outputs_max=-1)
 
 
 @pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "windows"])

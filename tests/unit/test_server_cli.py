@@ -350,9 +350,10 @@ def test_a_grown_hot_cache_over_the_budget_once_warmed_up_is_refitted(monkeypatc
 
 def test_the_first_context_holds_the_compute_of_device_sampling(monkeypatch, capsys):
     """Device samplers, attached to every slot, make llama.cpp reserve its compute buffers
-    again at the first pass (twice the demo model's compute). The first context makes a pass
-    before its ledger is read, so the cache it grows fits once the engine has warmed up and no
-    refit is needed. A fake GPU whose compute is 16 times the CPU build's."""
+    again at the first pass (2.5 times the demo model's compute at a row a slot). The first
+    context makes a pass before its ledger is read, so the cache it grows fits once the engine
+    has warmed up and no refit is needed. A fake GPU whose compute is 512 times the CPU
+    build's (0.6 GiB before the first pass, 1.5 after)."""
     from pyqsa.server.startup import start_engine
 
     import pyqsa.engine.paging
@@ -365,7 +366,7 @@ def test_the_first_context_holds_the_compute_of_device_sampling(monkeypatch, cap
     def ledger(ctx):
         real = real_ledger(ctx)
         hot = native.paging_stats(ctx)["hot_blocks"]
-        return real | {"device.compute": 16 * real["host.compute"], "device.hot": hot * 2**20}
+        return real | {"device.compute": 512 * real["host.compute"], "device.hot": hot * 2**20}
 
     monkeypatch.setattr(native, "ledger", ledger)
     flags = _flags(
