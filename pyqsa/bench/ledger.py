@@ -38,8 +38,9 @@ def default_hot_blocks(model: Path) -> list[int]:
 def ledgers(
     model: Path, seqs: int, contexts: list[int], hot_blocks: list[int], ubatch: int = 512
 ) -> Iterator[dict[str, Any]]:
-    """A record per (context, hot blocks): the shape and the ledger of a context opened at it,
-    every layer on the GPU where there is one."""
+    """A record per (context, hot blocks): the shape and the ledger of a context opened at it
+    as the engine opens its own (logits reserved for a row a sequence), every layer on the GPU
+    where there is one."""
     import llama_cpp as L
 
     try:
@@ -49,7 +50,9 @@ def ledgers(
     try:
         for ctx in contexts:
             for hot in hot_blocks:
-                cfg = ContextConfig(n_seqs=seqs, ctx_per_seq=ctx, n_batch=ubatch, hot_blocks=hot)
+                cfg = ContextConfig(
+                    n_seqs=seqs, ctx_per_seq=ctx, n_batch=ubatch, hot_blocks=hot, n_outputs_max=seqs
+                )
                 try:
                     context = open_context(llama_model, cfg)
                 except (ValueError, ContextError) as e:
