@@ -264,6 +264,22 @@ def test_prefix_cache_flags_refuse_what_is_no_size():
         assert r.exit_code == 2 and f"Invalid value for '{flag}'" in r.output, r.output
 
 
+def _fake_gpu(monkeypatch, compute) -> None:
+    """A fake GPU with 8 GiB free, whose ledger adds to the CPU build's own (which holds no
+    device bytes) `compute(real ledger, hot blocks)` bytes of compute and 1 MiB a hot block."""
+    import pyqsa.engine.paging
+
+    monkeypatch.setattr(pyqsa.engine.paging, "device_free", lambda layers, device=None: 8 * 2**30)
+    monkeypatch.setattr(pyqsa.engine.paging, "gpu_devices", lambda: [_gpu("GPU0")])
+    real_ledger = native.ledger
+
+    def ledger(ctx):
+        real, hot = real_ledger(ctx), native.paging_stats(ctx)["hot_blocks"]
+        return real | {"device.compute": compute(real, hot), "device.hot": hot * 2**20}
+
+    monkeypatch.setattr(native, "ledger", ledger)
+
+
 def test_the_hot_cache_grows_into_the_budget_on_a_fake_device(monkeypatch, capsys):
     """With paging and no --hot-blocks, serve grows the hot cache into the room a first context
     leaves of --gpu-memory, up to a slot's whole context. A fake GPU: 8 GiB free, and a ledger
@@ -271,18 +287,8 @@ def test_the_hot_cache_grows_into_the_budget_on_a_fake_device(monkeypatch, capsy
     holds no device bytes)."""
     from pyqsa.server.startup import start_engine
 
-    import pyqsa.engine.paging
-
     monkeypatch.setenv("CUDA_MODULE_LOADING", "")  # serve's own choice, undone after
-    monkeypatch.setattr(pyqsa.engine.paging, "device_free", lambda layers, device=None: 8 * 2**30)
-    monkeypatch.setattr(pyqsa.engine.paging, "gpu_devices", lambda: [_gpu("GPU0")])
-    real_ledger = native.ledger
-
-    def ledger(ctx):
-        hot = native.paging_stats(ctx)["hot_blocks"]
-        return real_ledger(ctx) | {"device.compute": 4 * 2**30, "device.hot": hot * 2**20}
-
-    monkeypatch.setattr(native, "ledger", ledger)
+    _fake_gpu(monkeypatch, lambda real, hot: 4 * 2**30)
     flags = _flags(
         slots=2, ctx=512, batch_tokens=64, max_waiting=4, kv_offload="host", gpu_memory=6.0
     )
@@ -309,17 +315,7 @@ def test_a_grown_hot_cache_over_the_budget_once_warmed_up_is_refitted(monkeypatc
     import pyqsa.engine.paging
 
     monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")  # a 1 GiB reserve
-    monkeypatch.setattr(pyqsa.engine.paging, "device_free", lambda layers, device=None: 8 * 2**30)
-    monkeypatch.setattr(pyqsa.engine.paging, "gpu_devices", lambda: [_gpu("GPU0")])
-    real_ledger = native.ledger
-    MiB = 2**20
-
-    def ledger(ctx):
-        hot = native.paging_stats(ctx)["hot_blocks"]
-        more = 512 * MiB if hot > 8 else 0
-        return real_ledger(ctx) | {"device.compute": 4 * 2**30 + more, "device.hot": hot * MiB}
-
-    monkeypatch.setattr(native, "ledger", ledger)
+    _fake_gpu(monkeypatch, lambda real, hot: 4 * 2**30 + (512 * 2**20 if hot > 8 else 0))
     closed = []  # the hot blocks of each context freed
     real_close = pyqsa.engine.runner.LlamaRunner.close
 
@@ -356,19 +352,8 @@ def test_the_first_context_holds_the_compute_of_device_sampling(monkeypatch, cap
     build's (0.6 GiB before the first pass, 1.5 after)."""
     from pyqsa.server.startup import start_engine
 
-    import pyqsa.engine.paging
-
     monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")  # a 1 GiB reserve
-    monkeypatch.setattr(pyqsa.engine.paging, "device_free", lambda layers, device=None: 8 * 2**30)
-    monkeypatch.setattr(pyqsa.engine.paging, "gpu_devices", lambda: [_gpu("GPU0")])
-    real_ledger = native.ledger
-
-    def ledger(ctx):
-        real = real_ledger(ctx)
-        hot = native.paging_stats(ctx)["hot_blocks"]
-        return real | {"device.compute": 512 * real["host.compute"], "device.hot": hot * 2**20}
-
-    monkeypatch.setattr(native, "ledger", ledger)
+    _fake_gpu(monkeypatch, lambda real, hot: 512 * real["host.compute"])
     flags = _flags(
         slots=2, ctx=8192, batch_tokens=64, max_waiting=4, kv_offload="host", gpu_memory=3.0,
         sampling="device",
