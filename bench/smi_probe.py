@@ -28,7 +28,26 @@ from pyqsa.bench.smi import smi_read
 DEFAULT_SHAPES = (
     "1x1000,1x1000,"
     + ",".join(
-        f"1x{2048 + r}" for r in (1, 16, 64, 100, 128, 200, 256, 300, 384, 452, 500, 1000, 2000)
+        f"1x{2048 + r}"
+        for r in (
+            1,
+            16,
+            64,
+            100,
+            128,
+            200,
+            256,
+            300,
+            384,
+            452,
+            500,
+            640,
+            768,
+            1000,
+            1024,
+            1500,
+            2000,
+        )
     )
     + ",8x3000,8x6000"
 )
@@ -49,7 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
     ap.add_argument("--pid", type=int, required=True, help="the server's process id")
-    ap.add_argument("--shapes", type=parse_shapes, default=parse_shapes(DEFAULT_SHAPES))
+    ap.add_argument(
+        "--shapes",
+        type=parse_shapes,
+        default=DEFAULT_SHAPES,
+        help="REQUESTSxTOKENS,... in order (default: %(default)s)",
+    )
     args = ap.parse_args(argv)
     model = httpx.get(f"{args.url}/v1/models", timeout=30).json()["data"][0]["id"]
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
