@@ -56,6 +56,14 @@ PAGING = {
     "to_host": 'pyqsa_paging_bytes_total{direction="to_host"}',
 }
 STEPS = "pyqsa_engine_steps_total"
+# how each pass's graph ran (ggml's CUDA backend: kernel by kernel, captured, replayed)
+GRAPHS = {
+    "reused": "pyqsa_graph_reuses_total",
+    **{
+        how: f'pyqsa_cuda_graph_computes_total{{how="{how}"}}'
+        for how in ("direct", "captured", "replayed")
+    },
+}
 FORWARD = 'pyqsa_engine_step_seconds_total{part="forward"}'
 PROMPT_TOKENS = "pyqsa_prompt_tokens_total"
 LIMIT = "pyqsa_device_memory_limit_bytes"
@@ -195,9 +203,9 @@ def hit_rate(a: dict[str, float] | None, b: dict[str, float] | None) -> float | 
 
 
 def decode_window(runs: list[dict], snapshots: list[tuple[float, dict]]) -> dict[str, Any]:
-    """The window in which every request decoded: seconds, tokens/s, and what paging did in it
+    """The window in which every request decoded: seconds, tokens/s, what paging did in it
     (paging counters are read at most once a second by the engine: up to a second of steps off
-    at either end)."""
+    at either end), and under "engine" where its steps went and how their graphs ran."""
     window = serve_load.together_window(runs)
     rate = serve_load.together_rate(runs)
     out: dict[str, Any] = {
@@ -206,6 +214,7 @@ def decode_window(runs: list[dict], snapshots: list[tuple[float, dict]]) -> dict
         "steps": None,
         "to_device_per_step": None,
         "hit_rate": None,
+        "engine": None,
     }
     ends = in_window(snapshots, window)
     if ends is None:
@@ -217,7 +226,24 @@ def decode_window(runs: list[dict], snapshots: list[tuple[float, dict]]) -> dict
     if steps and pa is not None and pb is not None:
         out["to_device_per_step"] = round((pb["to_device"] - pa["to_device"]) / steps)
         out["hit_rate"] = hit_rate(pa, pb)
+    out["engine"] = engine_split(snapshots, window)
+    if out["engine"] is not None:
+        out["engine"]["graphs_per_step"] = {
+            k: round((b[name] - a[name]) / steps, 3)
+            for k, name in GRAPHS.items()
+            if name in a and name in b
+        }
     return out
+
+
+def engine_split(snapshots: list[tuple[float, dict]], window: tuple[float, float] | None):
+    """serve_load.engine_in_window over full /metrics snapshots: where the window's steps went
+    (forward, host, launch ms a step), to set against bench/decode.py's step."""
+    short = [
+        (t, {k: s[name] for name, k in serve_load.ENGINE_COUNTERS.items() if name in s})
+        for t, s in snapshots
+    ]
+    return serve_load.engine_in_window(short, window)
 
 
 @dataclass(frozen=True)

@@ -69,3 +69,42 @@ def test_the_idle_probe_waits_out_the_graph_cache_then_runs_one_request(monkeypa
     # the request comes once every graph of the load is older than the backend's eviction age
     assert calls[0][0] == "attempt" and calls[0][1] > mission.CUDA_GRAPH_EVICT_S
     assert calls[0][2] == 1 and calls[1][0] == "idle"
+
+
+def test_the_decode_window_splits_its_steps_and_counts_their_graphs():
+    runs = [
+        {"times": [1.0, 2.0, 3.0, 4.0], "completion_tokens": 4},
+        {"times": [1.5, 2.5, 3.5, 4.5], "completion_tokens": 4},
+    ]
+
+    def metrics(steps, forward, host, launch, direct, replayed):
+        return {
+            mission.STEPS: steps,
+            'pyqsa_engine_step_seconds_total{part="forward"}': forward,
+            'pyqsa_engine_step_seconds_total{part="host"}': host,
+            'pyqsa_engine_step_seconds_total{part="launch"}': launch,
+            mission.GRAPHS["reused"]: steps,
+            mission.GRAPHS["direct"]: direct,
+            mission.GRAPHS["captured"]: 1,
+            mission.GRAPHS["replayed"]: replayed,
+        }
+
+    snapshots = [
+        (1.0, metrics(5, 0.05, 0.005, 0.01, 0, 4)),  # before the window (1.5, 4.0): left out
+        (1.6, metrics(10, 0.10, 0.01, 0.02, 0, 9)),
+        (3.9, metrics(20, 0.25, 0.02, 0.04, 1, 18)),
+    ]
+    got = mission.decode_window(runs, snapshots)
+    assert got["seconds"] == 2.5 and got["steps"] == 10
+    assert got["hit_rate"] is None  # a server that does not page
+    assert got["engine"] == {
+        "steps": 10,
+        "forward_ms_per_step": 15.0,
+        "host_ms_per_step": 1.0,
+        "launch_ms_per_step": 2.0,
+        "host_share": 0.062,
+        "graphs_per_step": {"reused": 1.0, "direct": 0.1, "captured": 0.0, "replayed": 0.9},
+    }
+    # runs that never decoded together: no window, no split
+    apart = mission.decode_window([runs[0], {"times": [], "completion_tokens": 0}], snapshots)
+    assert apart["seconds"] is None and apart["engine"] is None
