@@ -7,6 +7,7 @@ import os
 import subprocess
 
 from pyqsa.bench import mission, smi
+from pyqsa.bench.scenarios import long
 
 FAKE_SMI = """#!/bin/sh
 case "$*" in
@@ -108,3 +109,22 @@ def test_the_decode_window_splits_its_steps_and_counts_their_graphs():
     # runs that never decoded together: no window, no split
     apart = mission.decode_window([runs[0], {"times": [], "completion_tokens": 0}], snapshots)
     assert apart["seconds"] is None and apart["engine"] is None
+
+
+def test_the_long_scenario_names_where_its_decode_steps_went():
+    def server(engine):
+        return {
+            "answered": 2,
+            "ttft_s": [1.0, 2.0],
+            "finish_s": [3.0, 4.0],
+            "decode_window": {"tokens_per_s": 10.0, "engine": engine},
+            "peak_device_memory_gib": {"ledger": 1.0, "nvidia_smi": None},
+        }
+
+    split = {"forward_ms_per_step": 15.0, "host_ms_per_step": 1.0}
+    doc = {"requests": 2, "prompt_tokens": 100, "hit_rate": 0.9, **server(split)}
+    doc["unpaged"] = server(None)  # its window held too few polls to split
+    rows = {r["figure"]: r["median"] for r in long.summary(doc)}
+    assert rows["paged: decode step, forward"] == 15.0
+    assert rows["paged: decode step, host"] == 1.0
+    assert not any(name.startswith("unpaged: decode step") for name in rows)

@@ -105,6 +105,14 @@ def summary(doc: dict[str, Any]) -> list[dict[str, Any]]:
             ),
             record.figure(f"{which}: peak device (ledger)", "GiB", [peak["ledger"]]),
         ]
+        # where the steps of the decode window went (none where the window held too few polls)
+        if engine := figs["decode_window"].get("engine"):
+            out += [
+                record.figure(
+                    f"{which}: decode step, {part}", "ms", [engine[f"{part}_ms_per_step"]]
+                )
+                for part in ("forward", "host")
+            ]
         if peak["nvidia_smi"] is not None:  # a GPU's
             out.append(
                 record.figure(f"{which}: peak device (nvidia-smi)", "GiB", [peak["nvidia_smi"]])
