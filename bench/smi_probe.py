@@ -75,7 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         help="REQUESTSxTOKENS,... in order (default: %(default)s)",
     )
     args = ap.parse_args(argv)
-    model = httpx.get(f"{args.url}/v1/models", timeout=30).json()["data"][0]["id"]
+    try:
+        model = httpx.get(f"{args.url}/v1/models", timeout=30).json()["data"][0]["id"]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
+        ap.error(f"no pyqsa server's models at {args.url}/v1/models: {e!r}")
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
 
     def mib() -> str:

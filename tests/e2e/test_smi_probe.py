@@ -29,3 +29,10 @@ def test_a_bad_shape_is_refused(small_server):
     out = probe(small_server.url, "--pid", "1", "--shapes", "1x100,8by6000")
     assert out.returncode == 2
     assert "a shape is REQUESTSxTOKENS, got '8by6000'" in out.stderr
+
+
+def test_no_server_is_a_one_line_error():
+    out = probe("http://127.0.0.1:9", "--pid", "1", "--shapes", "1x100")
+    assert out.returncode == 2
+    assert "no pyqsa server's models at http://127.0.0.1:9/v1/models" in out.stderr
+    assert "Traceback" not in out.stderr
