@@ -226,24 +226,27 @@ def decode_window(runs: list[dict], snapshots: list[tuple[float, dict]]) -> dict
     if steps and pa is not None and pb is not None:
         out["to_device_per_step"] = round((pb["to_device"] - pa["to_device"]) / steps)
         out["hit_rate"] = hit_rate(pa, pb)
-    out["engine"] = engine_split(snapshots, window)
-    if out["engine"] is not None:
-        out["engine"]["graphs_per_step"] = {
+    out["engine"] = engine_split(a, b)
+    return out
+
+
+def engine_split(a: dict[str, float], b: dict[str, float]) -> dict[str, Any] | None:
+    """Where the steps between two /metrics snapshots went (serve_load.engine_between: forward,
+    host, launch ms a step), to set against bench/decode.py's step, and how their graphs ran;
+    None without a step between them."""
+
+    def engine(s: dict[str, float]) -> dict[str, float]:
+        return {k: s[name] for name, k in serve_load.ENGINE_COUNTERS.items() if name in s}
+
+    split = serve_load.engine_between(engine(a), engine(b))
+    if split is not None:
+        steps = split["steps"]
+        split["graphs_per_step"] = {
             k: round((b[name] - a[name]) / steps, 3)
             for k, name in GRAPHS.items()
             if name in a and name in b
         }
-    return out
-
-
-def engine_split(snapshots: list[tuple[float, dict]], window: tuple[float, float] | None):
-    """serve_load.engine_in_window over full /metrics snapshots: where the window's steps went
-    (forward, host, launch ms a step), to set against bench/decode.py's step."""
-    short = [
-        (t, {k: s[name] for name, k in serve_load.ENGINE_COUNTERS.items() if name in s})
-        for t, s in snapshots
-    ]
-    return serve_load.engine_in_window(short, window)
+    return split
 
 
 @dataclass(frozen=True)

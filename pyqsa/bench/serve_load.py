@@ -158,9 +158,14 @@ def engine_in_window(snapshots: list[tuple[float, dict]], window: tuple[float, f
     if window is None:
         return None
     inside = [c for t, c in snapshots if window[0] <= t <= window[1]]
-    if len(inside) < 2 or inside[-1]["steps"] <= inside[0]["steps"]:
+    return engine_between(inside[0], inside[-1]) if len(inside) >= 2 else None
+
+
+def engine_between(a: dict[str, float], b: dict[str, float]):
+    """engine_in_window's figures from two snapshots of engine_counters, `a` before `b`; None
+    without a step between them."""
+    if b["steps"] <= a["steps"]:
         return None
-    a, b = inside[0], inside[-1]
     steps = b["steps"] - a["steps"]
     forward, host, launch = (1e3 * (b[k] - a[k]) / steps for k in ("forward", "host", "launch"))
     return {
