@@ -150,6 +150,22 @@ def _long_decode(doc: Doc) -> list[tuple[int, int]]:
     )
 
 
+def _served_long(d: dict) -> str:
+    """A long-context server record's row (a mission's or `pyqsa bench`'s long scenario): the
+    paged server's decode rate, against the unpaged server's where that one decoded too."""
+    n, window = d["requests"], d["decode_window"]
+    text = f"{n} x {d['prompt_tokens']:,} through the server, paged: all {n} decoding together "
+    text += f"{window['tokens_per_s']} tok/s"
+    theirs = d.get("unpaged", {}).get("decode_window", {}).get("tokens_per_s")
+    if theirs:
+        text += f" against the unpaged server's {theirs}, {window['tokens_per_s'] / theirs:.3f}x"
+    if window.get("hit_rate") is not None:
+        text += f" (hit rate {window['hit_rate']})"
+    if ratio := d.get("decode_window_over_decode_py"):
+        text += f", {ratio}x bench/decode.py's paged step"
+    return text + f"; last first token {d['last_ttft_over_unpaged']}x the unpaged server's"
+
+
 def long_rows(docs: list[Doc]) -> list[Row]:
     out = []
 
@@ -179,16 +195,7 @@ def long_rows(docs: list[Doc]) -> list[Row]:
         out.append(("long context", text, dec))
     long = results.long_source(docs)
     if long is not None and long.data.get("last_ttft_over_unpaged"):
-        d = long.data
-        window = d["decode_window"]["tokens_per_s"]
-        ratio = d.get("decode_window_over_decode_py")
-        ratio = f", {ratio}x bench/decode.py's paged step" if ratio else ""
-        text = (
-            f"{d['requests']} x {d['prompt_tokens']:,} through the server, paged: last first "
-            f"token {d['last_ttft_over_unpaged']}x the unpaged server's; all {d['requests']} "
-            f"decoding together {window} tok/s{ratio}"
-        )
-        out.append(("long context", text, long))
+        out.append(("long context", _served_long(long.data), long))
 
     def paged_long(d: Doc) -> list[int]:
         return [c for c in _both_prefill(d, "pyqsa", "pyqsa-paged") if c >= 131072]
@@ -272,16 +279,14 @@ def locality_rows(docs: list[Doc]) -> list[Row]:
         lambda d: "decode_window" in d.data.get("unpaged", {}),  # both servers ran
     )
     if long is not None:
-        d, u = long.data, long.data["unpaged"]
-        mine, theirs = d["decode_window"]["tokens_per_s"], u["decode_window"]["tokens_per_s"]
-        text = (
-            f"{d['requests']} x {d['prompt_tokens']:,} through the server, paged: all "
-            f"{d['requests']} decoding together {mine} tok/s against the unpaged server's "
-            f"{theirs}, {mine / theirs:.3f}x (hit rate {d['decode_window']['hit_rate']}); last "
-            f"first token "
-            f"{d['last_ttft_over_unpaged']}x the unpaged server's"
-        )
-        out.append(("long context", text, long))
+        out.append(("long context", _served_long(long.data), long))
+    out += prefix_rows(docs)
+    return out
+
+
+def prefix_rows(docs: list[Doc]) -> list[Row]:
+    """The newest agents' record (the prefix cache's follow-up turns) as a row."""
+    out = []
     agents = results.newest(docs, results.PREFIX_KINDS, lambda d: "follow_up_ttft_s" in d.data)
     if agents is not None:
         d = agents.data
@@ -313,15 +318,16 @@ def locality_rows(docs: list[Doc]) -> list[Row]:
     return out
 
 
-def _table(rows: list[Row], header_gpus: list[str]) -> list[str]:
-    """The rows as a markdown table; a row measured on a GPU the block's first line does not
-    name says which (figures of different GPUs are not comparable)."""
-    lines = ["| kind | figure | commit, date | result file |", "| --- | --- | --- | --- |"]
+def _table(rows: list[Row]) -> list[str]:
+    """The rows as a markdown table, each with the GPU it was measured on (figures of
+    different GPUs are not comparable)."""
+    lines = [
+        "| kind | figure | GPU | commit, date | result file |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for kind, text, doc in rows:
-        name = doc.path.name
-        other = [g for g in results.gpus([doc]) if g not in header_gpus]
-        where = f" (on {', '.join(other)})" if other else ""
-        lines.append(f"| {kind} | {text}{where} | {doc.cite()} | [{name}](bench/results/{name}) |")
+        name, gpu = doc.path.name, ", ".join(results.gpus([doc])) or "?"
+        lines.append(f"| {kind} | {text} | {gpu} | {doc.cite()} | [{name}](bench/results/{name}) |")
     return lines
 
 
@@ -329,16 +335,15 @@ def block(docs: list[Doc], locality: list[Doc] = ()) -> str:
     """The README's results block, markers included (`locality`: the locality model's
     documents, a table of their own)."""
     rows: list[Row] = [*capacity_rows(docs), *speed_rows(docs), *long_rows(docs)]
+    rows += prefix_rows(docs)
     more = locality_rows(list(locality))
-    gpus = results.gpus([doc for _, _, doc in rows])
-    measured_on = ", ".join(gpus) or "an unnamed GPU"
     lines = [
         BEGIN,
-        f"Measured on {measured_on} with the full-shape synthetic model (random weights:",
+        "Measured with the full-shape synthetic model (random weights:",
         "[bench/README.md](bench/README.md#the-model)). Capacity, speed and long-context figures",
         "are separate measurements; none is summed with another.",
         "",
-        *_table(rows, gpus),
+        *_table(rows),
         "",
     ]
     if more:
@@ -347,7 +352,7 @@ def block(docs: list[Doc], locality: list[Doc] = ()) -> str:
             "stable blocks, as trained models do, so a hot cache keeps what the next step",
             "selects; random weights are a hot cache's worst case):",
             "",
-            *_table(more, gpus),
+            *_table(more),
             "",
         ]
     for name in EMBEDDED:

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
 from pyqsa.bench import report, results
 from pyqsa.bench.meta import RESULTS, ROOT
 
-MISSION = "2026-12-03-efc86b0-mission.json"
+# the long-context server record the block's capacity row comes from
+MISSION = results.long_source(results.load(RESULTS)).path.name
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_every_row_names_an_existing_file_and_its_commit():
     block = report.block(results.load(RESULTS))
     rows = [line for line in block.splitlines() if line.startswith("| ") and "---" not in line]
     kinds = [row.split(" | ")[0].lstrip("| ") for row in rows[1:]]
-    assert kinds[0] == "capacity" and set(kinds) == {"capacity", "speed", "long context"}
+    assert kinds[0] == "capacity" and set(kinds) == {"capacity", "speed", "long context", "prefix"}
     for row in rows[1:]:
         name = row.split("](bench/results/")[1].rstrip(") |")
         assert (RESULTS / name).is_file()
@@ -72,12 +72,13 @@ def test_a_new_run_changes_the_block_and_a_cpu_run_does_not(copy, tmp_path):
     newer = json.loads((copy / MISSION).read_text())
     newer["peak_device_memory_gib"]["nvidia_smi"] = 21.5
     newer["ttft_s"] = [100.0] * 8
-    (copy / "2026-12-05-def5678-mission.json").write_text(json.dumps(newer))
+    newer["utc"] = "2026-12-31T00:00:00Z"
+    (copy / "2026-12-31-def5678-mission.json").write_text(json.dumps(newer))
     assert report.main([*args, "--check"]) == 1
     assert report.main(args) == 0
     after = readme.read_text()
     assert after != before and "at most 21.50 GiB of the device" in after
-    assert "def5678, 2026-12-05" in after and "2026-12-05-def5678-mission.json" in after
+    assert "def5678, 2026-12-31" in after and "2026-12-31-def5678-mission.json" in after
     assert report.main([*args, "--check"]) == 0
 
 
@@ -102,7 +103,10 @@ def test_the_decode_plot_takes_the_run_with_the_most_curves():
     for v in results.CURVE_VARIANTS:
         assert [c for c, _ in results.curve(doc, v, 8)] == [8192, 262144]
     assert results.memory_source(docs) is not None
-    assert Path(results.ttft_source(docs).path).name == "2026-12-02-065b1a8-serve.json"
+    # the TTFT plot: the newest server record with idle TTFT, whichever tool wrote it
+    served = [d for d in docs if "idle_ttft" in results.serve_scenarios(d)]
+    assert {d.kind for d in served} == {"serve", "server"}
+    assert results.ttft_source(docs) is served[-1]
 
 
 def test_the_locality_model_has_a_table_of_its_own():
@@ -154,16 +158,13 @@ def test_the_locality_model_has_a_table_of_its_own():
     assert f"after {agents['follow_up_ttft_s']:.2f} s ({how}" in block
 
 
-def test_a_row_measured_on_another_gpu_says_which():
+def test_every_row_names_the_gpu_it_was_measured_on():
     docs, local = results.load(RESULTS), results.load(RESULTS, "locality")
     block = report.block(docs, local)
-    header = results.gpus([d for d in docs if d.path.name in block])
-    assert block.splitlines()[1].startswith(f"Measured on {', '.join(header)} with")
-    for d in local:
-        if d.path.name not in block:
-            continue
-        row = next(line for line in block.splitlines() if f"[{d.path.name}]" in line)
-        other = [g for g in results.gpus([d]) if g not in header]
-        assert (f"(on {', '.join(other)})" in row) == bool(other), row
-    # a row of the header's GPU names none
-    assert not any("(on " in line for line in block.split("With the locality")[0].splitlines())
+    rows = [line for line in block.splitlines() if line.startswith("| ") and "](bench/" in line]
+    assert rows
+    for d in [*docs, *local]:
+        for row in (r for r in rows if f"[{d.path.name}]" in r):
+            assert row.split(" | ")[2] == ", ".join(results.gpus([d])), row
+    # figures of two GPUs side by side: the block's rows name both
+    assert len({row.split(" | ")[2] for row in rows}) > 1
