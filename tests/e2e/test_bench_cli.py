@@ -182,3 +182,33 @@ def test_gpu_runs_of_these_scenarios_feed_the_report(bench_run, tmp_path):
     assert "2099-01-01-abc1234-capacity.json" in block
     written = report.write_plots(docs, tmp_path / "plots")
     assert [p.name for p in written] == list(report.PLOTS)
+
+
+def test_a_failing_upstream_library_is_listed_and_the_rest_measured(tmp_path, monkeypatch):
+    """The comparison library may not fit or load where pyqsa's does: its failure is in the
+    document, pyqsa's runs are still there, and a failing run of pyqsa's own fails the scenario."""
+    from pyqsa.bench.scenarios import Bench
+    from pyqsa.demo_model import demo_model_path
+
+    monkeypatch.setitem(
+        steps.SIZES, "quick", {**steps.SIZES["quick"], "contexts": [512, 1024], "seqs": [1]}
+    )
+    upstream = tmp_path / "upstream"
+    upstream.mkdir()
+    (upstream / "libllama.so").write_bytes(b"not a library")
+    work = tmp_path / "work"
+    work.mkdir()
+    bench = Bench(demo_model_path(), "quick", work, threads=1, repeats=1, upstream_lib=upstream)
+    doc = steps.run(bench)
+    # upstream failed at the first context and was not run at the second
+    assert [(f["variant"], f["context"]) for f in doc["failed"]] == [("upstream", 512)]
+    assert doc["failed"][0]["reason"]
+    assert sum("--variant upstream" in c for c in doc["commands"]) == 1
+    assert {r["variant"] for r in doc["records"]} == {"pyqsa", "pyqsa-paged"}
+    assert {r["context"] for r in doc["records"] if r["kind"] == "decode"} == {512, 1024}
+    failed = [f for f in doc["summary"] if f["figure"] == "upstream at 512: failed"]
+    assert failed and failed[0]["n"] == 0
+
+    monkeypatch.setattr(steps, "variants", lambda b: {"pyqsa": ["--variant", "nonesuch"]})
+    with pytest.raises(RuntimeError, match="decode.py failed"):
+        steps.run(bench)

@@ -5,6 +5,9 @@ unpaged and paged (the model's default hot cache) and, given its library, unpatc
 Each (variant, context) runs `repeats` times, each a fresh process, context and prefill (seed =
 the repeat's index); the summary gives the median over the runs and their spread. The document
 holds what bench/report.py writes (decode and prefill rows, every record) besides the summary.
+A run of upstream's library that fails (its dense attention may not fit where pyqsa's does) is
+listed under "failed" with its last log line, and upstream runs no longer context; a failing
+run of pyqsa's own fails the scenario.
 """
 
 from __future__ import annotations
@@ -63,32 +66,48 @@ def run(bench: Bench) -> dict[str, Any]:
         for name, flags in kinds.items()
         for repeat in range(size["repeats"])
     ]
-    commands = []
+    commands, failed = [], []
     with bench.progress(len(runs), "steps") as bar:
         for name, flags, context, repeat in runs:
+            if any(f["variant"] == name for f in failed):
+                bar.update()
+                continue
             bar.set_postfix_str(f"{name} at {context}")
             cmd = [sys.executable, "-m", "pyqsa.bench.decode", str(bench.model), *flags, *common]
             cmd += ["--contexts", str(context), "--seed", str(repeat)]
             commands.append(" ".join(cmd[1:]))
-            _decode(cmd, bench.work / "steps.log")
+            reason = _decode(cmd, bench.work / "steps.log")
             bar.update()
+            if reason is None:
+                continue
+            if name != "upstream":
+                raise RuntimeError(f"decode.py failed ({' '.join(cmd[3:])}): {reason}")
+            failed.append({"variant": name, "context": context, "repeat": repeat, "reason": reason})
     recs = decode_report.load([out])
     doc = record.header("steps", bench.model, {"preset": bench.preset, **size})
     doc["variants"] = kinds
     doc["decode"] = decode_report.decode_rows(recs)
     doc["prefill"] = decode_report.prefill_rows(recs)
-    doc["summary"] = summary(recs)
+    doc["summary"] = summary(recs) + [
+        record.figure(f"{f['variant']} at {f['context']}: failed", "runs", []) for f in failed
+    ]
+    doc["failed"] = failed
     doc["commands"] = commands
     doc["records"] = recs
     return doc
 
 
-def _decode(cmd: list[str], log: Path) -> None:
+def _decode(cmd: list[str], log: Path) -> str | None:
+    """Run decode.py; None, or why it failed (the last line it logged)."""
+    start = log.stat().st_size if log.exists() else 0
     with open(log, "a") as f:
         proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=f)
-    if proc.returncode != 0:
-        tail = log.read_text(errors="replace").strip().splitlines()[-1:]
-        raise RuntimeError(f"decode.py failed ({' '.join(cmd[3:])}): {' '.join(tail)}")
+    if proc.returncode == 0:
+        return None
+    with open(log, "rb") as f:
+        f.seek(start)
+        lines = f.read().decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else f"exit status {proc.returncode}"
 
 
 def summary(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
