@@ -103,6 +103,8 @@ ENGINE_COUNTERS = {
     'pyqsa_engine_step_seconds_total{part="forward"}': "forward",
     'pyqsa_engine_step_seconds_total{part="host"}': "host",
     'pyqsa_engine_step_seconds_total{part="launch"}': "launch",
+    # the part of "host" the prefix cache took: snapshots' heads, resumes, restores
+    "pyqsa_prefix_cache_engine_seconds_total": "prefix",
 }
 
 
@@ -168,13 +170,16 @@ def engine_between(a: dict[str, float], b: dict[str, float]):
         return None
     steps = b["steps"] - a["steps"]
     forward, host, launch = (1e3 * (b[k] - a[k]) / steps for k in ("forward", "host", "launch"))
-    return {
+    out = {
         "steps": int(steps),
         "forward_ms_per_step": round(forward, 3),
         "host_ms_per_step": round(host, 3),
         "launch_ms_per_step": round(launch, 3),
         "host_share": round(host / (forward + host), 3) if forward + host else None,
     }
+    if "prefix" in a and "prefix" in b:  # a server with the prefix cache on
+        out["prefix_ms_per_step"] = round(1e3 * (b["prefix"] - a["prefix"]) / steps, 3)
+    return out
 
 
 @dataclass(frozen=True)
@@ -277,6 +282,9 @@ def measure(load: Load, on_run: Callable[[int, dict], None] | None = None) -> tu
         ),
         "together_launch_ms_per_step": median(
             [(r["together_engine"] or {}).get("launch_ms_per_step") for r in runs]
+        ),
+        "together_prefix_ms_per_step": median(
+            [(r["together_engine"] or {}).get("prefix_ms_per_step") for r in runs]
         ),
     }
     if load.short_after is not None:

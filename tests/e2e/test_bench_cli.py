@@ -104,6 +104,11 @@ def test_server_scenarios_and_their_figures(bench_run):
     assert figures["8 concurrent TTFT"]["n"] == size["requests"] * size["repeats"]
     assert figures["short TTFT behind 7 long"]["median"] > 0
     assert figures["single stream decode"]["unit"] == "tok/s"
+    # where the window's steps went; the server runs with the prefix cache (its default)
+    forward, host = (figures[f"8 concurrent decode step, {p}"] for p in ("forward", "host"))
+    assert forward["n"] == host["n"] > 0 and forward["median"] > 0
+    cache = figures["8 concurrent decode step, host: prefix cache"]
+    assert cache["n"] == host["n"] and 0 <= cache["median"] <= host["max"]
     assert doc["serve_flags"].startswith("--slots 8 --ctx 1024")
     assert any(line.startswith("pyqsa: memory") for line in doc["start_lines"])
 

@@ -52,3 +52,13 @@ def test_the_engine_step_split_is_taken_inside_the_window():
     }
     assert serve_load.engine_in_window(snapshots, (1.0, 2.0)) is None  # one snapshot inside
     assert serve_load.engine_in_window(snapshots, None) is None
+
+
+def test_the_prefix_caches_share_of_host_time_where_the_server_has_the_cache():
+    before = {"steps": 10, "forward": 1.0, "host": 0.1, "launch": 0.0, "prefix": 0.5}
+    after = {"steps": 110, "forward": 2.5, "host": 0.4, "launch": 0.1, "prefix": 0.7}
+    got = serve_load.engine_between(before, after)
+    assert got["host_ms_per_step"] == 3.0 and got["prefix_ms_per_step"] == 2.0
+    # a server without the cache has no such counter, and the split says nothing of it
+    without = {k: v for k, v in before.items() if k != "prefix"}
+    assert "prefix_ms_per_step" not in serve_load.engine_between(without, after)

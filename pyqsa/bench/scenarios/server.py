@@ -93,6 +93,11 @@ def summary_of(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
     def runs(s: dict[str, Any], key: str) -> list[float | None]:
         return [r[key] for r in s["runs"]]
 
+    def steps(part: str) -> list[float | None]:  # where the window's steps went, per run
+        return [
+            (r.get("together_engine") or {}).get(f"{part}_ms_per_step") for r in together["runs"]
+        ]
+
     return [
         record.figure("idle TTFT, text", "ms", idle["text"]["ms"]),
         record.figure("idle TTFT, chat", "ms", idle["chat"]["ms"]),
@@ -102,5 +107,9 @@ def summary_of(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
             f"{n} concurrent TTFT", "s", [t for r in together["runs"] for t in r["ttft_s"]]
         ),
         record.figure(f"{n} concurrent decode together", "tok/s", runs(together, "together_tok_s")),
+        record.figure(f"{n} concurrent decode step, forward", "ms", steps("forward")),
+        record.figure(f"{n} concurrent decode step, host", "ms", steps("host")),
+        # the host's part that the prefix cache took (its snapshots where the prompts end)
+        record.figure(f"{n} concurrent decode step, host: prefix cache", "ms", steps("prefix")),
         record.figure(f"short TTFT behind {n - 1} long", "s", runs(short, "short_ttft_s")),
     ]
