@@ -340,8 +340,8 @@ def block(docs: list[Doc], locality: list[Doc] = ()) -> str:
     lines = [
         BEGIN,
         "Measured with the full-shape synthetic model (random weights:",
-        "[bench/README.md](bench/README.md#the-model)). Capacity, speed and long-context figures",
-        "are separate measurements; none is summed with another.",
+        "[bench/README.md](bench/README.md#the-model)). Capacity, speed, long-context and prefix",
+        "figures are separate measurements; none is summed with another.",
         "",
         *_table(rows),
         "",
