@@ -64,7 +64,7 @@ def bench(model, scenarios, quick, out, threads, repeats, upstream_lib) -> None:
     click.echo(f"pyqsa bench: {path.name}, {preset} sizes, scenarios {', '.join(names)}")
     docs, written = [], []
     with tempfile.TemporaryDirectory(prefix="pyqsa-bench-") as work:
-        spec = Bench(path, preset, Path(work), threads, repeats, upstream_lib)
+        spec = Bench(path, preset, Path(work), threads, repeats, upstream_lib, out)
         for name in names:
             t0 = time.monotonic()
             try:

@@ -203,7 +203,8 @@ def test_a_failing_upstream_library_is_listed_and_the_rest_measured(tmp_path, mo
     (upstream / "libllama.so").write_bytes(b"not a library")
     work = tmp_path / "work"
     work.mkdir()
-    bench = Bench(demo_model_path(), "quick", work, threads=1, repeats=1, upstream_lib=upstream)
+    out = tmp_path / "out"
+    bench = Bench(demo_model_path(), "quick", work, 1, 1, upstream, out)
     doc = steps.run(bench)
     # upstream failed at the first context and was not run at the second
     assert [(f["variant"], f["context"]) for f in doc["failed"]] == [("upstream", 512)]
@@ -214,6 +215,15 @@ def test_a_failing_upstream_library_is_listed_and_the_rest_measured(tmp_path, mo
     failed = [f for f in doc["summary"] if f["figure"] == "upstream at 512: failed"]
     assert failed and failed[0]["n"] == 0
 
-    monkeypatch.setattr(steps, "variants", lambda b: {"pyqsa": ["--variant", "nonesuch"]})
+    # written as it went: the last write holds every run
+    (written,) = out.iterdir()
+    assert json.loads(written.read_text())["partial"] == {"runs_done": 6, "runs": 6}
+
+    # a run cut short (here by a failing run of pyqsa's) keeps the runs before it on disk
+    ok = ["--variant", "pyqsa"]
+    monkeypatch.setattr(steps, "variants", lambda b: {"pyqsa": ok, "bad": ["--variant", "x"]})
     with pytest.raises(RuntimeError, match="decode.py failed"):
         steps.run(bench)
+    kept = json.loads(written.read_text())
+    assert kept["partial"] == {"runs_done": 1, "runs": 4}
+    assert {(r["variant"], r["context"]) for r in kept["records"]} == {("pyqsa", 512)}

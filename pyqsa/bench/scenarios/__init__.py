@@ -28,6 +28,9 @@ class Bench:
     threads: int | None = None  # CPU threads of decode.py and the servers (None: their default)
     repeats: int | None = None  # None: the preset's
     upstream_lib: Path | None = None  # steps: an unpatched llama.cpp's libllama.so folder
+    # where a scenario of many runs (steps) writes its document as it goes, marked "partial",
+    # so a run cut short (a machine's time limit) keeps what it measured; None: only at the end
+    out: Path | None = None
 
     def size(self, sizes: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """The scenario's shape for this preset, with --repeats applied."""

@@ -7,7 +7,9 @@ the repeat's index); the summary gives the median over the runs and their spread
 holds what bench/report.py writes (decode and prefill rows, every record) besides the summary.
 A run of upstream's library that fails (its dense attention may not fit where pyqsa's does) is
 listed under "failed" with its last log line, and upstream runs no longer context; a failing
-run of pyqsa's own fails the scenario.
+run of pyqsa's own fails the scenario. With `bench.out`, the document is written after every run
+with "partial": {"runs_done", "runs"}, so a run cut short keeps what it measured; the last write
+(by the CLI) has no such key.
 """
 
 from __future__ import annotations
@@ -69,21 +71,35 @@ def run(bench: Bench) -> dict[str, Any]:
     commands, failed = [], []
     with bench.progress(len(runs), "steps") as bar:
         for name, flags, context, repeat in runs:
-            if any(f["variant"] == name for f in failed):
-                bar.update()
-                continue
-            bar.set_postfix_str(f"{name} at {context}")
-            cmd = [sys.executable, "-m", "pyqsa.bench.decode", str(bench.model), *flags, *common]
-            cmd += ["--contexts", str(context), "--seed", str(repeat)]
-            commands.append(" ".join(cmd[1:]))
-            reason = _decode(cmd, bench.work / "steps.log")
+            if not any(f["variant"] == name for f in failed):  # else upstream failed before
+                bar.set_postfix_str(f"{name} at {context}")
+                cmd = [sys.executable, "-m", "pyqsa.bench.decode", str(bench.model), *flags]
+                cmd += [*common, "--contexts", str(context), "--seed", str(repeat)]
+                commands.append(" ".join(cmd[1:]))
+                reason = _decode(cmd, bench.work / "steps.log")
+                if reason is not None:
+                    if name != "upstream":
+                        raise RuntimeError(f"decode.py failed ({' '.join(cmd[3:])}): {reason}")
+                    failed.append(
+                        {"variant": name, "context": context, "repeat": repeat, "reason": reason}
+                    )
             bar.update()
-            if reason is None:
-                continue
-            if name != "upstream":
-                raise RuntimeError(f"decode.py failed ({' '.join(cmd[3:])}): {reason}")
-            failed.append({"variant": name, "context": context, "repeat": repeat, "reason": reason})
-    recs = decode_report.load([out])
+            if bench.out is not None:
+                doc = document(bench, size, kinds, out, failed, commands)
+                record.write(doc | {"partial": {"runs_done": bar.n, "runs": len(runs)}}, bench.out)
+    return document(bench, size, kinds, out, failed, commands)
+
+
+def document(
+    bench: Bench,
+    size: dict[str, Any],
+    kinds: dict[str, list[str]],
+    out: Path,
+    failed: list[dict[str, Any]],
+    commands: list[str],
+) -> dict[str, Any]:
+    """The scenario's document from the records decode.py wrote to `out` so far."""
+    recs = decode_report.load([out]) if out.exists() else []
     doc = record.header("steps", bench.model, {"preset": bench.preset, **size})
     doc["variants"] = kinds
     doc["decode"] = decode_report.decode_rows(recs)
