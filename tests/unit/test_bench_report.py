@@ -98,10 +98,15 @@ def test_a_readme_without_the_markers_is_refused(copy, tmp_path):
 def test_the_decode_plot_takes_the_run_with_the_most_curves():
     docs = results.load(RESULTS)
     doc = results.decode_source(docs)
-    # the newest run with pyqsa, paged and upstream at 1 and 8 sequences over two contexts
-    assert doc.path.name == "2026-12-01-8f8e313-decode.json"
+    # the newest run with pyqsa, paged and upstream at 1 and 8 sequences over two contexts or
+    # more: `pyqsa bench`'s steps scenario on the GPU, four contexts
+    assert doc.path.name == "2026-12-05-9470e5e-steps.json"
     for v in results.CURVE_VARIANTS:
-        assert [c for c, _ in results.curve(doc, v, 8)] == [8192, 262144]
+        for n in results.CURVE_SEQS:
+            assert [c for c, _ in results.curve(doc, v, n)] == [8192, 32768, 131072, 262144]
+    # an older run with every curve, but over fewer contexts, is not newer: not taken
+    older = next(d for d in docs if d.path.name == "2026-12-01-8f8e313-decode.json")
+    assert older.order < doc.order
     assert results.memory_source(docs) is not None
     # the TTFT plot: the newest server record with idle TTFT, whichever tool wrote it
     served = [d for d in docs if "idle_ttft" in results.serve_scenarios(d)]
