@@ -195,14 +195,24 @@ class Load:
     short_prompt_tokens: int = 64
     short_max_tokens: int = 8
     repeats: int = 1
+    # the prompts' seed: loads on one server need different ones, or the prefix cache serves one
+    # load's prompts from the snapshots of another's
+    seed: int = 0
 
 
-def scenario(args: Load, model: str, rng: random.Random) -> dict:
+def draw_prompts(args: Load, rng: random.Random) -> tuple[list[list[int]], list[int]]:
+    """A run's long prompts and its short one, token ids drawn from `rng`."""
+
     def prompt(n: int) -> list[int]:
         return [rng.randrange(100, 5000) for _ in range(n)]
 
-    prompts = [prompt(args.prompt_tokens) for _ in range(args.requests)]
-    short_prompt = prompt(args.short_prompt_tokens)
+    return [prompt(args.prompt_tokens) for _ in range(args.requests)], prompt(
+        args.short_prompt_tokens
+    )
+
+
+def scenario(args: Load, model: str, rng: random.Random) -> dict:
+    prompts, short_prompt = draw_prompts(args, rng)
     short: dict = {}
 
     def send_short() -> None:
@@ -257,13 +267,14 @@ def measure(load: Load, on_run: Callable[[int, dict], None] | None = None) -> tu
     """The load's runs (each as `scenario` gives it; `on_run(index, run)` after each) and their
     summary: medians over the runs, with spread."""
     model = httpx.get(f"{load.url}/v1/models").json()["data"][0]["id"]
-    rng = random.Random(0)  # every run's prompts differ: nothing is reused between runs
+    rng = random.Random(load.seed)  # every run's prompts differ: nothing is reused between runs
     runs = []
     for i in range(load.repeats):
         runs.append(scenario(load, model, rng))
         if on_run is not None:
             on_run(i, runs[-1])
     summary = {
+        "seed": load.seed,
         "requests": load.requests,
         "prompt_tokens": load.prompt_tokens,
         "max_tokens": load.max_tokens,
@@ -304,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--short-prompt-tokens", type=int, default=64)
     ap.add_argument("--short-max-tokens", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument(
+        "--seed", type=int, default=0, help="the prompts' (another for each load on one server)"
+    )
     args = ap.parse_args(argv)
     load = Load(**{f.name: getattr(args, f.name) for f in fields(Load)})
     _, summary = measure(load, lambda i, run: print(json.dumps({"run": i, **run}), flush=True))

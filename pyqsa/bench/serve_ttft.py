@@ -1,10 +1,10 @@
 """Time to first token of one short request at a time on an idle `pyqsa serve`, over HTTP.
 
-Each run streams a completion and times from sending the request to the first streamed
-token: median, min and max of the runs after the warm-up ones, per endpoint (text with a
-token-id prompt: no template, no tokenizer; chat: template and tokenizer), and the very first
-request on its own (on a fresh server: what its first user waits); the last line is the same
-as JSON. Start the server first, e.g.
+Each run streams a completion of a prompt of its own (no prefix cache hit) and times from
+sending the request to the first streamed token: median, min and max of the runs after the
+warm-up ones, per endpoint (text with a token-id prompt: no template, no tokenizer; chat:
+template and tokenizer), and the very first request on its own (on a fresh server: what its
+first user waits); the last line is the same as JSON. Start the server first, e.g.
 
     pyqsa serve --port 8000 --threads 1 &
     python bench/serve_ttft.py http://127.0.0.1:8000 --runs 30
@@ -35,6 +35,25 @@ def ttft(client: httpx.Client, url: str, body: dict) -> float:
     raise RuntimeError("no token came back")
 
 
+def request_bodies(model: str, prompt_tokens: int) -> dict[str, tuple[str, Callable]]:
+    """Per endpoint, its path and the body of request i: each request a prompt of its own (the
+    first token, the chat's first word, differs), so that none is a prefix cache hit."""
+    common = {"model": model, "max_tokens": 1, "stream": True, "ignore_eos": True}
+    return {
+        "text": (
+            "/v1/completions",
+            lambda i: {**common, "prompt": [1000 + i] + [1000] * (prompt_tokens - 1)},
+        ),
+        "chat": (
+            "/v1/chat/completions",
+            lambda i: {
+                **common,
+                "messages": [{"role": "user", "content": f"{i} " + "hello " * 20}],
+            },
+        ),
+    }
+
+
 def measure(
     url: str,
     prompt_tokens: int = 32,
@@ -48,19 +67,12 @@ def measure(
     `on_request()` after each request."""
     with httpx.Client(timeout=60) as client:
         model = model or client.get(url + "/v1/models").json()["data"][0]["id"]
-        common = {"model": model, "max_tokens": 1, "stream": True, "ignore_eos": True}
-        bodies = {
-            "text": ("/v1/completions", {**common, "prompt": [1000] * prompt_tokens}),
-            "chat": (
-                "/v1/chat/completions",
-                {**common, "messages": [{"role": "user", "content": "hello " * 20}]},
-            ),
-        }
+        bodies = request_bodies(model, prompt_tokens)
         summary: dict = {"prompt_tokens": prompt_tokens, "runs": runs}
         for name, (path, body) in bodies.items():
             times = []
-            for _ in range(warmup + runs):
-                times.append(ttft(client, url + path, body))
+            for i in range(warmup + runs):
+                times.append(ttft(client, url + path, body(i)))
                 if on_request is not None:
                     on_request()
             ms = sorted(1e3 * t for t in times[warmup:])

@@ -95,6 +95,9 @@ def test_server_scenarios_and_their_figures(bench_run):
     size = server.SIZES["quick"]
     by = {s["scenario"]: s for s in doc["scenarios"]}
     assert list(by) == ["idle_ttft", "single_stream", "decode_together", "short_behind_long"]
+    # each load its own prompts: none starts from another's prefix cache entries
+    seeds = [by[name]["seed"] for name in list(by)[1:]]
+    assert len(set(seeds)) == 3
     assert len(by["idle_ttft"]["text"]["ms"]) == size["ttft_runs"]
     assert by["decode_together"]["answered"] == size["requests"]
     assert len(by["decode_together"]["runs"]) == size["repeats"]

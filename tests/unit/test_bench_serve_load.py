@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from pyqsa.bench import serve_load
@@ -62,3 +64,25 @@ def test_the_prefix_caches_share_of_host_time_where_the_server_has_the_cache():
     # a server without the cache has no such counter, and the split says nothing of it
     without = {k: v for k, v in before.items() if k != "prefix"}
     assert "prefix_ms_per_step" not in serve_load.engine_between(without, after)
+
+
+def test_loads_of_other_seeds_draw_other_prompts():
+    load = serve_load.Load("http://x", requests=3, prompt_tokens=50, short_prompt_tokens=8)
+    runs = [serve_load.draw_prompts(load, random.Random(0)) for _ in range(2)]
+    assert runs[0] == runs[1]  # a seed gives the same prompts again
+    first, second = (serve_load.draw_prompts(load, random.Random(s)) for s in (1, 2))
+    prompts = [tuple(p) for p in (*first[0], *second[0])]
+    assert len(set(prompts)) == len(prompts) == 6
+    # no prompt is a prefix of another's, so no load starts from another's cache entries
+    assert len({p[:16] for p in prompts}) == 6
+    assert all(len(p) == 50 for p in prompts) and len(first[1]) == 8
+
+
+def test_idle_ttft_requests_each_have_a_prompt_of_their_own():
+    from pyqsa.bench import serve_ttft
+
+    bodies = serve_ttft.request_bodies("m", 32)
+    text = [bodies["text"][1](i)["prompt"] for i in range(40)]
+    assert all(len(p) == 32 for p in text) and len({p[0] for p in text}) == 40
+    chat = [bodies["chat"][1](i)["messages"][0]["content"] for i in range(40)]
+    assert len({c.split()[0] for c in chat}) == 40

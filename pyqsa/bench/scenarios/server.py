@@ -70,9 +70,10 @@ def run(bench: Bench) -> dict[str, Any]:
             on_request=bar.update,
         )
         scenarios.append({"scenario": "idle_ttft", **idle})
-        for name, shape in loads.items():
+        # each load its own prompts (seed): none is served from another's prefix cache entries
+        for seed, (name, shape) in enumerate(loads.items(), start=1):
             bar.set_postfix_str(name)
-            load = serve_load.Load(server.url, repeats=size["repeats"], **shape)
+            load = serve_load.Load(server.url, repeats=size["repeats"], seed=seed, **shape)
             runs, summary = serve_load.measure(load, lambda i, r: bar.update())
             scenarios.append({"scenario": name, **summary, "runs": runs})
         start_lines = server.start_lines
