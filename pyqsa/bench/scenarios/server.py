@@ -110,7 +110,7 @@ def summary_of(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
         record.figure(f"{n} concurrent decode together", "tok/s", runs(together, "together_tok_s")),
         record.figure(f"{n} concurrent decode step, forward", "ms", steps("forward")),
         record.figure(f"{n} concurrent decode step, host", "ms", steps("host")),
-        # the host's part that the prefix cache took (its snapshots where the prompts end)
+        # the host's part the prefix cache took (snapshot heads, resumes, restores)
         record.figure(f"{n} concurrent decode step, host: prefix cache", "ms", steps("prefix")),
         record.figure(f"short TTFT behind {n - 1} long", "s", runs(short, "short_ttft_s")),
     ]
