@@ -34,8 +34,11 @@ def device() -> dict[str, Any]:
     }
 
 
-def header(scenario: str, model: Path, flags: dict[str, Any]) -> dict[str, Any]:
-    """The run's identity (see the module docstring)."""
+def header(
+    scenario: str, model: Path, flags: dict[str, Any], with_device: bool = True
+) -> dict[str, Any]:
+    """The run's identity (see the module docstring); "device" None without `with_device`
+    (asking llama.cpp for its devices' memory opens a CUDA context in this process)."""
     now = time.gmtime()
     return {
         "scenario": scenario,
@@ -44,7 +47,7 @@ def header(scenario: str, model: Path, flags: dict[str, Any]) -> dict[str, Any]:
         **git_commit(),
         "source_digest": source_digest(),
         "upstream_commit": upstream_commit(),
-        "device": device(),
+        "device": device() if with_device else None,
         "gpu": gpu_name(),
         "model": model.name,
         "model_bytes": model.stat().st_size,

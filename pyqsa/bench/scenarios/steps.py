@@ -69,6 +69,9 @@ def run(bench: Bench) -> dict[str, Any]:
         for repeat in range(size["repeats"])
     ]
     commands, failed = [], []
+    # taken once; the devices only after the runs, so that this process holds no CUDA context
+    # (device memory) while decode.py runs
+    head = record.header("steps", bench.model, {"preset": bench.preset, **size}, False)
     with bench.progress(len(runs), "steps") as bar:
         for name, flags, context, repeat in runs:
             if not any(f["variant"] == name for f in failed):  # else upstream failed before
@@ -85,22 +88,22 @@ def run(bench: Bench) -> dict[str, Any]:
                     )
             bar.update()
             if bench.out is not None:
-                doc = document(bench, size, kinds, out, failed, commands)
+                doc = document(head, kinds, out, failed, commands)
                 record.write(doc | {"partial": {"runs_done": bar.n, "runs": len(runs)}}, bench.out)
-    return document(bench, size, kinds, out, failed, commands)
+    return document(head | {"device": record.device()}, kinds, out, failed, commands)
 
 
 def document(
-    bench: Bench,
-    size: dict[str, Any],
+    head: dict[str, Any],
     kinds: dict[str, list[str]],
     out: Path,
     failed: list[dict[str, Any]],
     commands: list[str],
 ) -> dict[str, Any]:
-    """The scenario's document from the records decode.py wrote to `out` so far."""
+    """The scenario's document (`head`: record.header's) from the records decode.py wrote to
+    `out` so far."""
     recs = decode_report.load([out]) if out.exists() else []
-    doc = record.header("steps", bench.model, {"preset": bench.preset, **size})
+    doc = dict(head)
     doc["variants"] = kinds
     doc["decode"] = decode_report.decode_rows(recs)
     doc["prefill"] = decode_report.prefill_rows(recs)
