@@ -234,11 +234,7 @@ def engine_split(a: dict[str, float], b: dict[str, float]) -> dict[str, Any] | N
     """Where the steps between two /metrics snapshots went (serve_load.engine_between: forward,
     host, launch ms a step), to set against bench/decode.py's step, and how their graphs ran;
     None without a step between them."""
-
-    def engine(s: dict[str, float]) -> dict[str, float]:
-        return {k: s[name] for name, k in serve_load.ENGINE_COUNTERS.items() if name in s}
-
-    split = serve_load.engine_between(engine(a), engine(b))
+    split = serve_load.engine_between(serve_load.engine_of(a), serve_load.engine_of(b))
     if split is not None:
         steps = split["steps"]
         split["graphs_per_step"] = {

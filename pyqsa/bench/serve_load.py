@@ -125,7 +125,11 @@ def scrape(url: str) -> dict[str, float]:
 
 def engine_counters(url: str) -> dict[str, float]:
     """The engine's step counters from the server's /metrics."""
-    samples = scrape(url)
+    return engine_of(scrape(url))
+
+
+def engine_of(samples: dict[str, float]) -> dict[str, float]:
+    """The engine's step counters among a /metrics page's samples, by their short names."""
     return {short: samples[name] for name, short in ENGINE_COUNTERS.items() if name in samples}
 
 
@@ -253,6 +257,12 @@ def scenario(args: Load, model: str, rng: random.Random) -> dict:
     return result
 
 
+def window_part(runs: list[dict], part: str) -> list[float | None]:
+    """Per run, the ms a step of `part` ("forward", "host", "launch", "prefix") in the window
+    where all decoded together (None where a run had no such window or part)."""
+    return [(r["together_engine"] or {}).get(f"{part}_ms_per_step") for r in runs]
+
+
 def median(values: list) -> float | None:
     values = [v for v in values if v is not None]
     return round(statistics.median(values), 3) if values else None
@@ -285,18 +295,10 @@ def measure(load: Load, on_run: Callable[[int, dict], None] | None = None) -> tu
         "together_tok_s": median([r["together_tok_s"] for r in runs]),
         "together_spread": spread([r["together_tok_s"] for r in runs]),
         "tokens_per_chunk": max(r["tokens_per_chunk"] for r in runs),
-        "together_host_ms_per_step": median(
-            [(r["together_engine"] or {}).get("host_ms_per_step") for r in runs]
-        ),
-        "together_forward_ms_per_step": median(
-            [(r["together_engine"] or {}).get("forward_ms_per_step") for r in runs]
-        ),
-        "together_launch_ms_per_step": median(
-            [(r["together_engine"] or {}).get("launch_ms_per_step") for r in runs]
-        ),
-        "together_prefix_ms_per_step": median(
-            [(r["together_engine"] or {}).get("prefix_ms_per_step") for r in runs]
-        ),
+        **{
+            f"together_{part}_ms_per_step": median(window_part(runs, part))
+            for part in ("host", "forward", "launch", "prefix")
+        },
     }
     if load.short_after is not None:
         summary["short"] = {"after_s": load.short_after, "prompt_tokens": load.short_prompt_tokens}

@@ -95,9 +95,7 @@ def summary_of(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [r[key] for r in s["runs"]]
 
     def steps(part: str) -> list[float | None]:  # where the window's steps went, per run
-        return [
-            (r.get("together_engine") or {}).get(f"{part}_ms_per_step") for r in together["runs"]
-        ]
+        return serve_load.window_part(together["runs"], part)
 
     return [
         record.figure("idle TTFT, text", "ms", idle["text"]["ms"]),
