@@ -86,3 +86,10 @@ def test_idle_ttft_requests_each_have_a_prompt_of_their_own():
     assert all(len(p) == 32 for p in text) and len({p[0] for p in text}) == 40
     chat = [bodies["chat"][1](i)["messages"][0]["content"] for i in range(40)]
     assert len({c.split()[0] for c in chat}) == 40
+
+
+def test_a_seed_that_is_no_integer_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        serve_load.main(["http://127.0.0.1:1", "--seed", "x"])
+    assert e.value.code == 2
+    assert "--seed: invalid int value: 'x'" in capsys.readouterr().err
