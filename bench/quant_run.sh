@@ -14,6 +14,8 @@
 #                one --types and one --tools a call, with --remove)
 #                --remove (delete this call's quantized files after its decode runs)
 #                --model PATH (any qwen4exp GGUF instead of gpu_run.sh's)
+#                --llama-quantize PATH (upstream's llama-quantize built elsewhere from the same pin,
+#                e.g. carried in .gpu-carry: no build here)
 #                --cpu (the CPU check: no nvidia-smi, the CPU build, decode.py's CPU flags)
 #   env:         PYQSA_BENCH_WORK (default .build/bench: the models, quant/, logs/, history)
 # Quantized files stay in .build/bench/quant/ (a second call reuses them and quantizes nothing),
@@ -26,7 +28,7 @@ cd "$(dirname "$0")/.."
 t_start=$(date +%s)
 invocation="bench/quant_run.sh $*"
 budget=540 types=Q8_0,Q4_K_M tools=pyqsa,llama-quantize contexts=32768,262144 seqs=1,8
-steps=32 warmup=4 decode_args= kind= model= f16=1 cpu= remove=
+steps=32 warmup=4 decode_args= kind= model= f16=1 cpu= remove= qbin=
 while [ $# -gt 0 ]; do
     case "$1" in
         --small) kind=small-; shift; continue ;;
@@ -44,6 +46,7 @@ while [ $# -gt 0 ]; do
         --warmup) warmup=$2 ;;
         --decode-args) decode_args=$2 ;;
         --model) model=$2 ;;
+        --llama-quantize) qbin=$2 ;;
         *) echo "quant_run.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift 2
@@ -51,6 +54,9 @@ done
 for tool in ${tools//,/ }; do
     case "$tool" in pyqsa|llama-quantize) ;; *) echo "quant_run.sh: unknown tool $tool" >&2; exit 2 ;; esac
 done
+if [ -n "$qbin" ] && [ ! -x "$qbin" ]; then
+    echo "quant_run.sh: --llama-quantize $qbin: no such program" >&2; exit 2
+fi
 deadline=$((t_start + budget))
 out=${OUT:-/tmp/pyqsa-bench-out}
 work=${PYQSA_BENCH_WORK:-.build/bench}
@@ -87,7 +93,7 @@ echo "# $invocation" >> "$out/commands.txt"
 # its own CPU build of llama, ggml and common, through a two-line project that adds the extract
 # and its tools/quantize folder (the carry leaves out tools gpu_run.sh never builds, so the
 # extract's own tools list cannot be configured)
-qbin=$work/upstream-quantize/bin/llama-quantize
+qbin=${qbin:-$work/upstream-quantize/bin/llama-quantize}
 if [[ ,$tools, == *,llama-quantize,* ]] && [ ! -x "$qbin" ]; then
     src=$(realpath .build/upstream/llama_cpp_python-*/vendor/llama.cpp)
     [ -d "$src/tools/quantize" ] || { echo "quant_run.sh: no upstream extract with tools/quantize: run bench/gpu_run.sh first" >&2; exit 2; }

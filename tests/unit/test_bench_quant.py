@@ -91,3 +91,5 @@ def test_bad_options(tmp_path):
     assert proc.returncode == 2 and "unknown tool nope" in proc.stderr
     proc = quant_run(tmp_path, tmp_path / "none.gguf", "--frobnicate", "1")
     assert proc.returncode == 2 and "unknown option --frobnicate" in proc.stderr
+    proc = quant_run(tmp_path, tmp_path / "none.gguf", "--llama-quantize", str(tmp_path / "no"))
+    assert proc.returncode == 2 and "--llama-quantize" in proc.stderr and "no such" in proc.stderr
