@@ -3,7 +3,8 @@ size, quantize time, prefill and decode tokens/s per context and sequence count.
 
     python bench/quant_report.py quant.jsonl decode.jsonl [--save DIR]
 
-A cell is the median over the matching decode.py records (its --repeats); --save also writes
+A decode cell is the median over the matching decode.py records (its --repeats), with their
+range beside it when there are several; --save also writes
 DIR/<date>-<commit>-quant.json (every record and the rows: the file for bench/results/).
 """
 
@@ -49,6 +50,8 @@ def rows(quant: list[Rec], decode: list[Rec]) -> list[Rec]:
                 **row,
                 "prefill_tok_s": prefill,
                 "decode_tok_s": {f"{c}x{n}": statistics.median(v) for (c, n), v in steps.items()},
+                "decode_spread": {f"{c}x{n}": [min(v), max(v)] for (c, n), v in steps.items()},
+                "decode_runs": {f"{c}x{n}": len(v) for (c, n), v in steps.items()},
             }
         )
     return out
@@ -63,6 +66,16 @@ def _tokens(n: int) -> str:
     return f"{n // 1024}K" if n % 1024 == 0 else str(n)
 
 
+def _cell(row: Rec, key: str) -> str:
+    if key not in row["decode_tok_s"]:
+        return "-"
+    text = f"{row['decode_tok_s'][key]:.1f}"
+    if row["decode_runs"][key] > 1:
+        lo, hi = row["decode_spread"][key]
+        text += f" ({lo:.1f}-{hi:.1f})"
+    return text
+
+
 def render(table: list[Rec]) -> str:
     contexts = sorted({int(c) for r in table for c in r["prefill_tok_s"]})
     cells = sorted({k for r in table for k in r["decode_tok_s"]}, key=_context_seqs)
@@ -71,11 +84,11 @@ def render(table: list[Rec]) -> str:
     head += [f"decode {n} x {_tokens(c)}" for c, n in map(_context_seqs, cells)]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in table:
-        q, pre, dec = r.get("quantize_s"), r["prefill_tok_s"], r["decode_tok_s"]
+        q, pre = r.get("quantize_s"), r["prefill_tok_s"]
         vals = [r["model"], r["tool"], r["type"], f"{r['bytes'] / 2**30:.2f}"]
         vals.append("-" if q is None else f"{q:.0f}")
         vals += [f"{pre[c]:.0f}" if c in pre else "-" for c in contexts]
-        vals += [f"{dec[k]:.1f}" if k in dec else "-" for k in cells]
+        vals += [_cell(r, k) for k in cells]
         lines.append("| " + " | ".join(vals) + " |")
     return "\n".join(lines)
 

@@ -93,3 +93,21 @@ def test_bad_options(tmp_path):
     assert proc.returncode == 2 and "unknown option --frobnicate" in proc.stderr
     proc = quant_run(tmp_path, tmp_path / "none.gguf", "--llama-quantize", str(tmp_path / "no"))
     assert proc.returncode == 2 and "--llama-quantize" in proc.stderr and "no such" in proc.stderr
+
+
+def test_report_cells_give_median_and_range_of_the_repeats(tmp_path):
+    quant = {"source": "f16.gguf", "source_bytes": 2**30, "model": "q4.gguf", "model_bytes": 2**29}
+    quant |= {"tool": "pyqsa", "type": "Q4_K_M", "seconds": 3.0}
+    decode = [
+        {"model": "q4.gguf", "kind": "decode", "context": 32768, "n_seq": 8, "tok_s": v}
+        for v in (500.0, 520.0, 490.0)
+    ]
+    decode.append({**decode[0], "model": "f16.gguf", "tok_s": 400.0})
+    (tmp_path / "q.jsonl").write_text(json.dumps(quant) + "\n")
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in decode))
+    cmd = ["python", str(BENCH / "quant_report.py"), str(tmp_path / "q.jsonl")]
+    proc = subprocess.run([*cmd, str(tmp_path / "d.jsonl")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split(" | ")[0][2:]: line for line in proc.stdout.splitlines()[2:]}
+    assert rows["q4.gguf"].endswith("| 500.0 (490.0-520.0) |")
+    assert rows["f16.gguf"].endswith("| 400.0 |")  # one run: no range
