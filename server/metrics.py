@@ -167,6 +167,11 @@ def _prefix_metrics(p: PrefixStats) -> Iterator[Metric]:
         "(every slot waits meanwhile)",
         value=p.engine_seconds,
     )
+    yield CounterMetricFamily(
+        "pyqsa_prefix_cache_snapshots",
+        "Snapshots' heads taken on the engine thread (their rows go to the copier thread)",
+        value=p.snapshots,
+    )
 
 
 class Metrics:

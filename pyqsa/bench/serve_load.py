@@ -105,6 +105,9 @@ ENGINE_COUNTERS = {
     'pyqsa_engine_step_seconds_total{part="launch"}': "launch",
     # the part of "host" the prefix cache took: snapshots' heads, resumes, restores
     "pyqsa_prefix_cache_engine_seconds_total": "prefix",
+    "pyqsa_prefix_cache_snapshots_total": "snapshots",
+    # the copier thread's, beside the passes
+    "pyqsa_prefix_cache_copy_seconds_total": "copy",
 }
 
 
@@ -183,6 +186,10 @@ def engine_between(a: dict[str, float], b: dict[str, float]):
     }
     if "prefix" in a and "prefix" in b:  # a server with the prefix cache on
         out["prefix_ms_per_step"] = round(1e3 * (b["prefix"] - a["prefix"]) / steps, 3)
+    if "snapshots" in a and "snapshots" in b:
+        out["snapshots"] = int(b["snapshots"] - a["snapshots"])
+    if "copy" in a and "copy" in b:
+        out["copy_ms_per_step"] = round(1e3 * (b["copy"] - a["copy"]) / steps, 3)
     return out
 
 
@@ -258,8 +265,8 @@ def scenario(args: Load, model: str, rng: random.Random) -> dict:
 
 
 def window_part(runs: list[dict], part: str) -> list[float | None]:
-    """Per run, the ms a step of `part` ("forward", "host", "launch", "prefix") in the window
-    where all decoded together (None where a run had no such window or part)."""
+    """Per run, the ms a step of `part` ("forward", "host", "launch", "prefix", "copy") in the
+    window where all decoded together (None where a run had no such window or part)."""
     return [(r["together_engine"] or {}).get(f"{part}_ms_per_step") for r in runs]
 
 
@@ -297,7 +304,7 @@ def measure(load: Load, on_run: Callable[[int, dict], None] | None = None) -> tu
         "tokens_per_chunk": max(r["tokens_per_chunk"] for r in runs),
         **{
             f"together_{part}_ms_per_step": median(window_part(runs, part))
-            for part in ("host", "forward", "launch", "prefix")
+            for part in ("host", "forward", "launch", "prefix", "copy")
         },
     }
     if load.short_after is not None:

@@ -55,6 +55,7 @@ class PrefixStats:
     copy_seconds: float = 0.0  # the copier thread's time copying rows, since start
     # the engine thread's time in snapshots, resumes and restores (waits for copies included)
     engine_seconds: float = 0.0
+    snapshots: int = 0  # heads taken, since start
 
 
 @dataclass(eq=False)
@@ -93,6 +94,7 @@ class PrefixReuse:
         self._miss_tokens = 0
         self._starts = dict.fromkeys(STARTS, 0)
         self._engine_seconds = 0.0
+        self._snapshots = 0
 
     @property
     def enabled(self) -> bool:
@@ -276,6 +278,7 @@ class PrefixReuse:
             return
         finally:
             self._engine_seconds += time.perf_counter() - started
+        self._snapshots += 1
         segments = []
         for seg in self._lineage.get(slot, []):
             if seg.dropped or seg.failed or seg.end > n:
@@ -311,4 +314,5 @@ class PrefixReuse:
             self.copier.pending() if self.copier else 0,
             self.copier.seconds if self.copier else 0.0,
             self._engine_seconds,
+            self._snapshots,
         )

@@ -112,6 +112,9 @@ def test_server_scenarios_and_their_figures(bench_run):
     assert forward["n"] == host["n"] > 0 and forward["median"] > 0
     cache = figures["8 concurrent decode step, host: prefix cache"]
     assert cache["n"] == host["n"] and 0 <= cache["median"] <= host["max"]
+    heads = figures["8 concurrent decode window, snapshots' heads taken"]
+    copies = figures["8 concurrent decode step, beside it: row copies"]
+    assert heads["n"] == copies["n"] == host["n"] and heads["min"] >= 0 and copies["min"] >= 0
     assert doc["serve_flags"].startswith("--slots 8 --ctx 1024")
     assert any(line.startswith("pyqsa: memory") for line in doc["start_lines"])
 

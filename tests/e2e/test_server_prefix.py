@@ -157,6 +157,8 @@ def test_cancel_during_a_reused_request_leaves_the_cache_intact(warm, cold):
     # the prompt's end was kept; a cancelled request's reply is not computed again
     assert after["pyqsa_prefix_cache_entries"] == before["pyqsa_prefix_cache_entries"] + 1
     assert after["pyqsa_prefix_cache_evicted_total"] == before["pyqsa_prefix_cache_evicted_total"]
+    heads = "pyqsa_prefix_cache_snapshots_total"
+    assert after[heads] == before[heads] + 1  # that entry's head, taken on the engine thread
     got = complete(warm, prompt + new_tokens(4, 4))
     assert cached(got) == len(prompt)
     assert got["choices"] == complete(cold, prompt + new_tokens(4, 4))["choices"]

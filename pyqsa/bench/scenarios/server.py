@@ -110,5 +110,12 @@ def summary_of(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
         record.figure(f"{n} concurrent decode step, host", "ms", steps("host")),
         # the host's part the prefix cache took (snapshot heads, resumes, restores)
         record.figure(f"{n} concurrent decode step, host: prefix cache", "ms", steps("prefix")),
+        record.figure(
+            f"{n} concurrent decode window, snapshots' heads taken",
+            "heads",
+            [(r["together_engine"] or {}).get("snapshots") for r in together["runs"]],
+        ),
+        # the copier thread's row copies run beside the passes, not in them
+        record.figure(f"{n} concurrent decode step, beside it: row copies", "ms", steps("copy")),
         record.figure(f"short TTFT behind {n - 1} long", "s", runs(short, "short_ttft_s")),
     ]
