@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU machine, after bench/gpu_run.sh (pyqsa's CUDA build and the synthetic model): the model
-# quantized by `pyqsa quantize` and by upstream's llama-quantize (built here from the same carried
-# extract, CPU only, on the first call), each file's size and quantize time, then bench/decode.py
+# quantized by `pyqsa quantize` and by upstream's llama-quantize (carried for this pin, or built
+# here from the same carried extract, CPU only, on the first call), each file's size and quantize
+# time, then bench/decode.py
 # (pyqsa's library) on the f16 source and on every quantized file, per context cheapest first.
 #   device run:  carry [".gpu-carry"], command: bench/quant_run.sh --commit <sha> [options]
 #   options:     --commit SHA (recorded as the commit, as gpu_run.sh's)
@@ -14,8 +15,8 @@
 #                one --types and one --tools a call, with --remove)
 #                --remove (delete this call's quantized files after its decode runs)
 #                --model PATH (any qwen4exp GGUF instead of gpu_run.sh's)
-#                --llama-quantize PATH (upstream's llama-quantize built elsewhere from the same pin,
-#                e.g. carried in .gpu-carry: no build here)
+#                --llama-quantize PATH (upstream's llama-quantize built elsewhere from the same pin:
+#                no build here; without it, .gpu-carry/llama-quantize when its stamp names the pin)
 #                --cpu (the CPU check: no nvidia-smi, the CPU build, decode.py's CPU flags)
 #   env:         PYQSA_BENCH_WORK (default .build/bench: the models, quant/, logs/, history)
 # Quantized files stay in .build/bench/quant/ (a second call reuses them and quantizes nothing),
@@ -89,29 +90,25 @@ fi
 echo "model $model ($(du -h "$model" | cut -f1)), repo ${PYQSA_BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 echo "# $invocation" >> "$out/commands.txt"
 
-# upstream's llama-quantize from the carried extract (gpu_run.sh unpacks it into .build/upstream):
-# its own CPU build of llama, ggml and common, through a two-line project that adds the extract
-# and its tools/quantize folder (the carry leaves out tools gpu_run.sh never builds, so the
-# extract's own tools list cannot be configured)
+# upstream's llama-quantize: --llama-quantize's, else the carried one when its stamp names this
+# pin (tests/gpu/prebuild.sh with PREBUILD_QUANTIZE=1), else built here from the carried extract
+# (gpu_run.sh unpacks it into .build/upstream), a CPU-only build (quantize_build)
+. tests/gpu/prebuilt.sh
+if [ -z "$qbin" ] && [ -f .gpu-carry/llama-quantize ] &&
+    [ "$(head -n 1 .gpu-carry/llama-quantize.stamp 2> /dev/null)" = "$(quantize_pin)" ]; then
+    qbin=$work/llama-quantize-carried
+    install -m 755 .gpu-carry/llama-quantize "$qbin"
+fi
 qbin=${qbin:-$work/upstream-quantize/bin/llama-quantize}
 if [[ ,$tools, == *,llama-quantize,* ]] && [ ! -x "$qbin" ]; then
-    src=$(realpath .build/upstream/llama_cpp_python-*/vendor/llama.cpp)
-    [ -d "$src/tools/quantize" ] || { echo "quant_run.sh: no upstream extract with tools/quantize: run bench/gpu_run.sh first" >&2; exit 2; }
-    proj=$work/upstream-quantize-project
-    mkdir -p "$proj"
-    printf 'cmake_minimum_required(VERSION 3.14)\nproject(upstream_quantize C CXX)\nadd_subdirectory(%s llama.cpp)\nadd_subdirectory(%s/tools/quantize quantize)\n' \
-        "$src" "$src" > "$proj/CMakeLists.txt"
     echo "building upstream's llama-quantize ($(elapsed))"
-    if ! { cmake -S "$proj" -B "$work/upstream-quantize" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-            -DBUILD_SHARED_LIBS=OFF -DGGML_CUDA=OFF -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=OFF \
-            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-            -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_RUNTIME_OUTPUT_DIRECTORY="$PWD/$work/upstream-quantize/bin" &&
-          cmake --build "$work/upstream-quantize" -j "$(nproc)" --target llama-quantize; } \
-            > "$logs/build-llama-quantize.log" 2>&1; then
+    if ! quantize_build "$(echo .build/upstream/llama_cpp_python-*/vendor/llama.cpp)" "$work/upstream-quantize" \
+            "$(nproc)" > "$logs/build-llama-quantize.log" 2>&1; then
         echo "llama-quantize build: FAILED, log tail:"; tail -n 30 "$logs/build-llama-quantize.log"; exit 1
     fi
     echo "llama-quantize built ($(elapsed))"
 fi
+[[ ,$tools, != *,llama-quantize,* ]] || echo "llama-quantize: $qbin"
 
 # (a) the quantized files, each once (kept for later calls)
 status=0

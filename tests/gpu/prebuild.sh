@@ -13,7 +13,8 @@
 # run or the CPU variant's pip build beside it); after a change to native/ minutes (the changed
 # objects, the links); downloads the cuBLAS wheel once (423 MB). The archive: 15.7 MB (libggml-cuda
 # 160 MB unpacked). Then upstream's library for the comparisons, once per pin
-# (.gpu-carry/upstream-cuda.tar.xz).
+# (.gpu-carry/upstream-cuda.tar.xz); with PREBUILD_QUANTIZE=1 upstream's llama-quantize
+# (.gpu-carry/llama-quantize, for bench/quant_run.sh; 14 min at -j2).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu/prebuilt.sh
@@ -128,4 +129,18 @@ if [ "${PREBUILD_UPSTREAM:-1}" = 1 ] && { [ ! -f .gpu-carry/upstream-cuda.tar.xz
     echo "built upstream ($(( $(date +%s) - t0 )) s)"
 fi
 [ -f .gpu-carry/upstream-cuda.stamp ] && cat .gpu-carry/upstream-cuda.stamp
+
+# upstream's llama-quantize for bench/quant_run.sh (no build on the GPU machine), only when asked:
+# PREBUILD_QUANTIZE=1 (6 MB stripped: with every other file of .gpu-carry it passes the 64 MiB
+# limit; move .gpu-carry/transformers-*.whl aside for a quant_run.sh call, which needs none).
+# CPU only, static, x86-64-v3 (GGML_NATIVE=OFF), built again when the pin changes.
+if [ "${PREBUILD_QUANTIZE:-0}" = 1 ] &&
+    [ "$(head -n 1 .gpu-carry/llama-quantize.stamp 2> /dev/null)" != "$(quantize_pin)" ]; then
+    echo "building upstream's llama-quantize in $work/upstream-quantize (log: $work/build-quantize.log)"
+    nice -n 15 bash -c ". tests/gpu/prebuilt.sh && quantize_build '$extract/vendor/llama.cpp' \
+        '$work/upstream-quantize' '${PREBUILD_JOBS:-2}' -DGGML_NATIVE=OFF" \
+        > "$work/build-quantize.log" 2>&1 || { tail -n 30 "$work/build-quantize.log"; exit 1; }
+    strip -o .gpu-carry/llama-quantize "$work/upstream-quantize/bin/llama-quantize"
+    { quantize_pin; echo "built=$(date -u +%FT%TZ), CPU only, GGML_NATIVE=OFF"; } > .gpu-carry/llama-quantize.stamp
+fi
 carry_room

@@ -93,6 +93,31 @@ upstream_configure() {
         -DLLAMA_BUILD_COMMIT="$commit" "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,--exclude-libs,ALL $link" "$@"
 }
 
+# Upstream's llama-quantize of the extract SRC, a CPU-only static build in BUILD_DIR (its program
+# BUILD_DIR/bin/llama-quantize), through a two-line project that adds the extract and its
+# tools/quantize folder (a carried extract leaves out the tools gpu_run.sh never builds, so the
+# extract's own tools list cannot be configured). Used by bench/quant_run.sh on the GPU machine
+# and by tests/gpu/prebuild.sh here (PREBUILD_QUANTIZE=1).
+#   quantize_build SRC BUILD_DIR JOBS [more cmake args]
+quantize_build() {
+    local src=$1 dir=$2 jobs=$3
+    shift 3
+    [ -d "$src/tools/quantize" ] || { echo "quantize_build: no tools/quantize in $src" >&2; return 1; }
+    mkdir -p "$dir/project"
+    printf 'cmake_minimum_required(VERSION 3.14)\nproject(upstream_quantize C CXX)\nadd_subdirectory(%s llama.cpp)\nadd_subdirectory(%s/tools/quantize quantize)\n' \
+        "$src" "$src" > "$dir/project/CMakeLists.txt"
+    cmake -S "$dir/project" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DBUILD_SHARED_LIBS=OFF -DGGML_CUDA=OFF -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_RUNTIME_OUTPUT_DIRECTORY="$(realpath "$dir")/bin" "$@" &&
+        cmake --build "$dir" -j "$jobs" --target llama-quantize
+}
+
+# The pin a carried llama-quantize must name in .gpu-carry/llama-quantize.stamp to be used.
+quantize_pin() {
+    echo "upstream=$(sed -n 's/^llama_cpp_commit *= *//p' UPSTREAM) llama-quantize"
+}
+
 # GPU machine: upstream's build unpacked into DIR/bin from .gpu-carry/upstream-cuda.tar.xz when
 # its stamp names the pinned commit and it loads with the device seen, through the bindings in
 # BINDINGS (the extract's llama_cpp, not pyqsa's install, which may be under way beside it);
