@@ -14,7 +14,7 @@
 # objects, the links); downloads the cuBLAS wheel once (423 MB). The archive: 15.7 MB (libggml-cuda
 # 160 MB unpacked). Then upstream's library for the comparisons, once per pin
 # (.gpu-carry/upstream-cuda.tar.xz); with PREBUILD_QUANTIZE=1 upstream's llama-quantize
-# (.gpu-carry/llama-quantize, for bench/quant_run.sh; 14 min at -j2).
+# (.gpu-carry/llama-quantize, for bench/quant_run.sh; 7 min at -j2).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu/prebuilt.sh
