@@ -103,6 +103,7 @@ quantize_build() {
     local src=$1 dir=$2 jobs=$3
     shift 3
     [ -d "$src/tools/quantize" ] || { echo "quantize_build: no tools/quantize in $src" >&2; return 1; }
+    src=$(realpath "$src")  # the project's add_subdirectory lines are read from its own folder
     mkdir -p "$dir/project"
     printf 'cmake_minimum_required(VERSION 3.14)\nproject(upstream_quantize C CXX)\nadd_subdirectory(%s llama.cpp)\nadd_subdirectory(%s/tools/quantize quantize)\n' \
         "$src" "$src" > "$dir/project/CMakeLists.txt"
