@@ -184,12 +184,12 @@ def engine_between(a: dict[str, float], b: dict[str, float]):
         "launch_ms_per_step": round(launch, 3),
         "host_share": round(host / (forward + host), 3) if forward + host else None,
     }
-    if "prefix" in a and "prefix" in b:  # a server with the prefix cache on
-        out["prefix_ms_per_step"] = round(1e3 * (b["prefix"] - a["prefix"]) / steps, 3)
+    # a server with the prefix cache on: its engine-thread and copier-thread seconds, its heads
+    for part in ("prefix", "copy"):
+        if part in a and part in b:
+            out[f"{part}_ms_per_step"] = round(1e3 * (b[part] - a[part]) / steps, 3)
     if "snapshots" in a and "snapshots" in b:
         out["snapshots"] = int(b["snapshots"] - a["snapshots"])
-    if "copy" in a and "copy" in b:
-        out["copy_ms_per_step"] = round(1e3 * (b["copy"] - a["copy"]) / steps, 3)
     return out
 
 

@@ -137,8 +137,8 @@ fi
 if [ "${PREBUILD_QUANTIZE:-0}" = 1 ] &&
     [ "$(head -n 1 .gpu-carry/llama-quantize.stamp 2> /dev/null)" != "$(quantize_pin)" ]; then
     echo "building upstream's llama-quantize in $work/upstream-quantize (log: $work/build-quantize.log)"
-    nice -n 15 bash -c ". tests/gpu/prebuilt.sh && quantize_build '$extract/vendor/llama.cpp' \
-        '$work/upstream-quantize' '${PREBUILD_JOBS:-2}' -DGGML_NATIVE=OFF" \
+    (renice -n 15 -p "$BASHPID" > /dev/null &&
+        quantize_build "$extract/vendor/llama.cpp" "$work/upstream-quantize" "${PREBUILD_JOBS:-2}" -DGGML_NATIVE=OFF) \
         > "$work/build-quantize.log" 2>&1 || { tail -n 30 "$work/build-quantize.log"; exit 1; }
     strip -o .gpu-carry/llama-quantize "$work/upstream-quantize/bin/llama-quantize"
     { quantize_pin; echo "built=$(date -u +%FT%TZ), CPU only, GGML_NATIVE=OFF"; } > .gpu-carry/llama-quantize.stamp
