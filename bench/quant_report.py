@@ -28,12 +28,17 @@ def load(path: Path) -> list[Rec]:
 
 
 def rows(quant: list[Rec], decode: list[Rec]) -> list[Rec]:
-    """One row per model file: its quantize record (the latest), or the source's for f16."""
+    """One row per model file: its quantize record (the latest), or the source's for f16. A
+    later call that reused the file records no time (seconds null): the earlier call's time
+    stays, so the records of several calls (quant.jsonl of each, concatenated) make one table."""
     files: dict[str, Rec] = {}
     for q in quant:
         files.setdefault(q["source"], {"tool": "-", "type": "f16", "bytes": q["source_bytes"]})
+        seconds = q["seconds"]
+        if seconds is None and q["model"] in files:
+            seconds = files[q["model"]].get("quantize_s")
         files[q["model"]] = {"tool": q["tool"], "type": q["type"], "bytes": q["model_bytes"]}
-        files[q["model"]]["quantize_s"] = q["seconds"]
+        files[q["model"]]["quantize_s"] = seconds
     out = []
     for name, row in files.items():
         mine = [r for r in decode if r.get("model") == name]

@@ -111,3 +111,18 @@ def test_report_cells_give_median_and_range_of_the_repeats(tmp_path):
     rows = {line.split(" | ")[0][2:]: line for line in proc.stdout.splitlines()[2:]}
     assert rows["q4.gguf"].endswith("| 500.0 (490.0-520.0) |")
     assert rows["f16.gguf"].endswith("| 400.0 |")  # one run: no range
+
+
+def test_report_keeps_the_quantize_time_of_an_earlier_call(tmp_path):
+    first = {"source": "f16.gguf", "source_bytes": 2**30, "model": "q4.gguf", "model_bytes": 2**29}
+    first |= {"tool": "pyqsa", "type": "Q4_K_M", "seconds": 42.5}
+    again = {**first, "seconds": None}  # a second call reused the file
+    (tmp_path / "q.jsonl").write_text(json.dumps(first) + "\n" + json.dumps(again) + "\n")
+    (tmp_path / "d.jsonl").write_text("")
+    cmd = ["python", str(BENCH / "quant_report.py"), str(tmp_path / "q.jsonl")]
+    proc = subprocess.run(
+        [*cmd, str(tmp_path / "d.jsonl"), "--save", str(tmp_path)], text=True, capture_output=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(next(tmp_path.glob("*-quant.json")).read_text())
+    assert [r["quantize_s"] for r in doc["rows"] if r["model"] == "q4.gguf"] == [42.5]
