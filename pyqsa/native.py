@@ -237,12 +237,32 @@ def cuda_stack_reserve(device: int, min_per_thread: int) -> bool:
 class SeqRows:
     """Where a saved sequence's rows are (pyqsa_seq_rows in pyqsa.h): `get` copies a segment on
     any thread, as long as the sequence's cells of those positions are not written meanwhile (it
-    may grow, not be removed, shortened or loaded into). `close` frees the handle."""
+    may grow, not be removed, shortened or loaded into). `close` frees the handle. A head saved
+    through a stage (`staged`) is whole after `fill_head` (any thread), which hands the stage
+    back through `release`; `close` drops an unfilled one."""
 
     def __init__(self, ptr, n_tokens: int, head: bytes | np.ndarray) -> None:
         self._ptr = ptr
         self.n_tokens = n_tokens
         self._head = head
+        self._stage: SeqStage | None = None
+        self._release = None
+
+    def staged(self, stage: SeqStage, release) -> None:
+        """The head was saved through `stage`, to be given to `release(stage)` once filled."""
+        self._stage, self._release = stage, release
+
+    @property
+    def head_staged(self) -> bool:
+        return self._stage is not None
+
+    def fill_head(self) -> None:
+        stage, self._stage = self._stage, None
+        if stage is not None:
+            try:
+                stage.fill(self._head)
+            finally:
+                self._release(stage)
 
     def size(self, start: int, end: int) -> int:
         return seq_rows_size(self._head, start, end)
@@ -261,23 +281,59 @@ class SeqRows:
         return out
 
     def close(self) -> None:
-        _, lib = _api()
+        ffi, lib = _api()
         if self._ptr is not None:
             lib.pyqsa_seq_rows_free(self._ptr)
             self._ptr = None
+        stage, self._stage = self._stage, None
+        if stage is not None:  # never filled: what it holds is dropped
+            lib.pyqsa_seq_stage_fill(stage._ptr, ffi.NULL, 0)
+            self._release(stage)
 
 
-def seq_state_save(ctx: int, seq_id: int) -> tuple[np.ndarray, SeqRows]:
+class SeqStage:
+    """Where a head's recurrent and conv states wait for the host (pyqsa_seq_stage in pyqsa.h):
+    one sequence's, in the device's pinned host memory. A seq_state_save with it leaves those
+    bytes of the head unwritten until `fill(head)` (any thread) copies them there; one head at a
+    time. `free` before the context is freed."""
+
+    def __init__(self, ctx: int) -> None:
+        ffi, lib = _api()
+        out = ffi.new("pyqsa_seq_stage **")
+        _check(lib.pyqsa_seq_stage_new(ffi.cast("void *", ctx), out), "pyqsa_seq_stage_new")
+        self._ptr = out[0]
+
+    def fill(self, head: np.ndarray) -> None:
+        """Complete `head`, the one the last save with this stage returned; the stage is free
+        again (also when it raises)."""
+        ffi, lib = _api()
+        if self._ptr is None:
+            raise NativeError("pyqsa_seq_stage_fill on a freed stage")
+        buf = ffi.from_buffer(head, require_writable=True)
+        _check(lib.pyqsa_seq_stage_fill(self._ptr, buf, len(head)), "pyqsa_seq_stage_fill")
+
+    def free(self) -> None:
+        _, lib = _api()
+        if self._ptr is not None:
+            lib.pyqsa_seq_stage_free(self._ptr)
+            self._ptr = None
+
+
+def seq_state_save(
+    ctx: int, seq_id: int, stage: SeqStage | None = None
+) -> tuple[np.ndarray, SeqRows]:
     """Sequence `seq_id`'s state (pyqsa_seq_state_save in pyqsa.h): its head (uint8, in the
     native buffer it was written to, freed with the array) and the handle on its rows,
     for seq_state_load into a sequence of a context with the same settings (or
-    seq_state_resume). Waits for the device."""
+    seq_state_resume). Waits for the device. With a `stage`, the head is whole only after
+    `stage.fill(head)`."""
     ffi, lib = _api()
     import numpy as np
 
     ptr, size = ffi.new("void **"), ffi.new("size_t *")
     rows = ffi.new("pyqsa_seq_rows **")
-    rc = lib.pyqsa_seq_state_save(ffi.cast("void *", ctx), seq_id, ptr, size, rows)
+    staged = stage._ptr if stage is not None else ffi.NULL
+    rc = lib.pyqsa_seq_state_save(ffi.cast("void *", ctx), seq_id, staged, ptr, size, rows)
     _check(rc, "pyqsa_seq_state_save")
     # the array keeps its buffer object, which keeps the pointer that frees it, alive
     owned = ffi.gc(ptr[0], lib.pyqsa_seq_head_free, size=size[0])

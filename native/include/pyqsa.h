@@ -219,13 +219,36 @@ typedef struct pyqsa_rows_segment {
     uint32_t     end;
 } pyqsa_rows_segment;
 
+typedef struct pyqsa_seq_stage pyqsa_seq_stage;  // where a head's recurrent state waits for the host
+
 // Writes the head of sequence seq_id into a buffer of its own: *head (free it with
 // pyqsa_seq_head_free), *size its length; with a non-NULL rows, *rows becomes a new handle on the
-// sequence's rows as of now (free it with pyqsa_seq_rows_free). Waits for the device. Returns
-// PYQSA_OK, PYQSA_ERR_INVALID_ARG for a NULL ctx, head or size or a seq_id outside the context,
-// PYQSA_ERR_OUT_OF_MEMORY when the host has no room for the head, PYQSA_ERR_UNSUPPORTED for a
-// context without a hybrid memory or cells not in position order (or a transposed V cache).
-PYQSA_API int32_t pyqsa_seq_state_save(void * ctx, int32_t seq_id, void ** head, size_t * size, pyqsa_seq_rows ** rows);
+// sequence's rows as of now (free it with pyqsa_seq_rows_free). Waits for the device. With a
+// non-NULL stage, the Gated DeltaNet recurrent and conv states (most of a head: ~80 MB a
+// sequence at Flash-Next's shape) are copied into the stage instead, their bytes of the head left
+// unwritten until pyqsa_seq_stage_fill (on any thread) copies them there: the copy into the
+// head's memory leaves the thread that steps the context. Returns PYQSA_OK,
+// PYQSA_ERR_INVALID_ARG for a NULL ctx, head or size, a seq_id outside the context or a stage not
+// filled since its last save, PYQSA_ERR_OUT_OF_MEMORY when the host has no room for the head,
+// PYQSA_ERR_UNSUPPORTED for a context without a hybrid memory or cells not in position order (or
+// a transposed V cache).
+PYQSA_API int32_t pyqsa_seq_state_save(void * ctx, int32_t seq_id, pyqsa_seq_stage * stage, void ** head,
+                                       size_t * size, pyqsa_seq_rows ** rows);
+
+// A stage for heads of ctx's sequences (one head at a time): one sequence's recurrent and conv
+// states in the pinned host memory of their device (host memory on a CPU device), so the save's
+// copy runs at the bus's speed. Returns PYQSA_OK, PYQSA_ERR_INVALID_ARG for a NULL argument,
+// PYQSA_ERR_UNSUPPORTED for a context without a hybrid memory, PYQSA_ERR_OUT_OF_MEMORY.
+PYQSA_API int32_t pyqsa_seq_stage_new(void * ctx, pyqsa_seq_stage ** stage);
+
+// Copies what the last save staged into its head (head, size: that save's *head and *size), or
+// with a NULL head drops it; the stage is free for the next save. Any thread; PYQSA_OK at once
+// when nothing is staged. Returns PYQSA_ERR_INVALID_ARG for a NULL stage or a head smaller than
+// the one staged for.
+PYQSA_API int32_t pyqsa_seq_stage_fill(pyqsa_seq_stage * stage, void * head, size_t size);
+
+// Frees a stage (after its fill, or with what it holds); before its context is freed.
+PYQSA_API void pyqsa_seq_stage_free(pyqsa_seq_stage * stage);
 
 PYQSA_API void pyqsa_seq_head_free(void * head);
 

@@ -27,6 +27,7 @@
 #include "seq-state-io.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <exception>
 #include <set>
@@ -104,19 +105,45 @@ struct pyqsa_seq_rows {
     std::vector<series> s;
 };
 
+struct pyqsa_seq_stage {
+    stage             s;
+    std::atomic<bool> busy{ false };  // staged by a save, not filled yet
+};
+
 namespace {
+
+// one sequence's bytes of the recurrent memory's tensors (a cell each; a cell per sequence)
+size_t recurrent_bytes(const llama_memory_hybrid & mem) {
+    size_t bytes = 0;
+    for (const ggml_tensor * t : recurrent_tensors(mem)) {
+        bytes += ggml_nbytes(t) / mem.get_mem_recr()->size;
+    }
+    return bytes;
+}
 
 // what a head of n positions is likely to take: the recurrent state, and a few dozen bytes of
 // cell metadata per position (grown past it when not)
-size_t head_estimate(const std::set<const ggml_tensor *> & recurrent, uint32_t n) {
-    size_t bytes = 1u << 20;
-    for (const ggml_tensor * t : recurrent) {
-        bytes += t->nb[1];  // one sequence's row
-    }
-    return bytes + (size_t) n * 64;
+size_t head_estimate(const llama_memory_hybrid & mem, uint32_t n) {
+    return (1u << 20) + recurrent_bytes(mem) + (size_t) n * 64;
 }
 
-void save(llama_context * ctx, int32_t seq_id, uint8_t ** out, size_t * out_size, pyqsa_seq_rows ** rows_out) {
+// the buffer type of a stage for ctx's recurrent tensors: their device's pinned host memory,
+// else (a CPU device, a device without it) host memory
+ggml_backend_buffer_type_t stage_type(const llama_memory_hybrid & mem) {
+    for (const ggml_tensor * t : recurrent_tensors(mem)) {
+        if (t->buffer == nullptr || ggml_backend_buffer_is_host(t->buffer)) {
+            continue;
+        }
+        ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
+        if (ggml_backend_buffer_type_t host = dev ? ggml_backend_dev_host_buffer_type(dev) : nullptr) {
+            return host;
+        }
+    }
+    return ggml_backend_cpu_buffer_type();
+}
+
+void save(llama_context * ctx, int32_t seq_id, stage * staged, uint8_t ** out, size_t * out_size,
+          pyqsa_seq_rows ** rows_out) {
     llama_memory_hybrid_idx * mem = hybrid_of(ctx);
     if (mem == nullptr) {
         throw unsupported("no hybrid memory");
@@ -126,8 +153,8 @@ void save(llama_context * ctx, int32_t seq_id, uint8_t ** out, size_t * out_size
     h.version  = version;
     h.n_tokens = (uint32_t) (llama_memory_seq_pos_max(mem, seq_id) + 1);
     std::set<const ggml_tensor *> recurrent = recurrent_tensors(*mem);
-    const size_t                  reserve   = head_estimate(recurrent, h.n_tokens);
-    writer                        w(false, reserve, h.n_tokens, std::move(recurrent));
+    const size_t                  reserve   = head_estimate(*mem, h.n_tokens);
+    writer                        w(false, reserve, h.n_tokens, std::move(recurrent), staged);
     w.take(sizeof(h));  // written last, once its offsets are known
     // llama_memory_hybrid_idx::state_write's order, which its state_read reads
     mem->get_mem_attn()->state_write(w, seq_id, 0);
@@ -299,22 +326,72 @@ template <typename F> int32_t replace(void * ctx_v, int32_t seq_id, F && f) {
 
 }  // namespace
 
-int32_t pyqsa_seq_state_save(void * ctx_v, int32_t seq_id, void ** head, size_t * size, pyqsa_seq_rows ** rows) {
+int32_t pyqsa_seq_state_save(void * ctx_v, int32_t seq_id, pyqsa_seq_stage * staged, void ** head, size_t * size,
+                             pyqsa_seq_rows ** rows) {
     if (!valid(ctx_v, seq_id) || head == nullptr || size == nullptr) {
         return PYQSA_ERR_INVALID_ARG;
     }
+    if (staged != nullptr && staged->busy.exchange(true)) {
+        return PYQSA_ERR_INVALID_ARG;  // its last head not filled yet
+    }
     auto * ctx = static_cast<llama_context *>(ctx_v);
     llama_synchronize(ctx);
+    int32_t rc = PYQSA_OK;
     try {
-        save(ctx, seq_id, reinterpret_cast<uint8_t **>(head), size, rows);
-        return PYQSA_OK;
+        save(ctx, seq_id, staged ? &staged->s : nullptr, reinterpret_cast<uint8_t **>(head), size, rows);
     } catch (const unsupported &) {
-        return PYQSA_ERR_UNSUPPORTED;
+        rc = PYQSA_ERR_UNSUPPORTED;
     } catch (const std::bad_alloc &) {
-        return PYQSA_ERR_OUT_OF_MEMORY;
+        rc = PYQSA_ERR_OUT_OF_MEMORY;
     } catch (const std::exception &) {
+        rc = PYQSA_ERR_INVALID_ARG;
+    }
+    if (staged != nullptr && (rc != PYQSA_OK || staged->s.empty())) {  // nothing to fill
+        staged->s.clear();
+        staged->busy = false;
+    }
+    return rc;
+}
+
+int32_t pyqsa_seq_stage_new(void * ctx_v, pyqsa_seq_stage ** out) {
+    if (ctx_v == nullptr || out == nullptr) {
         return PYQSA_ERR_INVALID_ARG;
     }
+    llama_memory_hybrid_idx * mem = hybrid_of(static_cast<llama_context *>(ctx_v));
+    if (mem == nullptr) {
+        return PYQSA_ERR_UNSUPPORTED;
+    }
+    ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(stage_type(*mem), std::max<size_t>(recurrent_bytes(*mem), 1));
+    if (buf == nullptr) {
+        return PYQSA_ERR_OUT_OF_MEMORY;
+    }
+    *out = new pyqsa_seq_stage{ stage(buf) };
+    return PYQSA_OK;
+}
+
+int32_t pyqsa_seq_stage_fill(pyqsa_seq_stage * staged, void * head, size_t size) {
+    if (staged == nullptr) {
+        return PYQSA_ERR_INVALID_ARG;
+    }
+    if (!staged->busy) {
+        return PYQSA_OK;  // the save staged nothing (or failed)
+    }
+    int32_t rc = PYQSA_OK;
+    try {
+        if (head != nullptr) {
+            staged->s.fill(static_cast<uint8_t *>(head), size);
+        }
+        staged->s.clear();
+    } catch (const std::exception &) {
+        staged->s.clear();
+        rc = PYQSA_ERR_INVALID_ARG;
+    }
+    staged->busy = false;
+    return rc;
+}
+
+void pyqsa_seq_stage_free(pyqsa_seq_stage * staged) {
+    delete staged;
 }
 
 void pyqsa_seq_head_free(void * head) {

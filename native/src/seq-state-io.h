@@ -113,16 +113,77 @@ inline std::set<const ggml_tensor *> recurrent_tensors(const llama_memory_hybrid
     return out;
 }
 
+// Where a head's recurrent and conv states go on the thread that saves, for another thread to
+// copy them into the head (fill): a buffer of one sequence's states in the device's pinned host
+// memory (host memory on a CPU device). Out of device memory, a straight copy into the head is
+// pageable: a slot's ~80 MB at the full shape took the engine thread ~100 ms a snapshot, while
+// every slot waited; into pinned memory it is one copy at the bus's speed, and the memcpy into the
+// head's fresh pages is the other thread's.
+class stage {
+public:
+    explicit stage(ggml_backend_buffer_t buf) : buf(buf) {}
+
+    ~stage() { ggml_backend_buffer_free(buf); }
+
+    stage(const stage &)             = delete;
+    stage & operator=(const stage &) = delete;
+
+    // size bytes of t from byte offset, for the head's bytes [at, at + size); false (nothing
+    // copied) when the stage has no room left for them
+    bool put(ggml_tensor * t, size_t offset, size_t size, size_t at) {
+        if (used + size > ggml_backend_buffer_get_size(buf)) {
+            return false;
+        }
+        ggml_backend_tensor_get(t, base() + used, offset, size);
+        parts.push_back({ used, at, size });
+        used += size;
+        return true;
+    }
+
+    // the staged bytes into the head they were put for; the stage is empty again
+    void fill(uint8_t * head, size_t head_size) {
+        for (const part & p : parts) {
+            if (p.at + p.size > head_size) {
+                throw std::runtime_error("sequence state: not the head staged");
+            }
+            std::memcpy(head + p.at, base() + p.from, p.size);
+        }
+        clear();
+    }
+
+    void clear() {
+        parts.clear();
+        used = 0;
+    }
+
+    bool empty() const { return parts.empty(); }
+
+private:
+    struct part {
+        size_t from, at, size;  // the stage's bytes [from, from + size) are the head's [at, at + size)
+    };
+
+    uint8_t * base() { return static_cast<uint8_t *>(ggml_backend_buffer_get_base(buf)); }
+
+    ggml_backend_buffer_t buf;
+    std::vector<part>     parts;
+    size_t                used = 0;
+};
+
 // writes the head into a buffer of its own, grown as it goes (take() hands it over), or only
 // counts (`count`); collects the series. One pass: a head's cell metadata is most of its CPU
 // time (a few bytes per position, 200K positions in each of two caches), so writing it twice,
 // once to size a buffer, doubled the cost of a snapshot.
 class writer : public llama_io_write_i {
 public:
-    writer(bool count, size_t reserve, uint32_t n, std::set<const ggml_tensor *> recurrent) :
+    // with a stage, the recurrent tensors' bytes go there (while it has room), their place in
+    // the head left for stage::fill
+    writer(bool count, size_t reserve, uint32_t n, std::set<const ggml_tensor *> recurrent,
+           stage * staged = nullptr) :
         count(count),
         n_tokens(n),
-        recurrent(std::move(recurrent)) {
+        recurrent(std::move(recurrent)),
+        staged(staged) {
         if (!count) {
             grow(reserve);
         }
@@ -150,7 +211,11 @@ public:
             return;  // the unread indexer cache of a paging context (see the top of the file)
         }
         if (recurrent.count(t)) {
-            copy(t, offset, size);
+            if (staged == nullptr || count || !staged->put(t, offset, size, n)) {
+                copy(t, offset, size);
+            } else {
+                take(size);
+            }
             return;
         }
         // a cache's rows: one range of cells from 0, a row per position
@@ -236,6 +301,7 @@ private:
     size_t                        n   = 0;
     uint32_t                      n_tokens;
     std::set<const ggml_tensor *> recurrent;
+    stage *                       staged;
     std::vector<uint32_t>         indexer_ratios;
     size_t                        next_ratio = 0;
 };

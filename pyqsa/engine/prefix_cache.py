@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .prefix_rows import RowSegment
+from .prefix_rows import HeadFill, RowSegment
 
 _HASH_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd: every power is a unit mod 2**64
 # the default budget: this share of the host memory available (MemAvailable) beside the paging
@@ -129,6 +129,7 @@ class PrefixEntry:
     head: bytes | np.ndarray  # Runner.snapshot's head of a slot holding exactly these tokens
     segments: tuple[RowSegment, ...] = ()  # its rows, positions 0..n-1 in order
     refs: int = 0  # requests started from it and still running
+    fill: HeadFill | None = None  # the head's copy when staged (None: whole)
 
     @property
     def n_tokens(self) -> int:
@@ -224,15 +225,16 @@ class PrefixCache:
         head: bytes | np.ndarray,
         segments: Sequence[RowSegment] = (),
         n: int | None = None,
+        fill: HeadFill | None = None,
     ) -> bool:
-        """Keep `head` and `segments` as the state of the first n (default: all) of `tokens`,
-        evicting the least recently used entries not held; False (nothing kept) when it does
-        not fit or an entry of these tokens exists."""
+        """Keep `head` and `segments` as the state of the first n (default: all) of `tokens`
+        (`fill`: the head's copy, when it is staged), evicting the least recently used entries
+        not held; False (nothing kept) when it does not fit or an entry of these tokens exists."""
         t = _tokens(tokens)
         n = len(t) if n is None else n
         if not n or (n, t.hash(n)) in self._entries:
             return False
-        entry = PrefixEntry(t.array[:n].copy(), head, tuple(segments))
+        entry = PrefixEntry(t.array[:n].copy(), head, tuple(segments), fill=fill)
         if not self._fits(entry):
             return False
         for seg in entry.segments:

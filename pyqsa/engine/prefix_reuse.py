@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .prefix_cache import PrefixCache, PrefixEntry, Tokens
-from .prefix_rows import RowCopier, RowSegment, usable
+from .prefix_rows import HeadFill, RowCopier, RowSegment, usable
 from .request import Request, SamplingParams
 from .runner import Runner, RunnerError
 
@@ -158,6 +158,8 @@ class PrefixReuse:
             entry = None
         started = time.perf_counter()
         try:
+            if plan.kind in ("resume", "restore") and entry.fill and not entry.fill.wait():
+                raise RunnerError("its head could not be copied")
             if plan.kind == "resume":
                 self.copier.wait(slot, plan.n)  # the positions from n on are dropped
                 self.runner.resume(slot, entry.head)
@@ -286,14 +288,15 @@ class PrefixReuse:
             segments.append(seg)
         k = segments[-1].end if segments else 0
         new = RowSegment(k, n, source.size(k, n), slot) if k < n else None
-        if not self.cache.insert(prompt, head, segments + ([new] if new else []), n):
+        fill = HeadFill() if source.head_staged else None
+        if not self.cache.insert(prompt, head, segments + ([new] if new else []), n, fill):
             source.close()
             return
         self._lineage[slot] = segments + ([new] if new else [])
-        if new is None:
+        if new is None and fill is None:
             source.close()
         else:
-            self.copier.copy(new, source)
+            self.copier.copy(new, source, fill)
 
     def clear(self) -> None:
         self.cache.clear()

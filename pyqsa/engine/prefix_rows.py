@@ -5,7 +5,9 @@ tail block's ring rows: `Runner.snapshot`, taken on the engine thread) and rows:
 QSA layers' K/V, the indexer's keys and block keys (pyqsa_seq_state_save in native/include/pyqsa.h).
 The rows of positions below n are not written again while the slot only grows, so they are
 copied by one worker thread (`RowCopier`) while the engine goes on; the copy of a slot's rows must
-end before the slot is emptied, shortened or loaded into (`RowCopier.wait`).
+end before the slot is emptied, shortened or loaded into (`RowCopier.wait`). The head's
+recurrent state, most of its bytes, is staged on the engine thread (one copy at the bus's speed
+into pinned memory) and copied into the head by the same worker (`HeadFill`), before its rows.
 
 Rows come in segments of positions [start, end). The snapshots of one slot's sequence share them:
 a snapshot at n copies only the positions since the slot's last segment, so a prompt's stride
@@ -26,13 +28,34 @@ log = logging.getLogger(__name__)
 
 
 class RowSource(Protocol):
-    """Where a snapshot's rows are (native.SeqRows): `get` may run on any thread."""
+    """Where a snapshot's rows are (native.SeqRows): `get` and `fill_head` may run on any
+    thread. With `head_staged`, the head `Runner.snapshot` gave with it is whole only after
+    `fill_head` (its recurrent state waits in a stage: the copy into the head's memory, ~100 ms a
+    slot at the full shape, is the copier thread's, not the engine thread's)."""
+
+    @property
+    def head_staged(self) -> bool: ...
 
     def size(self, start: int, end: int) -> int: ...
 
     def get(self, start: int, end: int): ...  # a buffer of size(start, end) bytes
 
+    def fill_head(self) -> None: ...
+
     def close(self) -> None: ...
+
+
+@dataclass(eq=False)
+class HeadFill:
+    """A staged head's copy: `done` once the copier made it (or failed to: `failed`)."""
+
+    failed: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def wait(self) -> bool:
+        """Until it is done; whether the head is whole."""
+        self.done.wait()
+        return not self.failed
 
 
 @dataclass(eq=False)
@@ -60,20 +83,26 @@ def usable(segments: Sequence[RowSegment]) -> bool:
 
 
 class RowCopier:
-    """One worker thread copying snapshots' rows, in the order asked."""
+    """One worker thread copying snapshots' staged heads and rows, in the order asked."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[RowSegment, RowSource] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[
+            tuple[RowSegment | None, RowSource, HeadFill | None] | None
+        ] = queue.SimpleQueue()
         self._pending: dict[int, list[RowSegment]] = {}  # by slot; touched by the engine thread
         self.seconds = 0.0  # spent copying, since start
         self.copied = 0  # bytes copied, since start
         self._thread = threading.Thread(target=self._work, name="pyqsa-rows", daemon=True)
         self._thread.start()
 
-    def copy(self, segment: RowSegment, source: RowSource) -> None:
-        """Copy `segment` from `source` (which it closes) on the worker thread."""
-        self._pending.setdefault(segment.slot, []).append(segment)
-        self._jobs.put((segment, source))
+    def copy(
+        self, segment: RowSegment | None, source: RowSource, fill: HeadFill | None = None
+    ) -> None:
+        """On the worker thread: with a `fill`, the staged head of `source`; then `segment`, if
+        any, from it; then close it."""
+        if segment is not None:
+            self._pending.setdefault(segment.slot, []).append(segment)
+        self._jobs.put((segment, source, fill))
 
     def pending(self) -> int:
         return sum(not s.done.is_set() for segs in self._pending.values() for s in segs)
@@ -101,7 +130,20 @@ class RowCopier:
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
-            segment, source = job
+            segment, source, fill = job
+            if fill is not None:
+                try:
+                    started = time.perf_counter()
+                    source.fill_head()
+                    self.seconds += time.perf_counter() - started
+                except Exception:
+                    log.exception("copying a staged head failed")
+                    fill.failed = True
+                finally:
+                    fill.done.set()
+            if segment is None:
+                source.close()
+                continue
             try:
                 if not segment.dropped:
                     started = time.perf_counter()

@@ -9,7 +9,9 @@ stream of exactly `ctx_per_slot` cells: a slot can never run another slot out of
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
+import queue
 import threading
 import unicodedata
 from collections.abc import Callable, Sequence
@@ -25,6 +27,8 @@ from .grammar import Grammar
 from .paging import gpu_devices
 from .prefix_rows import RowSource
 from .scheduler import Chunk
+
+log = logging.getLogger(__name__)
 
 
 class RunnerError(RuntimeError):
@@ -273,6 +277,10 @@ class LlamaRunner:
         except ContextError as e:
             raise RunnerError(str(e)) from None
         self.mem = L.llama_get_memory(self.ctx)
+        # snapshot heads' stages (native.SeqStage), made as snapshots need them; handed back
+        # by the prefix cache's copier thread once it filled their heads
+        self._stages: list[native.SeqStage] = []
+        self._free_stages: queue.SimpleQueue[native.SeqStage] = queue.SimpleQueue()
         self.max_tokens = config.context_config().n_batch  # the larger of the two step budgets
         # NOTE: with every layer on a GPU llama_decode returns once the pass is queued (the
         # results are waited for when read); on the CPU the call itself computes the pass
@@ -392,11 +400,33 @@ class LlamaRunner:
         if self.samples_on_device and self._attached[slot] is None:
             self._attach(slot)  # a host draw took it: idle slots keep the same graphs
 
-    def snapshot(self, slot: int) -> tuple[bytearray, native.SeqRows]:
+    def snapshot(self, slot: int) -> tuple[np.ndarray, native.SeqRows]:
+        stage = self._stage()
         try:
-            return native.seq_state_save(self.ctx, slot)
+            head, rows = native.seq_state_save(self.ctx, slot, stage)
         except native.NativeError as e:
+            if stage is not None:
+                self._free_stages.put(stage)
             raise RunnerError(str(e)) from None
+        if stage is not None:
+            rows.staged(stage, self._free_stages.put)
+        return head, rows
+
+    def _stage(self) -> native.SeqStage | None:
+        """A free stage for a snapshot's head; a new one while there are fewer than slots (the
+        prompts of a pass end in at most every slot); None when every one waits for its fill."""
+        try:
+            return self._free_stages.get_nowait()
+        except queue.Empty:
+            pass
+        if len(self._stages) == len(self._attached):
+            return None
+        try:
+            self._stages.append(native.SeqStage(self.ctx))
+        except native.NativeError:
+            log.warning("no stage for snapshot heads: this one is copied straight")
+            return None
+        return self._stages[-1]
 
     def restore(
         self, slot: int, head: bytes | np.ndarray, segments: Sequence[tuple[int, int, object]]
@@ -428,6 +458,8 @@ class LlamaRunner:
     def close(self) -> None:
         L = _llama()
         if self.ctx:
+            for stage in self._stages:  # the prefix cache's copier has finished with them
+                stage.free()
             L.llama_batch_free(self.batch)
             L.llama_free(self.ctx)
             self.ctx = None

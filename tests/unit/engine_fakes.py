@@ -29,10 +29,25 @@ def _head(tokens: Sequence[int]) -> bytes:
 
 class FakeRows:
     """A snapshot's rows: position p is BYTES_PER_TOKEN bytes starting with its token id. A copy
-    waits for the runner's `copy_gate` and counts as reading the slot meanwhile."""
+    waits for the runner's `copy_gate` and counts as reading the slot meanwhile. With the
+    runner's `stage_heads`, the head it was saved with is zeros until `fill_head`, which waits
+    for the runner's `fill_gate`."""
 
-    def __init__(self, runner: FakeRunner, slot: int, tokens: list[int]) -> None:
+    def __init__(
+        self, runner: FakeRunner, slot: int, tokens: list[int], head: bytearray | None = None
+    ) -> None:
         self.runner, self.slot, self.tokens = runner, slot, tokens
+        self._staged = head
+
+    @property
+    def head_staged(self) -> bool:
+        return self._staged is not None
+
+    def fill_head(self) -> None:
+        head, self._staged = self._staged, None
+        assert self.runner.fill_gate.wait(10)
+        head[:] = _head(self.tokens)
+        self.runner.filled += 1
 
     def size(self, start: int, end: int) -> int:
         return BYTES_PER_TOKEN * (end - start)
@@ -76,6 +91,10 @@ class FakeRunner:
         self.reading: dict[int, tuple[int, int]] = {}  # slot -> the rows a copy reads now
         self.closed_sources = 0
         self.violations: list[str] = []
+        self.stage_heads = False  # snapshots' heads are whole only after FakeRows.fill_head
+        self.fill_gate = threading.Event()  # fills wait for it
+        self.fill_gate.set()
+        self.filled = 0
 
     @property
     def cached(self) -> dict[int, int]:
@@ -116,9 +135,12 @@ class FakeRunner:
         self.released.append(slot)
         self.content.pop(slot, None)
 
-    def snapshot(self, slot: int) -> tuple[bytes, FakeRows]:
+    def snapshot(self, slot: int) -> tuple[bytes | bytearray, FakeRows]:
         tokens = list(self.content.get(slot, []))
-        return _head(tokens), FakeRows(self, slot, tokens)
+        if not self.stage_heads:
+            return _head(tokens), FakeRows(self, slot, tokens)
+        head = bytearray(HEAD_BYTES)
+        return head, FakeRows(self, slot, tokens, head)
 
     def restore(self, slot: int, head: bytes, segments) -> None:
         self._writes(slot, 0, "a restore")

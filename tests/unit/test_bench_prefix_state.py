@@ -26,7 +26,8 @@ def test_measured_bytes_are_the_formulas(tmp_path):
         # the head: the recurrent states and cell metadata, and a few KiB of header, series
         # table and tail block rows
         assert 0 <= r["head_bytes"] - f["recurrent"] - f["cell_meta"] < 8192, r
-        assert all(r[k] > 0 for k in ("head_s", "rows_s", "restore_s", "resume_s"))
+        steps = ("head_s", "head_fill_s", "head_straight_s", "rows_s", "restore_s", "resume_s")
+        assert all(r[k] > 0 for k in steps)
     full = record["full_shape"]
     assert full["tokens"] == 200_000
     assert full["kv"] == 200_000 * 12 * 2 * 2 * 256 * 2  # 24 KiB a token

@@ -433,3 +433,22 @@ def test_the_engine_thread_converts_no_whole_prompt_or_conversation(monkeypatch)
     assert ("MainThread", True) in made and ("pyqsa-engine", False) in made  # the replies'
     assert ("pyqsa-engine", True) not in made
     assert len(lengths(e)) == 4  # both prompts' ends and both replies', found by their hashes
+
+
+def test_staged_heads_are_filled_off_the_engine_thread_before_their_state_is_loaded():
+    runner = FakeRunner()
+    runner.stage_heads = True
+    runner.fill_gate.clear()  # every head's fill waits
+    e = engine(runner, n_slots=1)
+    # the prompt's snapshot is taken and its fill waits: the request is answered regardless
+    fin, out = run(e, [1, 2, 3, 4, 5], ONE)
+    assert out == [6] and runner.filled == 0
+    # a request that takes the one slot waits for the copy of its rows, which follows the fill
+    threading.Timer(0.2, runner.fill_gate.set).start()
+    started = time.monotonic()
+    run(e, [40, 41, 42, 43], ONE)
+    assert time.monotonic() - started >= 0.15 and runner.filled >= 1
+    # a follow-up of the first, restored from the cache: the fake sees a zero head as a violation
+    fin, out = run(e, [1, 2, 3, 4, 5, 9, 10], ONE)
+    assert (fin.cached_tokens, out, runner.restored) == (5, [11], [(0, 5)])
+    until(lambda: runner.filled == len(e.prefix.cache))

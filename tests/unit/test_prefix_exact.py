@@ -182,10 +182,18 @@ def test_ledger_and_bytes_return_to_their_start_once_cleared(demo_llama, hot_blo
 
 
 class _GatedRows:
-    """A snapshot's rows whose copy waits for `gate`."""
+    """A snapshot's rows whose copy, and its staged head's fill, wait for `gate`."""
 
     def __init__(self, rows, gate) -> None:
         self.rows, self.gate = rows, gate
+
+    @property
+    def head_staged(self):
+        return self.rows.head_staged
+
+    def fill_head(self):
+        assert self.gate.wait(30)
+        self.rows.fill_head()
 
     def size(self, start, end):
         return self.rows.size(start, end)
@@ -200,10 +208,10 @@ class _GatedRows:
 
 @pytest.mark.parametrize("hot_blocks", [0, 8], ids=["unpaged", "paged"])
 def test_copies_in_flight_change_no_answer(demo_llama, cold, hot_blocks):
-    """Snapshots' rows copied only later: while the request decodes its reply, while the reply is
-    computed again in its slot, while another request decodes and is cancelled (its slot waits
-    for its copies before it is emptied); then follow-ups continue, resume and are restored from
-    those rows, as without the cache."""
+    """Snapshots' rows and staged heads copied only later: while the request decodes its reply,
+    while the reply is computed again in its slot, while another request decodes and is
+    cancelled (its slot waits for its copies before it is emptied); then follow-ups continue,
+    resume and are restored from those rows and heads, as without the cache."""
     e = start(demo_llama, 64 << 20, hot_blocks, n_slots=2)
     gate = threading.Event()
     snapshot = e.runner.snapshot

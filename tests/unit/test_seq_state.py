@@ -10,6 +10,7 @@ sequence empty."""
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import llama_cpp as L
 import numpy as np
@@ -188,5 +189,47 @@ def test_bytes_that_are_no_state_are_refused(context):
     size, head_ptr = ffi.new("size_t *"), ffi.new("void **")
     ctx = ffi.cast("void *", c.ctx)
     for head_arg, size_arg in ((ffi.NULL, size), (head_ptr, ffi.NULL)):
-        rc = lib.pyqsa_seq_state_save(ctx, 0, head_arg, size_arg, ffi.NULL)
+        rc = lib.pyqsa_seq_state_save(ctx, 0, ffi.NULL, head_arg, size_arg, ffi.NULL)
         assert rc == lib.PYQSA_ERR_INVALID_ARG
+
+
+def test_a_staged_head_is_the_head_once_filled(context):
+    """A save through a stage writes the head less its recurrent and conv states, which the
+    stage's fill (on another thread) adds: then it is byte for byte the head saved straight, and
+    loads as one. A stage takes one head at a time; a fill with no head drops what it holds."""
+    c = context
+    c.prefill(0, PREFIX)
+    want, rows = native.seq_state_save(c.ctx, 0)
+    n = len(PREFIX)
+    segments = [(0, n, rows.get(0, n))]
+    rows.close()
+    stage = native.SeqStage(c.ctx)
+    try:
+        head, staged_rows = native.seq_state_save(c.ctx, 0, stage)
+        staged_rows.staged(stage, lambda s: None)
+        assert len(head) == len(want) and not np.array_equal(head, want)
+        with pytest.raises(native.NativeError, match="pyqsa_seq_state_save"):
+            native.seq_state_save(c.ctx, 0, stage)  # its head not filled yet
+        filler = threading.Thread(target=staged_rows.fill_head)
+        filler.start()
+        filler.join()
+        staged_rows.close()
+        assert np.array_equal(head, want)
+        native.seq_state_load(c.ctx, 1, head, segments)
+        assert all(
+            np.array_equal(w, g) for w, g in zip(c.continue_(0), c.continue_(1), strict=True)
+        )
+        _, dropped_rows = native.seq_state_save(c.ctx, 1, stage)
+        released = []
+        dropped_rows.staged(stage, released.append)
+        dropped_rows.close()  # never filled: dropped, the stage handed back
+        assert released == [stage]
+        again, again_rows = native.seq_state_save(c.ctx, 1, stage)  # the stage takes one again
+        straight, straight_rows = native.seq_state_save(c.ctx, 1)
+        straight_rows.close()
+        again_rows.staged(stage, released.append)
+        again_rows.fill_head()
+        again_rows.close()
+        assert np.array_equal(again, straight) and released == [stage, stage]
+    finally:
+        stage.free()
