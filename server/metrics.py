@@ -158,7 +158,7 @@ def _prefix_metrics(p: PrefixStats) -> Iterator[Metric]:
     )
     yield CounterMetricFamily(
         "pyqsa_prefix_cache_copy_seconds",
-        "Seconds the copier thread spent copying snapshots' rows",
+        "Seconds the copier thread spent copying snapshots' rows and staged heads",
         value=p.copy_seconds,
     )
     yield CounterMetricFamily(
@@ -171,6 +171,12 @@ def _prefix_metrics(p: PrefixStats) -> Iterator[Metric]:
         "pyqsa_prefix_cache_snapshots",
         "Snapshots' heads taken on the engine thread (their rows go to the copier thread)",
         value=p.snapshots,
+    )
+    yield CounterMetricFamily(
+        "pyqsa_prefix_cache_snapshots_staged",
+        "Snapshots whose head's recurrent state the engine thread staged in pinned memory for the "
+        "copier thread (the others were copied into their heads on the engine thread)",
+        value=p.staged,
     )
 
 

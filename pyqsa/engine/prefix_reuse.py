@@ -56,6 +56,7 @@ class PrefixStats:
     # the engine thread's time in snapshots, resumes and restores (waits for copies included)
     engine_seconds: float = 0.0
     snapshots: int = 0  # heads taken, since start
+    staged: int = 0  # of them, those whose recurrent state went through a stage
 
 
 @dataclass(eq=False)
@@ -95,6 +96,7 @@ class PrefixReuse:
         self._starts = dict.fromkeys(STARTS, 0)
         self._engine_seconds = 0.0
         self._snapshots = 0
+        self._staged = 0
 
     @property
     def enabled(self) -> bool:
@@ -289,6 +291,7 @@ class PrefixReuse:
         k = segments[-1].end if segments else 0
         new = RowSegment(k, n, source.size(k, n), slot) if k < n else None
         fill = HeadFill() if source.head_staged else None
+        self._staged += fill is not None
         if not self.cache.insert(prompt, head, segments + ([new] if new else []), n, fill):
             source.close()
             return
@@ -318,4 +321,5 @@ class PrefixReuse:
             self.copier.seconds if self.copier else 0.0,
             self._engine_seconds,
             self._snapshots,
+            self._staged,
         )

@@ -159,6 +159,8 @@ def test_cancel_during_a_reused_request_leaves_the_cache_intact(warm, cold):
     assert after["pyqsa_prefix_cache_evicted_total"] == before["pyqsa_prefix_cache_evicted_total"]
     heads = "pyqsa_prefix_cache_snapshots_total"
     assert after[heads] == before[heads] + 1  # that entry's head, taken on the engine thread
+    staged = "pyqsa_prefix_cache_snapshots_staged_total"  # its state copied off the thread
+    assert after[staged] == before[staged] + 1
     got = complete(warm, prompt + new_tokens(4, 4))
     assert cached(got) == len(prompt)
     assert got["choices"] == complete(cold, prompt + new_tokens(4, 4))["choices"]
