@@ -106,6 +106,7 @@ ENGINE_COUNTERS = {
     # the part of "host" the prefix cache took: snapshots' heads, resumes, restores
     "pyqsa_prefix_cache_engine_seconds_total": "prefix",
     "pyqsa_prefix_cache_snapshots_total": "snapshots",
+    "pyqsa_prefix_cache_snapshots_staged_total": "staged",
     # the copier thread's, beside the passes
     "pyqsa_prefix_cache_copy_seconds_total": "copy",
 }
@@ -188,8 +189,9 @@ def engine_between(a: dict[str, float], b: dict[str, float]):
     for part in ("prefix", "copy"):
         if part in a and part in b:
             out[f"{part}_ms_per_step"] = round(1e3 * (b[part] - a[part]) / steps, 3)
-    if "snapshots" in a and "snapshots" in b:
-        out["snapshots"] = int(b["snapshots"] - a["snapshots"])
+    for count in ("snapshots", "staged"):
+        if count in a and count in b:
+            out[count] = int(b[count] - a[count])
     return out
 
 

@@ -58,16 +58,17 @@ def test_the_engine_step_split_is_taken_inside_the_window():
 
 def test_the_prefix_caches_share_of_host_time_where_the_server_has_the_cache():
     before = {"steps": 10, "forward": 1.0, "host": 0.1, "launch": 0.0, "prefix": 0.5}
-    before |= {"snapshots": 4, "copy": 2.0}
+    before |= {"snapshots": 4, "staged": 4, "copy": 2.0}
     after = {"steps": 110, "forward": 2.5, "host": 0.4, "launch": 0.1, "prefix": 0.7}
-    after |= {"snapshots": 7, "copy": 2.5}
+    after |= {"snapshots": 7, "staged": 6, "copy": 2.5}
     got = serve_load.engine_between(before, after)
     assert got["host_ms_per_step"] == 3.0 and got["prefix_ms_per_step"] == 2.0
-    assert got["snapshots"] == 3 and got["copy_ms_per_step"] == 5.0
+    assert (got["snapshots"], got["staged"], got["copy_ms_per_step"]) == (3, 2, 5.0)
     # a server without the cache has no such counters, and the split says nothing of them
-    without = {k: v for k, v in before.items() if k not in ("prefix", "snapshots", "copy")}
+    cache = ("prefix", "snapshots", "staged", "copy")
+    without = {k: v for k, v in before.items() if k not in cache}
     got = serve_load.engine_between(without, after)
-    assert not {"prefix_ms_per_step", "snapshots", "copy_ms_per_step"} & got.keys()
+    assert not {"prefix_ms_per_step", "snapshots", "staged", "copy_ms_per_step"} & got.keys()
 
 
 def test_loads_of_other_seeds_draw_other_prompts():

@@ -115,6 +115,11 @@ def summary_of(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "heads",
             [(r["together_engine"] or {}).get("snapshots") for r in together["runs"]],
         ),
+        record.figure(
+            f"{n} concurrent decode window, of them staged",
+            "heads",
+            [(r["together_engine"] or {}).get("staged") for r in together["runs"]],
+        ),
         # the copier thread's row copies run beside the passes, not in them
         record.figure(f"{n} concurrent decode step, beside it: row copies", "ms", steps("copy")),
         record.figure(f"short TTFT behind {n - 1} long", "s", runs(short, "short_ttft_s")),
