@@ -38,6 +38,7 @@ SCENARIOS = {  # kind -> what a reader looks for
     "gpu-ops": "checks: CUDA op timings",
     "kernels": "profile: kernel time by name",
     "quant": "weights: quantized files, pyqsa quantize and llama-quantize (bench/quant_run.sh)",
+    "quant-realmoe": "weights: quantized files of the real-MoE model (quant_run.sh --real-moe)",
 }
 NOTE_CHARS = 160
 

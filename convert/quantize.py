@@ -2,8 +2,8 @@
 
 llama.cpp chooses each tensor's type from the file type (the _M mixtures give attn_v, ffn_down
 and output more bits) and already keeps norms, the router, the GDN conv and the indexer
-projections at their input type. On top of that `KEEP_F32` holds the small tensors QSA's
-selections and the residual streams depend on at f32 (docs/convert.md, "What quantization
+projections at their input type. On top of that `KEEP_F32` holds a few small tensors at f32:
+the Gated DeltaNet's decay and write gates and the PLE conv (docs/convert.md, "What quantization
 costs", has the measurements). Every other key of the input, pyqsa.* included, is copied by the
 API. An importance matrix (`--imatrix`: from `pyqsa imatrix` or llama-imatrix) weights each
 tensor's rounding by its columns' mean squared input, as llama-quantize gives it.
@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from . import names as N
@@ -52,9 +53,11 @@ TYPES = {
 }
 
 # regex (searched in the tensor name) -> why the tensor stays f32
+# NOTE: not the hyper-connection mixers: f32 mixers made no measurable difference on the tiny
+# models, and at the full shape they are 1.2 GiB in f16, read by every decode step: kept f32
+# they took 2.4 GiB of a 5.4 GiB Q4_K_M file and made it decode slower than the f16 source
+# (docs/convert.md, "What quantization costs")
 KEEP_F32 = {
-    r"hc_(attn|ffn)_(down|up|inject)\.weight$": "hyper-connection mixers (every residual stream)",
-    r"^output_hc_(down|up)\.weight$": "the output hyper-connection mixer",
     r"ssm_(alpha|beta)\.weight$": "GDN decay and write gates (through exp and sigmoid)",
     r"ple_conv1d\.weight$": "PLE conv (rows of 4: would fall back to f16)",
 }
@@ -82,13 +85,29 @@ def open_input(src: Path, verb: str = "quantizes") -> GGUFFile:
     return g
 
 
+# what libllama keeps at its input type in a qwen4exp file (besides 1-D tensors): norms, the
+# router, the GDN conv, the indexer projections
+LLAMA_KEEPS = (r"_norm\.weight$", r"ffn_gate_inp", r"ssm_conv1d", r"indexer\.(q|k)_proj")
+
+
 def size_bound(g: GGUFFile) -> int:
-    """Bytes the output can take at most: no tensor grows, except f16 ones KEEP_F32 names."""
-    keep = [re.compile(p) for p in KEEP_F32]
+    """Bytes the output can take at most, whatever TYPES' type: a tensor libllama quantizes
+    takes at most Q8_0's bytes (no type's mixture gives one more bits; a row that Q8_0's blocks
+    do not divide falls back to f16 at most); one it keeps stays as it is, except that KEEP_F32's
+    grow to f32. A 33 GiB f16 model's Q4_K_M needs about half its size free, not all of it."""
+    f32 = [re.compile(p) for p in KEEP_F32]
+    kept = [re.compile(p) for p in LLAMA_KEEPS]
     total = 0
     for t in g.tensors:
-        grows = t.qtype != Q.F32 and any(p.search(t.name) for p in keep)
-        total += t.nbytes * 2 if grows else t.nbytes
+        n = int(np.prod(t.ne, dtype=np.int64))
+        if any(p.search(t.name) for p in f32):
+            total += 4 * n
+        elif len(t.ne) < 2 or any(p.search(t.name) for p in kept):
+            total += t.nbytes
+        elif t.ne[0] % 32 == 0:
+            total += n // 32 * 34  # Q8_0: 32 weights in 34 bytes
+        else:
+            total += 2 * n
     return total
 
 

@@ -11,12 +11,12 @@ from gguf import GGMLQuantizationType as Q
 from pyqsa.convert import ConvertError
 from pyqsa.convert import quantize as qz
 from pyqsa.convert.gguf_file import GGUFFile
-from pyqsa.convert.quantize import KEEP_F32, quantize
+from pyqsa.convert.quantize import KEEP_F32, LLAMA_KEEPS, quantize
 
 from pyqsa.cli import main
 
 # kept by llama.cpp itself (norms, router, conv, indexer projections) and by KEEP_F32
-KEPT = [r"_norm\.weight$", r"ffn_gate_inp", r"ssm_conv1d", r"indexer\.(q|k)_proj", *KEEP_F32]
+KEPT = [*LLAMA_KEEPS, *KEEP_F32]
 
 
 def types(path) -> dict[str, Q]:
@@ -39,17 +39,18 @@ def q4(tiny_ple_gguf, tmp_path_factory):
 def test_policy_keeps_qsa_tensors_f32(q4):
     got = types(q4)
     kept = {n for n in got if any(re.search(p, n) for p in KEPT)}
-    assert {n for n in kept if "indexer" in n} and {n for n in kept if "hc_" in n}
+    assert {n for n in kept if "indexer" in n} and {n for n in kept if "ssm_alpha" in n}
     assert {n: got[n].name for n in kept if got[n] != Q.F32} == {}
-    # the rest really was quantized
+    # the rest really was quantized, the hyper-connection mixers too (read by every step)
     assert sum(t == Q.Q4_0 for t in got.values()) > 50
+    assert got["blk.0.hc_attn_down.weight"] == Q.Q4_0
+    assert not {n for n, t in got.items() if "hc_" in n and "norm" not in n and t == Q.F32}
 
 
-def test_without_policy_the_mixers_are_quantized(tiny_ple_gguf, tmp_path):
+def test_without_policy_the_gates_are_quantized(tiny_ple_gguf, tmp_path):
     got = types(
         quantize(tiny_ple_gguf, tmp_path / "o.gguf", "Q4_0", keep_f32=False, progress=False)
     )
-    assert got["blk.0.hc_attn_down.weight"] != Q.F32
     assert got["blk.0.ssm_alpha.weight"] != Q.F32
 
 
@@ -117,8 +118,14 @@ def test_library_failure_is_one_line(tiny_ple_gguf, tmp_path, monkeypatch):
     assert "\n" not in str(e.value)
 
 
-def test_size_bound_covers_the_output(tiny_ple_gguf, q4):
-    assert q4.stat().st_size <= qz.size_bound(GGUFFile(tiny_ple_gguf)) + (16 << 20)
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K_M", "IQ4_XS"])
+def test_size_bound_covers_the_output(tiny_ple_gguf, tmp_path, kind):
+    """The bound the disk check asks for holds every type's output, and is well under the f32
+    source's size (a full-size source's Q4_K_M must not need the source's size free)."""
+    bound = qz.size_bound(GGUFFile(tiny_ple_gguf))
+    out = quantize(tiny_ple_gguf, tmp_path / "o.gguf", kind, progress=False)
+    assert out.stat().st_size <= bound + (16 << 20)
+    assert bound < 0.5 * tiny_ple_gguf.stat().st_size
 
 
 def test_inspect_shows_types_and_serve_memory(q4):
