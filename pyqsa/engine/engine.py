@@ -525,6 +525,8 @@ class Engine:
     ) -> None:
         if req.state is RequestState.FINISHED:
             return
+        if any(r is req for r in self._snapshots_due):  # it ends at its first token: out first
+            self._deliver()
         self._take_snapshots(req)  # while its slot holds its prompt (its reply request needs it)
         replied = reason in (FinishReason.STOP, FinishReason.LENGTH)
         # a slot whose request ended well holds its sequence on, for a reuse in place; after a

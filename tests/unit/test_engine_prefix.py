@@ -400,8 +400,14 @@ def test_a_prompts_first_token_leaves_before_its_snapshot_is_taken():
 
 
 def test_a_request_that_ends_at_its_first_token_is_snapshotted_before_its_slot_goes():
-    e = engine(FakeRunner(), n_slots=1)
-    run(e, [1, 2, 3, 4], ONE)  # ends in the pass that computed its prompt
+    runner = _GatedSnapshots()
+    e = engine(runner, n_slots=1)
+    sink = Collector()
+    e.submit([1, 2, 3, 4], ONE, sink)  # ends in the pass that computed its prompt
+    # its token is out before the snapshot its end waits for
+    assert sink.first.wait(5) and runner.taken == 0
+    runner.gate.set()
+    assert sink.wait().reason is FinishReason.LENGTH
     idle(e)
     assert lengths(e) == [4]
     fin, _ = run(e, [1, 2, 3, 4, 5, 6], ONE)
