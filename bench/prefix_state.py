@@ -62,6 +62,19 @@ def bytes_of(config: dict, n: int, kv_type: str = "f16") -> dict[str, int]:
     }
 
 
+def hot_blocks(path: str) -> int:
+    """The paged measurement's hot cache: 64 blocks, or twice the blocks one query selects where
+    that is more (a paging context with fewer than one query's is refused, PYQSA_ERR_UNSUPPORTED;
+    Flash-Next's query selects 2048 / 4 = 512)."""
+    from pyqsa.convert.gguf_file import GGUFFile
+
+    from pyqsa import gguf_keys as K
+
+    g = GGUFFile(path)
+    budgets, ratios = g.get(K.PYQSA_QSA_BUDGET), g.get(K.PYQSA_QSA_COMPRESS_RATIO)
+    return max(64, 2 * max(b // r for b, r in zip(budgets, ratios, strict=True)))
+
+
 def measure(model, path: str, n: int, paged: bool, repeats: int) -> dict:
     from pyqsa import native
     from pyqsa.engine import EngineConfig
@@ -72,7 +85,11 @@ def measure(model, path: str, n: int, paged: bool, repeats: int) -> dict:
 
     step = 2048
     cfg = EngineConfig(
-        path, n_slots=2, ctx_per_slot=n + 64, max_batch_tokens=step, hot_blocks=64 if paged else 0
+        path,
+        n_slots=2,
+        ctx_per_slot=n + 64,
+        max_batch_tokens=step,
+        hot_blocks=hot_blocks(path) if paged else 0,
     )
     runner = LlamaRunner(model, cfg)
     tokens = [int(t) for t in np.random.default_rng(n).integers(200, 20000, n + 8)]

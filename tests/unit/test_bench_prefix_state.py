@@ -43,3 +43,25 @@ def test_bad_lengths_are_usage_errors():
             timeout=60,
         )
         assert proc.returncode == 2 and "lengths" in proc.stderr
+
+
+def test_the_paged_hot_cache_holds_twice_what_one_query_selects(monkeypatch):
+    """A paging context refuses a hot cache smaller than one query's selection: 64 blocks, the
+    demo model's, cannot hold Flash-Next's 512 (2048 tokens in blocks of 4)."""
+    sys.path.insert(0, str(BENCH))
+    import prefix_state
+    from pyqsa.convert import gguf_file
+
+    class Meta:
+        def __init__(self, path):
+            self.keys = {"pyqsa.qsa.budget": [2048, 2048], "pyqsa.qsa.compress_ratio": [4, 4]}
+
+        def get(self, key):
+            return self.keys[key]
+
+    monkeypatch.setattr(gguf_file, "GGUFFile", Meta)
+    assert prefix_state.hot_blocks("flash-next.gguf") == 1024
+    monkeypatch.undo()
+    from pyqsa import demo_model
+
+    assert prefix_state.hot_blocks(str(demo_model.demo_model_path())) == 64
