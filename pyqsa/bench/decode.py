@@ -208,15 +208,18 @@ class Emitter:
 
 
 def known_prefills(meta: dict[str, Any], n_batch: int) -> list[dict[str, Any]]:
-    """Prefill records of bench/results/ from the same GPU and a model of the same size (up to
-    SAME_MODEL_BYTES) at this prefill batch or a smaller one (no faster: its times bound this
-    batch's from above): what earlier calls measured, so a new call's budget guesses start from
-    it rather than from a quadratic scale-up of a short context. Size, not name: a synthetic
-    model's name follows its generator's source (gpu_run.sh), while its shapes decide both its
-    bytes and its cost, which synth_model.py --locality's model shares with the default one."""
+    """Prefill records of bench/results/ (every file that keeps decode.py's records: decode,
+    steps, quant) from the same GPU and a model of the same size (up to SAME_MODEL_BYTES) at
+    this prefill batch or a smaller one (no faster: its times bound this batch's from above):
+    what earlier calls measured, so a new call's budget guesses start from it rather than from a
+    quadratic scale-up of a short context (which made 256K's 34 s 256 s and skipped it). Size,
+    not name: a synthetic model's name follows its generator's source (gpu_run.sh), while its
+    shapes decide both its bytes and its cost, which synth_model.py --locality's model shares
+    with the default one; a quantized file's bytes are its own."""
     out = []
-    for path in sorted(RESULTS.glob("*-decode.json")):
-        for r in json.loads(path.read_text()).get("records", []):
+    for path in sorted(RESULTS.glob("*.json")):
+        doc = json.loads(path.read_text())
+        for r in doc.get("records", []) if isinstance(doc, dict) else []:
             if (
                 r.get("kind") == "prefill"
                 and r.get("gpu") == meta.get("gpu")

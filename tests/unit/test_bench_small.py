@@ -284,6 +284,14 @@ def test_prefill_estimates_for_the_budget():
     e = decode.Emitter([], {}, found)
     assert 0 < e.estimate_s("upstream", 131072) < 60
     assert decode.known_prefills(meta, 256) == []  # nothing measured at 256 or less
+    # the records of pyqsa bench's steps and of quant_run.sh count too: an H100's 256K prefill of
+    # the f16 model (2026-12-05-9470e5e-steps.json), and of llama-quantize's Q4_K_M file (its own
+    # bytes; 2026-12-06-1585184-quant.json)
+    h100 = {"gpu": "NVIDIA H100 80GB HBM3", "model_bytes": 10518055040}
+    assert any(r["context"] == 262144 for r in decode.known_prefills(h100, 512))
+    q4 = decode.known_prefills({**h100, "model_bytes": 3650340480}, 512)
+    assert {r["context"] for r in q4} == {32768, 262144}
+    assert all("llama-quantize-Q4_K_M" in r["model"] for r in q4)
 
 
 def test_decode_profile_without_a_cuda_profiler_is_a_one_line_error(tmp_path):
