@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 class RowSource(Protocol):
     """Where a snapshot's rows are (native.SeqRows): `get` and `fill_head` may run on any
     thread. With `head_staged`, the head `Runner.snapshot` gave with it is whole only after
-    `fill_head` (its recurrent state waits in a stage: the copy into the head's memory, ~100 ms a
-    slot at the full shape, is the copier thread's, not the engine thread's)."""
+    `fill_head` (its recurrent state, ~80 MB a slot at the full shape, waits in a stage: the copy
+    into the head's memory is the copier thread's, not the engine thread's)."""
 
     @property
     def head_staged(self) -> bool: ...
