@@ -257,10 +257,14 @@ class SeqRows:
         return self._stage is not None
 
     def fill_head(self) -> None:
+        self._settle(self._head)
+
+    def _settle(self, head: bytes | np.ndarray | None) -> None:
+        """Fill `head` from the stage (None: drop what it holds) and hand the stage back."""
         stage, self._stage = self._stage, None
         if stage is not None:
             try:
-                stage.fill(self._head)
+                stage.fill(head)
             finally:
                 self._release(stage)
 
@@ -281,14 +285,11 @@ class SeqRows:
         return out
 
     def close(self) -> None:
-        ffi, lib = _api()
+        _, lib = _api()
         if self._ptr is not None:
             lib.pyqsa_seq_rows_free(self._ptr)
             self._ptr = None
-        stage, self._stage = self._stage, None
-        if stage is not None:  # never filled: what it holds is dropped
-            lib.pyqsa_seq_stage_fill(stage._ptr, ffi.NULL, 0)
-            self._release(stage)
+        self._settle(None)  # a head never filled: what its stage holds is dropped
 
 
 class SeqStage:
@@ -303,14 +304,15 @@ class SeqStage:
         _check(lib.pyqsa_seq_stage_new(ffi.cast("void *", ctx), out), "pyqsa_seq_stage_new")
         self._ptr = out[0]
 
-    def fill(self, head: np.ndarray) -> None:
-        """Complete `head`, the one the last save with this stage returned; the stage is free
-        again (also when it raises)."""
+    def fill(self, head: np.ndarray | None) -> None:
+        """Complete `head`, the one the last save with this stage returned (None: drop what the
+        stage holds); the stage is free again (also when it raises)."""
         ffi, lib = _api()
         if self._ptr is None:
             raise NativeError("pyqsa_seq_stage_fill on a freed stage")
-        buf = ffi.from_buffer(head, require_writable=True)
-        _check(lib.pyqsa_seq_stage_fill(self._ptr, buf, len(head)), "pyqsa_seq_stage_fill")
+        buf = ffi.NULL if head is None else ffi.from_buffer(head, require_writable=True)
+        size = 0 if head is None else len(head)
+        _check(lib.pyqsa_seq_stage_fill(self._ptr, buf, size), "pyqsa_seq_stage_fill")
 
     def free(self) -> None:
         _, lib = _api()

@@ -113,9 +113,9 @@ struct pyqsa_seq_stage {
 namespace {
 
 // one sequence's bytes of the recurrent memory's tensors (a cell each; a cell per sequence)
-size_t recurrent_bytes(const llama_memory_hybrid & mem) {
+size_t recurrent_bytes(const llama_memory_hybrid & mem, const std::set<const ggml_tensor *> & recurrent) {
     size_t bytes = 0;
-    for (const ggml_tensor * t : recurrent_tensors(mem)) {
+    for (const ggml_tensor * t : recurrent) {
         bytes += ggml_nbytes(t) / mem.get_mem_recr()->size;
     }
     return bytes;
@@ -123,8 +123,8 @@ size_t recurrent_bytes(const llama_memory_hybrid & mem) {
 
 // what a head of n positions is likely to take: the recurrent state, and a few dozen bytes of
 // cell metadata per position (grown past it when not)
-size_t head_estimate(const llama_memory_hybrid & mem, uint32_t n) {
-    return (1u << 20) + recurrent_bytes(mem) + (size_t) n * 64;
+size_t head_estimate(const llama_memory_hybrid & mem, const std::set<const ggml_tensor *> & recurrent, uint32_t n) {
+    return (1u << 20) + recurrent_bytes(mem, recurrent) + (size_t) n * 64;
 }
 
 // the buffer type of a stage for ctx's recurrent tensors: their device's pinned host memory,
@@ -153,7 +153,7 @@ void save(llama_context * ctx, int32_t seq_id, stage * staged, uint8_t ** out, s
     h.version  = version;
     h.n_tokens = (uint32_t) (llama_memory_seq_pos_max(mem, seq_id) + 1);
     std::set<const ggml_tensor *> recurrent = recurrent_tensors(*mem);
-    const size_t                  reserve   = head_estimate(*mem, h.n_tokens);
+    const size_t                  reserve   = head_estimate(*mem, recurrent, h.n_tokens);
     writer                        w(false, reserve, h.n_tokens, std::move(recurrent), staged);
     w.take(sizeof(h));  // written last, once its offsets are known
     // llama_memory_hybrid_idx::state_write's order, which its state_read reads
@@ -361,7 +361,8 @@ int32_t pyqsa_seq_stage_new(void * ctx_v, pyqsa_seq_stage ** out) {
     if (mem == nullptr) {
         return PYQSA_ERR_UNSUPPORTED;
     }
-    ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(stage_type(*mem), std::max<size_t>(recurrent_bytes(*mem), 1));
+    const size_t          bytes = recurrent_bytes(*mem, recurrent_tensors(*mem));
+    ggml_backend_buffer_t buf   = ggml_backend_buft_alloc_buffer(stage_type(*mem), std::max<size_t>(bytes, 1));
     if (buf == nullptr) {
         return PYQSA_ERR_OUT_OF_MEMORY;
     }

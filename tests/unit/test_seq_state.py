@@ -231,5 +231,12 @@ def test_a_staged_head_is_the_head_once_filled(context):
         again_rows.fill_head()
         again_rows.close()
         assert np.array_equal(again, straight) and released == [stage, stage]
+        ffi, lib = native.raw()  # no stage, no context, no place for the stage
+        assert lib.pyqsa_seq_stage_fill(ffi.NULL, ffi.NULL, 0) == lib.PYQSA_ERR_INVALID_ARG
+        out = ffi.new("pyqsa_seq_stage **")
+        assert lib.pyqsa_seq_stage_new(ffi.NULL, out) == lib.PYQSA_ERR_INVALID_ARG
+        assert lib.pyqsa_seq_stage_new(ffi.cast("void *", c.ctx), ffi.NULL) == (
+            lib.PYQSA_ERR_INVALID_ARG
+        )
     finally:
         stage.free()
