@@ -2,11 +2,12 @@
 
 llama.cpp chooses each tensor's type from the file type (the _M mixtures give attn_v, ffn_down
 and output more bits) and already keeps norms, the router, the GDN conv and the indexer
-projections at their input type. On top of that `KEEP_F32` holds a few small tensors at f32:
-the Gated DeltaNet's decay and write gates and the PLE conv (docs/convert.md, "What quantization
-costs", has the measurements). Every other key of the input, pyqsa.* included, is copied by the
-API. An importance matrix (`--imatrix`: from `pyqsa imatrix` or llama-imatrix) weights each
-tensor's rounding by its columns' mean squared input, as llama-quantize gives it.
+projections at their input type. On top of that `POLICY` sets two small kinds of tensors: the
+Gated DeltaNet's decay and write gates at Q8_0 whatever the type, and the PLE conv at f32
+(docs/convert.md, "What quantization costs", has the measurements). Every other key of the
+input, pyqsa.* included, is copied by the API. An importance matrix (`--imatrix`: from `pyqsa
+imatrix` or llama-imatrix) weights each tensor's rounding by its columns' mean squared input, as
+llama-quantize gives it.
 
 The output is written to a hidden temp file beside it and renamed over it when complete.
 """
@@ -52,14 +53,16 @@ TYPES = {
     "Q3_K_M": QuantType(12, Q.Q3_K),
 }
 
-# regex (searched in the tensor name) -> why the tensor stays f32
-# NOTE: not the hyper-connection mixers: f32 mixers made no measurable difference on the tiny
-# models, and at the full shape they are 1.2 GiB in f16, read by every decode step: kept f32
-# they took 2.4 GiB of a 5.4 GiB Q4_K_M file and made it decode slower than the f16 source
-# (docs/convert.md, "What quantization costs")
-KEEP_F32 = {
-    r"ssm_(alpha|beta)\.weight$": "GDN decay and write gates (through exp and sigmoid)",
-    r"ple_conv1d\.weight$": "PLE conv (rows of 4: would fall back to f16)",
+# regex (searched in the tensor name) -> (the type it gets, why)
+# NOTE: the gates were kept f32 at first: no measurable gain on the tiny models against
+# llama.cpp's own choice, and on the GPU their f32 products at 8 sequences made a full-shape
+# Q4_K_M file decode 5% slower than llama-quantize's (docs/convert.md, "On the GPU"); Q8_0 keeps
+# them near f16's precision on the quantized products' path. The hyper-connection mixers get
+# llama.cpp's type like the other matrices: kept f32 they made no measurable difference either
+# and, 1.2 GiB in f16 at the full shape, made a Q4_K_M file decode slower than its f16 source.
+POLICY = {
+    r"ssm_(alpha|beta)\.weight$": (Q.Q8_0, "GDN decay and write gates (through exp and sigmoid)"),
+    r"ple_conv1d\.weight$": (Q.F32, "PLE conv (rows of 4: would fall back to f16)"),
 }
 
 _PROGRESS = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]")
@@ -93,16 +96,17 @@ LLAMA_KEEPS = (r"_norm\.weight$", r"ffn_gate_inp", r"ssm_conv1d", r"indexer\.(q|
 def size_bound(g: GGUFFile) -> int:
     """Bytes the output can take at most, whatever TYPES' type: a tensor libllama quantizes
     takes at most Q8_0's bytes (no type's mixture gives one more bits; a row that Q8_0's blocks
-    do not divide falls back to f16 at most); one it keeps stays as it is, except that KEEP_F32's
-    grow to f32. A 33 GiB f16 model's Q4_K_M needs about half its size free, not all of it."""
-    f32 = [re.compile(p) for p in KEEP_F32]
+    do not divide falls back to f16 at most); one it keeps stays as it is; POLICY's take their
+    type's. A 33 GiB f16 model's Q4_K_M needs about half its size free, not all of it."""
+    policy = [(re.compile(p), ty) for p, (ty, _) in POLICY.items()]
     kept = [re.compile(p) for p in LLAMA_KEEPS]
     total = 0
     for t in g.tensors:
         n = int(np.prod(t.ne, dtype=np.int64))
-        if any(p.search(t.name) for p in f32):
+        ty = next((ty for p, ty in policy if p.search(t.name)), None)  # F32 or Q8_0
+        if ty == Q.F32:
             total += 4 * n
-        elif len(t.ne) < 2 or any(p.search(t.name) for p in kept):
+        elif ty is None and (len(t.ne) < 2 or any(p.search(t.name) for p in kept)):
             total += t.nbytes
         elif t.ne[0] % 32 == 0:
             total += n // 32 * 34  # Q8_0: 32 weights in 34 bytes
@@ -141,15 +145,15 @@ def _llama_log(on_line) -> Iterator[None]:
         L.llama_log_set(old_cb, old_data)
 
 
-def _params(qt: QuantType, threads: int, keep_f32: bool):
+def _params(qt: QuantType, threads: int, policy: bool):
     import llama_cpp as L
 
     p = L.llama_model_quantize_default_params()
     p.ftype = qt.ftype
     p.nthread = threads
     overrides = []
-    if keep_f32:
-        items = [(pat.encode(), int(Q.F32)) for pat in KEEP_F32]
+    if policy:
+        items = [(pat.encode(), int(ty)) for pat, (ty, _) in POLICY.items()]
         arr = (L.llama_model_tensor_override * (len(items) + 1))()
         for i, (pat, ty) in enumerate(items):
             arr[i].pattern, arr[i].type = pat, ty
@@ -201,14 +205,14 @@ def quantize(
     type_name: str,
     *,
     threads: int = 0,
-    keep_f32: bool = True,
+    policy: bool = True,
     imatrix: str | Path | None = None,
     progress: bool = True,
 ) -> Path:
     """Quantize the qwen4exp GGUF `src` to `out` as `type_name` (a key of TYPES), weighting
     each tensor's rounding by the importance matrix file `imatrix` when given.
 
-    `keep_f32=False` leaves every tensor to llama.cpp's own choice (for measurements)."""
+    `policy=False` leaves every tensor to llama.cpp's own choice (for measurements)."""
     from tqdm import tqdm
 
     from pyqsa.engine.runner import _init_backend
@@ -221,7 +225,7 @@ def quantize(
     _init_backend()
     import llama_cpp as L
 
-    params, keep_alive = _params(qt, threads, keep_f32)
+    params, keep_alive = _params(qt, threads, policy)
     if imatrix is not None:
         keep_alive += _set_imatrix(params, Path(imatrix), g)
     tmp = temp_path(out)

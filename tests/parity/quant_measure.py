@@ -125,7 +125,7 @@ def main() -> None:
     for t in types:
         for keep in (True, False):
             out = tmp / f"{t}-{keep}.gguf"
-            quantize(f32_path, out, t, keep_f32=keep, progress=False)
+            quantize(f32_path, out, t, policy=keep, progress=False)
             mib = out.stat().st_size / 2**20
             print(f"{t} policy={keep} {mib:.1f} MiB: {compare(run(str(out), toks), ref, f32)}")
             out.unlink()

@@ -11,12 +11,13 @@ from gguf import GGMLQuantizationType as Q
 from pyqsa.convert import ConvertError
 from pyqsa.convert import quantize as qz
 from pyqsa.convert.gguf_file import GGUFFile
-from pyqsa.convert.quantize import KEEP_F32, LLAMA_KEEPS, quantize
+from pyqsa.convert.quantize import LLAMA_KEEPS, POLICY, quantize
 
 from pyqsa.cli import main
 
-# kept by llama.cpp itself (norms, router, conv, indexer projections) and by KEEP_F32
-KEPT = [*LLAMA_KEEPS, *KEEP_F32]
+# kept by llama.cpp itself at their input type (norms, router, conv, indexer projections)
+KEPT = [*LLAMA_KEEPS, *(p for p, (ty, _) in POLICY.items() if ty == Q.F32)]
+GATES = next(p for p in POLICY if "alpha" in p)
 
 
 def types(path) -> dict[str, Q]:
@@ -39,8 +40,11 @@ def q4(tiny_ple_gguf, tmp_path_factory):
 def test_policy_keeps_qsa_tensors_f32(q4):
     got = types(q4)
     kept = {n for n in got if any(re.search(p, n) for p in KEPT)}
-    assert {n for n in kept if "indexer" in n} and {n for n in kept if "ssm_alpha" in n}
+    assert {n for n in kept if "indexer" in n} and {n for n in kept if "ple_conv1d" in n}
     assert {n: got[n].name for n in kept if got[n] != Q.F32} == {}
+    # the GDN gates at Q8_0 under a 4-bit type
+    gates = {n: t for n, t in got.items() if re.search(GATES, n)}
+    assert len(gates) >= 2 and set(gates.values()) == {Q.Q8_0}
     # the rest really was quantized, the hyper-connection mixers too (read by every step)
     assert sum(t == Q.Q4_0 for t in got.values()) > 50
     assert got["blk.0.hc_attn_down.weight"] == Q.Q4_0
@@ -48,10 +52,8 @@ def test_policy_keeps_qsa_tensors_f32(q4):
 
 
 def test_without_policy_the_gates_are_quantized(tiny_ple_gguf, tmp_path):
-    got = types(
-        quantize(tiny_ple_gguf, tmp_path / "o.gguf", "Q4_0", keep_f32=False, progress=False)
-    )
-    assert got["blk.0.ssm_alpha.weight"] != Q.F32
+    got = types(quantize(tiny_ple_gguf, tmp_path / "o.gguf", "Q4_0", policy=False, progress=False))
+    assert got["blk.0.ssm_alpha.weight"] == Q.Q4_0
 
 
 def test_pyqsa_keys_survive(tiny_ple_gguf, q4):
