@@ -39,6 +39,7 @@ SCENARIOS = {  # kind -> what a reader looks for
     "kernels": "profile: kernel time by name",
     "quant": "weights: quantized files, pyqsa quantize and llama-quantize (bench/quant_run.sh)",
     "quant-realmoe": "weights: quantized files of the real-MoE model (quant_run.sh --real-moe)",
+    "ttft-stage": "server: idle TTFT with snapshot heads staged and copied straight",
 }
 NOTE_CHARS = 160
 
