@@ -56,6 +56,17 @@ def test_without_policy_the_gates_are_quantized(tiny_ple_gguf, tmp_path):
     assert got["blk.0.ssm_alpha.weight"] == Q.Q4_0
 
 
+def test_at_q8_0_the_policy_changes_only_the_ple_conv(tiny_ple_gguf, tmp_path):
+    """Under Q8_0 the gates' Q8_0 is llama.cpp's own choice: pyqsa's file differs from
+    llama-quantize's only in the PLE conv it keeps f32 (so both decode alike on the GPU)."""
+    ours = types(quantize(tiny_ple_gguf, tmp_path / "a.gguf", "Q8_0", progress=False))
+    own = types(quantize(tiny_ple_gguf, tmp_path / "b.gguf", "Q8_0", policy=False, progress=False))
+    assert ours.keys() == own.keys()
+    differ = {n: (ours[n].name, own[n].name) for n in ours if ours[n] != own[n]}
+    assert differ and all("ple_conv1d" in n and t[0] == "F32" for n, t in differ.items()), differ
+    assert {ours[n] for n in ours if re.search(GATES, n)} == {Q.Q8_0}
+
+
 def test_pyqsa_keys_survive(tiny_ple_gguf, q4):
     before = pyqsa_keys(tiny_ple_gguf)
     assert "pyqsa.kv_scales.k" in before and "pyqsa.qsa.layers" in before
