@@ -16,6 +16,11 @@
 //   E  A with an explicit register pipeline: each lane holds the weights and x of its next DEPTH
 //      k-steps, loading step i + DEPTH as it multiplies step i, so DEPTH steps' loads are always
 //      in flight whatever the compiler does with the loop.
+//   C  B with K split over a thread-block cluster of S CTAs (S 2, 4 or 8: the least that gives
+//      every SM two CTAs; 1, which is B, where the row blocks already do): the narrow shapes have
+//      few 16-row blocks (the hyper-connection down's 320 rows are 20 CTAs for 132 SMs). Each CTA
+//      sums its warps, then the cluster's first CTA adds the S sums in rank order from their
+//      shared memory: one launch, no workspace, the same bits every run.
 // MoE shapes run as the library runs MUL_MAT_ID at 2-8 tokens: grid (row blocks, slots), the CTA
 // of slot j finds the j-th distinct expert among the (token, used) pairs on the device and
 // multiplies its rows by the x of every pair routed to it.
@@ -27,6 +32,7 @@
 //   nvcc -std=c++17 -O3 -arch=sm_90a native/dev/cols-gemv.cu -o /tmp/cols-gemv && /tmp/cols-gemv
 #include "cuda-check.cuh"
 
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -90,16 +96,22 @@ template <int RG> __device__ __forceinline__ void mma_step(float (&d)[RG][4], co
     }
 }
 
-// W warps, 16 RG rows a CTA; DEPTH 0: the library's loop, else the explicit DEPTH-step pipeline
-template <int W, int RG, int DEPTH> __global__ void __launch_bounds__(W * 32) cols(const args a) {
+// W warps, 16 RG rows a CTA; DEPTH 0: the library's loop, else the explicit DEPTH-step pipeline;
+// SPLIT: K split over the CTAs of the launch's clusters (grid x: row blocks times cluster size)
+template <int W, int RG, int DEPTH, bool SPLIT> __global__ void __launch_bounds__(W * 32) cols(const args a) {
     __shared__ int   pairs[MAX_SLOTS];
     __shared__ int   expert_of[MAX_SLOTS];
     __shared__ int   n_pairs, expert;
     __shared__ float partial[W][RG * 16][8];
     const int        lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int        g = lane / 4, t = lane % 4;
-    const int        row0    = blockIdx.x * RG * 16;
+    namespace cg = cooperative_groups;
+    const int        S       = SPLIT ? (int) cg::this_cluster().num_blocks() : 1;
+    const int        rank    = SPLIT ? (int) cg::this_cluster().block_rank() : 0;
+    const int        row0    = blockIdx.x / S * RG * 16;
     const int        n_slots = a.n_used * a.n_tok;
+    const int        kbeg    = a.K / S * rank, kend = kbeg + a.K / S;  // K % (S KB) == 0
+    __shared__ float sum_cta[SPLIT ? RG * 16 : 1][8];
 
     size_t row_off[RG][2];
 #pragma unroll
@@ -112,7 +124,7 @@ template <int W, int RG, int DEPTH> __global__ void __launch_bounds__(W * 32) co
         for (int i = 0; i < RG; ++i) {
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(a.w + row_off[i][j] + warp * KB + t * 8));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(a.w + row_off[i][j] + kbeg + warp * KB + t * 8));
             }
         }
     }
@@ -171,7 +183,7 @@ template <int W, int RG, int DEPTH> __global__ void __launch_bounds__(W * 32) co
         float d[RG][4] = {};
         if constexpr (DEPTH == 0) {
 #pragma unroll 4
-            for (int k0 = warp * KB; k0 < a.K; k0 += STEP) {
+            for (int k0 = kbeg + warp * KB; k0 < kend; k0 += STEP) {
                 const int k = k0 + t * 8;
                 uint4     wv[RG][2];
 #pragma unroll
@@ -188,11 +200,11 @@ template <int W, int RG, int DEPTH> __global__ void __launch_bounds__(W * 32) co
                 mma_step<RG>(d, wv, b);
             }
         } else {
-            const int n_it = a.K > warp * KB ? (a.K - warp * KB + STEP - 1) / STEP : 0;
+            const int n_it = kend - kbeg > warp * KB ? (kend - kbeg - warp * KB + STEP - 1) / STEP : 0;
             uint4     wv[DEPTH][RG][2];
             float4    xv[DEPTH][2];
             const auto load = [&](int s_it, uint4 (&wd)[RG][2], float4 (&xd)[2]) {
-                const int k = warp * KB + s_it * STEP + t * 8;
+                const int k = kbeg + warp * KB + s_it * STEP + t * 8;
 #pragma unroll
                 for (int i = 0; i < RG; ++i) {
 #pragma unroll
@@ -243,8 +255,28 @@ template <int W, int RG, int DEPTH> __global__ void __launch_bounds__(W * 32) co
                 for (int v = 0; v < W; ++v) {
                     sum += partial[v][r][c];
                 }
-                a.y[(size_t) pairs[c0 + c] * a.N + row0 + r] = sum;
+                if constexpr (SPLIT) {
+                    sum_cta[r][c] = sum;
+                } else {
+                    a.y[(size_t) pairs[c0 + c] * a.N + row0 + r] = sum;
+                }
             }
+        }
+        if constexpr (SPLIT) {
+            cg::this_cluster().sync();
+            if (rank == 0) {
+                for (int o = threadIdx.x; o < RG * 16 * 8; o += blockDim.x) {
+                    const int r = o / 8, c = o % 8;
+                    if (c < nc && row0 + r < a.N) {
+                        float sum = 0.0f;
+                        for (int q = 0; q < S; ++q) {
+                            sum += cg::this_cluster().map_shared_rank(&sum_cta[0][0], q)[o];
+                        }
+                        a.y[(size_t) pairs[c0 + c] * a.N + row0 + r] = sum;
+                    }
+                }
+            }
+            cg::this_cluster().sync();  // no CTA leaves (or reuses sum_cta) before the first has read it
         }
         __syncthreads();
     }
@@ -254,35 +286,52 @@ template <int W, int RG, int DEPTH> __global__ void __launch_bounds__(W * 32) co
 struct variant {
     const char * name;
     int          warps, rg, depth;
+    bool         split;
 };
 
 constexpr variant VARIANTS[] = {
-    { "A1", 8, 1, 0 }, { "A2", 8, 2, 0 }, { "B1", 4, 1, 0 }, { "B2", 4, 2, 0 },
-    { "E1", 8, 1, 4 }, { "E2", 8, 2, 4 }, { "E1/8", 8, 1, 8 },
+    { "A1", 8, 1, 0, false }, { "A2", 8, 2, 0, false }, { "B1", 4, 1, 0, false }, { "B2", 4, 2, 0, false },
+    { "E1", 8, 1, 4, false }, { "E2", 8, 2, 4, false }, { "E1/8", 8, 1, 8, false }, { "C1", 4, 1, 0, true },
 };
 
-void launch(const variant & v, const args & a, int grid_y, cudaStream_t s) {
+// C's cluster size: the least power of two up to 8 that gives every SM two CTAs (K permitting)
+int split_of(const args & a, int rg, int grid_y, int n_sm) {
+    const int blocks = (a.N + 16 * rg - 1) / (16 * rg);
+    int       S      = 1;
+    while (S < 8 && blocks * grid_y * S < 2 * n_sm && a.K % (2 * S * KB) == 0) {
+        S *= 2;
+    }
+    return S;
+}
+
+void launch(const variant & v, const args & a, int grid_y, int n_sm, cudaStream_t s) {
+    const int          S   = v.split ? split_of(a, v.rg, grid_y, n_sm) : 1;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim            = dim3((a.N + 16 * v.rg - 1) / (16 * v.rg), grid_y);
+    cfg.gridDim            = dim3((a.N + 16 * v.rg - 1) / (16 * v.rg) * S, grid_y);
     cfg.blockDim           = dim3(v.warps * 32);
     cfg.stream             = s;
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr[2];
     attr[0].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
+    attr[1].id                                         = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x                           = S;
+    attr[1].val.clusterDim.y                           = 1;
+    attr[1].val.clusterDim.z                           = 1;
     cfg.attrs                                          = attr;
-    cfg.numAttrs                                       = 1;
-#define PYQSA_LAUNCH(W, RG, D)                                          \
-    if (v.warps == W && v.rg == RG && v.depth == D) {                   \
-        CHECK_CUDA(cudaLaunchKernelEx(&cfg, cols<W, RG, D>, a));        \
-        return;                                                         \
+    cfg.numAttrs                                       = v.split ? 2 : 1;
+#define PYQSA_LAUNCH(W, RG, D, SPLIT)                                           \
+    if (v.warps == W && v.rg == RG && v.depth == D && v.split == SPLIT) {       \
+        CHECK_CUDA(cudaLaunchKernelEx(&cfg, cols<W, RG, D, SPLIT>, a));         \
+        return;                                                                 \
     }
-    PYQSA_LAUNCH(8, 1, 0)
-    PYQSA_LAUNCH(8, 2, 0)
-    PYQSA_LAUNCH(4, 1, 0)
-    PYQSA_LAUNCH(4, 2, 0)
-    PYQSA_LAUNCH(8, 1, 4)
-    PYQSA_LAUNCH(8, 2, 4)
-    PYQSA_LAUNCH(8, 1, 8)
+    PYQSA_LAUNCH(8, 1, 0, false)
+    PYQSA_LAUNCH(8, 2, 0, false)
+    PYQSA_LAUNCH(4, 1, 0, false)
+    PYQSA_LAUNCH(4, 2, 0, false)
+    PYQSA_LAUNCH(8, 1, 4, false)
+    PYQSA_LAUNCH(8, 2, 4, false)
+    PYQSA_LAUNCH(8, 1, 8, false)
+    PYQSA_LAUNCH(4, 1, 0, true)
 #undef PYQSA_LAUNCH
     std::fprintf(stderr, "no kernel for %s\n", v.name);
     std::exit(1);
@@ -392,11 +441,12 @@ int main() {
             }
         }
         std::vector<float> row;
-        std::printf("\n%s: %d copies, %.1f MB a launch\n", sh.name, copies, read / 1e6);
+        std::printf("\n%s: %d copies, %.1f MB a launch, C's cluster of %d\n", sh.name, copies, read / 1e6,
+                    split_of(a, 1, grid_y, prop.multiProcessorCount));
         // every variant checked before any is timed; a failed check ends the study
         for (const variant & v : VARIANTS) {
             CHECK_CUDA(cudaMemset(dy, 0xff, (size_t) pairs * sh.N * 4));  // NaNs: a missed row fails
-            launch(v, a, grid_y, stream);
+            launch(v, a, grid_y, prop.multiProcessorCount, stream);
             CHECK_CUDA(cudaStreamSynchronize(stream));
             std::vector<float> y((size_t) pairs * sh.N);
             CHECK_CUDA(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost));
@@ -424,7 +474,7 @@ int main() {
             for (int c = 0; c < copies; ++c) {
                 args ac = a;
                 ac.w    = dw + one * c;
-                launch(v, ac, grid_y, stream);
+                launch(v, ac, grid_y, prop.multiProcessorCount, stream);
             }
             CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
             CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
