@@ -29,8 +29,9 @@
 // the reads out of L2, checked first against a double-precision reference of the f16-rounded x
 // (as the library rounds it).
 //
-//   nvcc -std=c++17 -O3 -arch=sm_90a native/dev/cols-gemv.cu -o /tmp/cols-gemv && /tmp/cols-gemv
+//   nvcc -std=c++17 -O3 -arch=sm_90a -Inative/ggml/cuda native/dev/cols-gemv.cu -o /tmp/cols-gemv && /tmp/cols-gemv
 #include "cuda-check.cuh"
+#include "mma-ptx.cuh"  // native/ggml/cuda: -Inative/ggml/cuda
 
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
@@ -59,14 +60,6 @@ struct args {
     int            n_used, n_tok, N, K;
 };
 
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 }
@@ -91,8 +84,8 @@ template <int RG> __device__ __forceinline__ void mma_step(float (&d)[RG][4], co
     for (int i = 0; i < RG; ++i) {
         const uint32_t a0[4] = { wv[i][0].x, wv[i][1].x, wv[i][0].y, wv[i][1].y };
         const uint32_t a1[4] = { wv[i][0].z, wv[i][1].z, wv[i][0].w, wv[i][1].w };
-        mma_f16(d[i], a0, b[0], b[1]);
-        mma_f16(d[i], a1, b[2], b[3]);
+        pyqsa_mma::mma_f16(d[i], a0, b[0], b[1]);
+        pyqsa_mma::mma_f16(d[i], a1, b[2], b[3]);
     }
 }
 
