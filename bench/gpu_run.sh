@@ -166,6 +166,7 @@ pid_upstream=
 # the model's name follows the generator and vocab, so a changed generator writes a new one; each
 # kind (default, small, realmoe, locality and their combinations) replaces only its own older
 # files, but the full-shape real-MoE one (33.3 GiB on a 64 GiB disk) replaces all full-shape ones
+# and their quantized files in quant/ (bench/quant_run.sh's: 17 GiB for the default model's four)
 mhash=$(cat bench/synth_model.py .gpu-carry/ggml-vocab-qwen35.gguf | sha256sum | cut -c1-12)
 kind=${small:+-small}${realmoe:+-realmoe}${locality:+-locality}
 model="$work/flash-next-synth$kind-$mhash.gguf"
@@ -173,6 +174,8 @@ if [ ! -f "$model" ]; then
     rm -f "$work"/flash-next-synth"$kind"-????????????.gguf
     if [ -n "$realmoe" ] && [ -z "$small" ]; then
         rm -f "$work"/flash-next-synth{,-locality,-realmoe,-realmoe-locality}-????????????.gguf
+        h=$(printf '[0-9a-f]%.0s' {1..12})
+        rm -f "$work"/quant/flash-next-synth{,-locality,-realmoe,-realmoe-locality}-$h-*.gguf
     fi
     python3 bench/synth_model.py "$model" $small $realmoe $locality \
         --vocab .gpu-carry/ggml-vocab-qwen35.gguf \
