@@ -15,7 +15,8 @@ from pyqsa.convert.quantize import LLAMA_KEEPS, POLICY, quantize
 
 from pyqsa.cli import main
 
-# kept by llama.cpp itself at their input type (norms, router, conv, indexer projections)
+# f32 in the f32 source's output: kept by llama.cpp at their input type (norms, router, conv,
+# indexer projections) and POLICY's f32 ones
 KEPT = [*LLAMA_KEEPS, *(p for p, (ty, _) in POLICY.items() if ty == Q.F32)]
 GATES = next(p for p in POLICY if "alpha" in p)
 
