@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -94,9 +95,11 @@ def test_server_scenarios_and_their_figures(bench_run):
     doc = docs["server"][1]
     size = server.SIZES["quick"]
     by = {s["scenario"]: s for s in doc["scenarios"]}
-    assert list(by) == ["idle_ttft", "single_stream", "decode_together", "short_behind_long"]
+    assert list(by) == [
+        "idle_ttft", "single_stream", "decode_together", "short_behind_long", "decode_py"
+    ]  # fmt: skip
     # each load its own prompts: none starts from another's prefix cache entries
-    seeds = [by[name]["seed"] for name in list(by)[1:]]
+    seeds = [by[name]["seed"] for name in list(by)[1:4]]
     assert len(set(seeds)) == 3
     assert len(by["idle_ttft"]["text"]["ms"]) == size["ttft_runs"]
     assert by["decode_together"]["answered"] == size["requests"]
@@ -115,6 +118,19 @@ def test_server_scenarios_and_their_figures(bench_run):
     heads = figures["8 concurrent decode window, snapshots' heads taken"]
     copies = figures["8 concurrent decode step, beside it: row copies"]
     assert heads["n"] == copies["n"] == host["n"] and heads["min"] >= 0 and copies["min"] >= 0
+    # decode.py at the same batch, run after the server, and the server's rate over it
+    ref = by["decode_py"]
+    assert len(ref["runs"]) == size["repeats"]
+    assert {(r["n_seq"], r["context"]) for r in ref["runs"]} == {(8, ref["context"])}
+    assert ref["context"] == size["prompt_tokens"] + size["max_tokens"] // 2
+    assert ref["sampling"] == "host"  # a CPU server draws on the host
+    rates = [r["together_tok_s"] for r in by["decode_together"]["runs"]]
+    over = figures["8 concurrent decode together over decode.py's"]
+    assert over["n"] == size["repeats"]
+    assert over["median"] == pytest.approx(
+        statistics.median(a / r["tok_s"] for a, r in zip(rates, ref["runs"], strict=True))
+    )
+    assert doc["ratios"]["decode_together_over_decode_py"] == round(over["median"], 3)
     assert doc["serve_flags"].startswith("--slots 8 --ctx 1024")
     assert any(line.startswith("pyqsa: memory") for line in doc["start_lines"])
 

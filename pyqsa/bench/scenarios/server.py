@@ -10,29 +10,38 @@ the preset, greedy token-id prompts of exactly max_tokens tokens each):
 
 The last three are pyqsa.bench.serve_load's, `repeats` runs each. The document's "scenarios"
 holds each one's summary as bench/serve_run.sh records it, with every run under "runs".
+
+After the server has gone, decode.py runs the decode_together load's batch through the C API
+(its requests as sequences, its prompts plus half its replies as the context, the server's
+sampling), `repeats` times: the rate the server's is held against, in the same run and on the
+same machine; the summary gives the server's rate over it, run by run (scenario "decode_py").
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import Any
 
 from .. import record, serve_load, serve_ttft
 from ..serving import served
 from . import Bench
+from .steps import decode_run, machine_flags
 
 SIZES = {
     "quick": {"slots": 8, "ctx": 1024, "batch_tokens": 256, "requests": 8, "prompt_tokens": 512,
               "max_tokens": 64, "short_after": 0.3, "ttft_runs": 10, "ttft_warmup": 2,
-              "repeats": 3},
+              "repeats": 3, "decode_steps": 8, "decode_warmup": 2},
     "cpu": {"slots": 8, "ctx": 2048, "batch_tokens": 256, "requests": 8, "prompt_tokens": 1000,
             "max_tokens": 64, "short_after": 1.0, "ttft_runs": 20, "ttft_warmup": 3,
-            "repeats": 3},
+            "repeats": 3, "decode_steps": 16, "decode_warmup": 4},
     "gpu": {"slots": 8, "ctx": 36000, "batch_tokens": 512, "requests": 8, "prompt_tokens": 32000,
             "max_tokens": 256, "short_after": 2.0, "ttft_runs": 30, "ttft_warmup": 3,
-            "repeats": 3},
+            "repeats": 3, "decode_steps": 32, "decode_warmup": 4},
 }  # fmt: skip
 SHORT_PROMPT_TOKENS = 64
 IDLE_PROMPT_TOKENS = 32
+SAMPLING_DEVICE = "pyqsa: sampling: device"  # the start line of a server drawing on the device
 
 
 def serve_flags(bench: Bench, size: dict[str, Any]) -> list[str]:
@@ -77,18 +86,49 @@ def run(bench: Bench) -> dict[str, Any]:
             runs, summary = serve_load.measure(load, lambda i, r: bar.update())
             scenarios.append({"scenario": name, **summary, "runs": runs})
         start_lines = server.start_lines
+    scenarios.append(decode_py(bench, size, start_lines))
     doc = record.header("server", bench.model, {"preset": bench.preset, **size})
     doc["serve_flags"] = " ".join(flags)
     doc["start_lines"] = start_lines
     doc["summary"] = summary_of(scenarios)
+    over = next(f for f in doc["summary"] if f["unit"] == "x")
+    if over["n"]:  # as bench/serve_run.sh records it: README's speed row gives it
+        doc["ratios"] = {
+            "decode_together_over_decode_py": round(over["median"], 3),
+            "decode_together_spread_over_decode_py": [round(over["min"], 3), round(over["max"], 3)],
+        }
     doc["scenarios"] = scenarios
     return doc
+
+
+def decode_py(bench: Bench, size: dict[str, Any], start_lines: list[str]) -> dict[str, Any]:
+    """decode.py at the decode_together load's shape, `repeats` runs (see the module's
+    docstring); the server has gone, so that its device memory is free."""
+    sampling = "device" if any(line.startswith(SAMPLING_DEVICE) for line in start_lines) else "host"
+    context = size["prompt_tokens"] + size["max_tokens"] // 2
+    out = bench.work / "server-decode.jsonl"
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "pyqsa.bench.decode", str(bench.model), "--variant", "pyqsa"]
+    cmd += [*("--seqs", str(size["requests"]), "--contexts", str(context))]
+    cmd += [*("--steps", str(size["decode_steps"]), "--warmup", str(size["decode_warmup"]))]
+    cmd += ["--sampling", sampling, "--out", str(out), *machine_flags(bench)]
+    with bench.progress(size["repeats"], "server: decode.py") as bar:
+        for repeat in range(size["repeats"]):
+            reason = decode_run([*cmd, "--seed", str(repeat)], bench.work / "server-decode.log")
+            if reason is not None:
+                raise RuntimeError(f"decode.py failed ({' '.join(cmd[3:])}): {reason}")
+            bar.update()
+    recs = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    runs = [r for r in recs if r.get("kind") == "decode"]
+    return {"scenario": "decode_py", "command": " ".join(cmd[1:]), "context": context,
+            "sampling": sampling, "runs": runs}  # fmt: skip
 
 
 def summary_of(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by = {s["scenario"]: s for s in scenarios}
     idle, single = by["idle_ttft"], by["single_stream"]
     together, short = by["decode_together"], by["short_behind_long"]
+    reference = [r["tok_s"] for r in by["decode_py"]["runs"]]
     n = together["requests"]
 
     def runs(s: dict[str, Any], key: str) -> list[float | None]:
@@ -106,6 +146,16 @@ def summary_of(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
             f"{n} concurrent TTFT", "s", [t for r in together["runs"] for t in r["ttft_s"]]
         ),
         record.figure(f"{n} concurrent decode together", "tok/s", runs(together, "together_tok_s")),
+        record.figure(f"decode.py, {n} x {by['decode_py']['context']}", "tok/s", reference),
+        # run i of the server against run i of decode.py
+        record.figure(
+            f"{n} concurrent decode together over decode.py's",
+            "x",
+            [
+                None if rate is None else rate / ref
+                for rate, ref in zip(runs(together, "together_tok_s"), reference, strict=False)
+            ],
+        ),
         record.figure(f"{n} concurrent decode step, forward", "ms", steps("forward")),
         record.figure(f"{n} concurrent decode step, host", "ms", steps("host")),
         # the host's part the prefix cache took (snapshot heads, resumes, restores)

@@ -46,9 +46,18 @@ def variants(bench: Bench) -> dict[str, list[str]]:
     return out
 
 
-def run(bench: Bench) -> dict[str, Any]:
+def machine_flags(bench: Bench) -> list[str]:
+    """decode.py's flags that follow the machine: threads, and on the CPU no weight repacking."""
     from pyqsa import native
 
+    flags = bench.thread_flags()
+    if native.build_info().backend == "CPU":
+        # NOTE: the pinned CPU backend's AMX f16 matmul crashes on batches over 5 streams
+        flags.append("--no-extra-bufts")
+    return flags
+
+
+def run(bench: Bench) -> dict[str, Any]:
     size = bench.size(SIZES)
     out = bench.work / "steps.jsonl"
     out.unlink(missing_ok=True)
@@ -56,11 +65,8 @@ def run(bench: Bench) -> dict[str, Any]:
         *("--seqs", ",".join(map(str, size["seqs"]))),
         *("--steps", str(size["steps"]), "--warmup", str(size["warmup"])),
         *("--ubatch", str(size["ubatch"]), "--out", str(out)),
-        *bench.thread_flags(),
+        *machine_flags(bench),
     ]
-    if native.build_info().backend == "CPU":
-        # NOTE: the pinned CPU backend's AMX f16 matmul crashes on batches over 5 streams
-        common.append("--no-extra-bufts")
     kinds = variants(bench)
     runs = [
         (name, flags, context, repeat)
@@ -79,7 +85,7 @@ def run(bench: Bench) -> dict[str, Any]:
                 cmd = [sys.executable, "-m", "pyqsa.bench.decode", str(bench.model), *flags]
                 cmd += [*common, "--contexts", str(context), "--seed", str(repeat)]
                 commands.append(" ".join(cmd[1:]))
-                reason = _decode(cmd, bench.work / "steps.log")
+                reason = decode_run(cmd, bench.work / "steps.log")
                 if reason is not None:
                     if name != "upstream":
                         raise RuntimeError(f"decode.py failed ({' '.join(cmd[3:])}): {reason}")
@@ -116,7 +122,7 @@ def document(
     return doc
 
 
-def _decode(cmd: list[str], log: Path) -> str | None:
+def decode_run(cmd: list[str], log: Path) -> str | None:
     """Run decode.py; None, or why it failed (the last line it logged)."""
     start = log.stat().st_size if log.exists() else 0
     with open(log, "a") as f:
