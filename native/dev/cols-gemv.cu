@@ -421,14 +421,18 @@ int main() {
         // the reference: every 7th row (all of them below 4096 rows), each pair, double sums
         const int          row_step = sh.N > 4096 ? 7 : 1;
         std::vector<double> ref((size_t) pairs * sh.N);
+        std::vector<double> xr(sh.K);
         for (int p = 0; p < pairs; ++p) {
-            const int      e  = moe ? ids[p] : 0;
-            const float *  xp = x.data() + ((size_t) (p / n_used) * x_ne1 + (p % n_used) % x_ne1) * sh.K;
+            const int     e  = moe ? ids[p] : 0;
+            const float * xp = x.data() + ((size_t) (p / n_used) * x_ne1 + (p % n_used) % x_ne1) * sh.K;
+            for (int k = 0; k < sh.K; ++k) {
+                xr[k] = __half2float(__float2half(xp[k]));  // rounded as the kernels round it
+            }
             for (int n = 0; n < sh.N; n += row_step) {
                 const __half * wr = w.data() + ((size_t) e * sh.N + n) * sh.K;
                 double         s  = 0.0;
                 for (int k = 0; k < sh.K; ++k) {
-                    s += (double) __half2float(wr[k]) * (double) __half2float(__float2half(xp[k]));
+                    s += (double) __half2float(wr[k]) * xr[k];
                 }
                 ref[(size_t) p * sh.N + n] = s;
             }
