@@ -63,16 +63,12 @@ def bytes_of(config: dict, n: int, kv_type: str = "f16") -> dict[str, int]:
 
 
 def hot_blocks(path: str) -> int:
-    """The paged measurement's hot cache: 64 blocks, or twice the blocks one query selects where
-    that is more (a paging context with fewer than one query's is refused, PYQSA_ERR_UNSUPPORTED;
-    Flash-Next's query selects 2048 / 4 = 512)."""
-    from pyqsa.convert.gguf_file import GGUFFile
+    """The paged measurement's hot cache: the model's default (twice the blocks one query
+    selects: a paging context with fewer than one query's is refused, PYQSA_ERR_UNSUPPORTED;
+    Flash-Next's query selects 2048 / 4 = 512), at least 64 blocks."""
+    from pyqsa.engine.paging import QsaKv
 
-    from pyqsa import gguf_keys as K
-
-    g = GGUFFile(path)
-    budgets, ratios = g.get(K.PYQSA_QSA_BUDGET), g.get(K.PYQSA_QSA_COMPRESS_RATIO)
-    return max(64, 2 * max(b // r for b, r in zip(budgets, ratios, strict=True)))
+    return max(64, QsaKv.from_gguf(path).default_hot_blocks)
 
 
 def measure(model, path: str, n: int, paged: bool, repeats: int) -> dict:

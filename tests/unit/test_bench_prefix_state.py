@@ -50,16 +50,13 @@ def test_the_paged_hot_cache_holds_twice_what_one_query_selects(monkeypatch):
     demo model's, cannot hold Flash-Next's 512 (2048 tokens in blocks of 4)."""
     sys.path.insert(0, str(BENCH))
     import prefix_state
-    from pyqsa.convert import gguf_file
 
-    class Meta:
-        def __init__(self, path):
-            self.keys = {"pyqsa.qsa.budget": [2048, 2048], "pyqsa.qsa.compress_ratio": [4, 4]}
+    from pyqsa.engine import paging
 
-        def get(self, key):
-            return self.keys[key]
-
-    monkeypatch.setattr(gguf_file, "GGUFFile", Meta)
+    flash_next = paging.QsaKv(
+        n_layers=12, n_head_kv=2, head_dim=256, top_k=2048, ratio=4, blocks_selected=512
+    )
+    monkeypatch.setattr(paging.QsaKv, "from_gguf", classmethod(lambda cls, path: flash_next))
     assert prefix_state.hot_blocks("flash-next.gguf") == 1024
     monkeypatch.undo()
     from pyqsa import demo_model

@@ -19,11 +19,10 @@ same machine; the summary gives the server's rate over it, run by run (scenario 
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
-from .. import record, serve_load, serve_ttft
+from .. import decode_report, record, serve_load, serve_ttft
 from ..serving import served
 from . import Bench
 from .steps import decode_run, machine_flags
@@ -118,8 +117,7 @@ def decode_py(bench: Bench, size: dict[str, Any], start_lines: list[str]) -> dic
             if reason is not None:
                 raise RuntimeError(f"decode.py failed ({' '.join(cmd[3:])}): {reason}")
             bar.update()
-    recs = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    runs = [r for r in recs if r.get("kind") == "decode"]
+    runs = [r for r in decode_report.records_of(out) if r.get("kind") == "decode"]
     return {"scenario": "decode_py", "command": " ".join(cmd[1:]), "context": context,
             "sampling": sampling, "runs": runs}  # fmt: skip
 
