@@ -6,21 +6,20 @@
 // `gemv_f16_cols`, is 8.8 of the 13.4 ms of kernels a profiled step has (579 launches; bench/
 // results/2026-12-05-a416b12-kernels.txt): about 1 TB/s. The profile gives time by kernel name
 // only; this study times each shape of the step on its own (GB/s of the weights a launch reads),
-// the library's form against two changes to it:
-//   A  the library's form: a CTA of 8 warps takes 16 x RG rows and every column, its warps
-//      splitting K (warp w takes k-steps w, w + 8, ...), each lane loading 16 bytes of two rows and
-//      32 of its column's x a k-step into m16n8k16 products; the warps' sums added in shared
-//      memory in warp order. RG 1 or 2 (the library picks 2 where 32-row blocks still give every
-//      SM two CTAs). The k loop is `#pragma unroll 4`, the compiler's to schedule.
-//   B  the same with 4 warps a CTA: twice the CTAs for a shape, each row's K in 4 shares.
-//   E  A with an explicit register pipeline: each lane holds the weights and x of its next DEPTH
-//      k-steps, loading step i + DEPTH as it multiplies step i, so DEPTH steps' loads are always
-//      in flight whatever the compiler does with the loop.
-//   C  B with K split over a thread-block cluster of S CTAs (S 2, 4 or 8: the least that gives
-//      every SM two CTAs; 1, which is B, where the row blocks already do): the narrow shapes have
-//      few 16-row blocks (the hyper-connection down's 320 rows are 20 CTAs for 132 SMs). Each CTA
-//      sums its warps, then the cluster's first CTA adds the S sums in rank order from their
-//      shared memory: one launch, no workspace, the same bits every run.
+// the library's form and rule against other forms and a proposed rule. A form is (W, RG, S):
+// a CTA of W warps takes 16 x RG rows and every column, its warps splitting K (warp w takes
+// k-steps w, w + W, ...), each lane loading 16 bytes of two rows and 32 of its column's x a k-step
+// into m16n8k16 products; the warps' sums added in shared memory in warp order; with S > 1, K in
+// S equal shares over a thread-block cluster's CTAs, the cluster's first CTA adding their sums in
+// rank order from their shared memory (one launch, no workspace, the same bits every run). The k
+// loop is `#pragma unroll 4`, the compiler's to schedule.
+//   A1, A2  8 warps, 16 or 32 rows;  B1, B2  4 warps;  F2, F4  2 warps, 32 or 64 rows
+//   D2, D4, D8  8 warps, 16 rows, clusters of 2, 4, 8;  C4, C8  the same with 4 warps
+//   L  the library's rule: A2 where 32-row blocks still give every SM two CTAs, else A1
+//   R  the proposed rule (proposed_form): about 20 warps a SM, fewer warps a CTA for a grid of
+//      more, K split over a cluster for a dense grid of fewer than half that
+// (An earlier run had an explicit 4- and 8-step register pipeline in A's loop: slower than A at
+// every shape but one, 1024 x 2560, where the clusters did as well.)
 // MoE shapes run as the library runs MUL_MAT_ID at 2-8 tokens: grid (row blocks, slots), the CTA
 // of slot j finds the j-th distinct expert among the (token, used) pairs on the device and
 // multiplies its rows by the x of every pair routed to it.
@@ -89,9 +88,9 @@ template <int RG> __device__ __forceinline__ void mma_step(float (&d)[RG][4], co
     }
 }
 
-// W warps, 16 RG rows a CTA; DEPTH 0: the library's loop, else the explicit DEPTH-step pipeline;
+// W warps, 16 RG rows a CTA;
 // SPLIT: K split over the CTAs of the launch's clusters (grid x: row blocks times cluster size)
-template <int W, int RG, int DEPTH, bool SPLIT> __global__ void __launch_bounds__(W * 32) cols(const args a) {
+template <int W, int RG, bool SPLIT> __global__ void __launch_bounds__(W * 32) cols(const args a) {
     __shared__ int   pairs[MAX_SLOTS];
     __shared__ int   expert_of[MAX_SLOTS];
     __shared__ int   n_pairs, expert;
@@ -174,63 +173,22 @@ template <int W, int RG, int DEPTH, bool SPLIT> __global__ void __launch_bounds_
             x           = a.x + ((size_t) (p / a.n_used) * a.x_ne1 + (p % a.n_used) % a.x_ne1) * a.K;
         }
         float d[RG][4] = {};
-        if constexpr (DEPTH == 0) {
 #pragma unroll 4
-            for (int k0 = kbeg + warp * KB; k0 < kend; k0 += STEP) {
-                const int k = k0 + t * 8;
-                uint4     wv[RG][2];
+        for (int k0 = kbeg + warp * KB; k0 < kend; k0 += STEP) {
+            const int k = k0 + t * 8;
+            uint4     wv[RG][2];
 #pragma unroll
-                for (int i = 0; i < RG; ++i) {
+            for (int i = 0; i < RG; ++i) {
 #pragma unroll
-                    for (int j = 0; j < 2; ++j) {
-                        wv[i][j] = __ldcs((const uint4 *) (w + row_off[i][j] + k));
-                    }
-                }
-                uint32_t b[4] = {};
-                if (x != nullptr) {
-                    x_regs(b, __ldg((const float4 *) (x + k)), __ldg((const float4 *) (x + k) + 1));
-                }
-                mma_step<RG>(d, wv, b);
-            }
-        } else {
-            const int n_it = kend - kbeg > warp * KB ? (kend - kbeg - warp * KB + STEP - 1) / STEP : 0;
-            uint4     wv[DEPTH][RG][2];
-            float4    xv[DEPTH][2];
-            const auto load = [&](int s_it, uint4 (&wd)[RG][2], float4 (&xd)[2]) {
-                const int k = kbeg + warp * KB + s_it * STEP + t * 8;
-#pragma unroll
-                for (int i = 0; i < RG; ++i) {
-#pragma unroll
-                    for (int j = 0; j < 2; ++j) {
-                        wd[i][j] = __ldcs((const uint4 *) (w + row_off[i][j] + k));
-                    }
-                }
-                if (x != nullptr) {
-                    xd[0] = __ldg((const float4 *) (x + k));
-                    xd[1] = __ldg((const float4 *) (x + k) + 1);
-                } else {
-                    xd[0] = xd[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                }
-            };
-#pragma unroll
-            for (int s = 0; s < DEPTH; ++s) {
-                if (s < n_it) {
-                    load(s, wv[s], xv[s]);
+                for (int j = 0; j < 2; ++j) {
+                    wv[i][j] = __ldcs((const uint4 *) (w + row_off[i][j] + k));
                 }
             }
-            for (int it0 = 0; it0 < n_it; it0 += DEPTH) {
-#pragma unroll
-                for (int s = 0; s < DEPTH; ++s) {
-                    if (it0 + s < n_it) {
-                        uint32_t b[4];
-                        x_regs(b, xv[s][0], xv[s][1]);
-                        mma_step<RG>(d, wv[s], b);
-                        if (it0 + s + DEPTH < n_it) {
-                            load(it0 + s + DEPTH, wv[s], xv[s]);
-                        }
-                    }
-                }
+            uint32_t b[4] = {};
+            if (x != nullptr) {
+                x_regs(b, __ldg((const float4 *) (x + k)), __ldg((const float4 *) (x + k) + 1));
             }
+            mma_step<RG>(d, wv, b);
         }
 #pragma unroll
         for (int i = 0; i < RG; ++i) {
@@ -276,57 +234,97 @@ template <int W, int RG, int DEPTH, bool SPLIT> __global__ void __launch_bounds_
     pdl_launch();
 }
 
+// a launch's form: W warps a CTA, 16 RG rows a CTA, K split over clusters of S CTAs
+struct form {
+    int W, RG, S;
+};
+
+// how a variant picks its form: fixed, the library's rule, or the rule proposed here
+enum class pick { fixed, library, proposed };
+
 struct variant {
     const char * name;
-    int          warps, rg, depth;
-    bool         split;
+    form         f;
+    pick         how;
 };
 
 constexpr variant VARIANTS[] = {
-    { "A1", 8, 1, 0, false }, { "A2", 8, 2, 0, false }, { "B1", 4, 1, 0, false }, { "B2", 4, 2, 0, false },
-    { "E1", 8, 1, 4, false }, { "E2", 8, 2, 4, false }, { "E1/8", 8, 1, 8, false }, { "C1", 4, 1, 0, true },
+    { "A1", { 8, 1, 1 }, pick::fixed },  { "A2", { 8, 2, 1 }, pick::fixed },  { "B1", { 4, 1, 1 }, pick::fixed },
+    { "B2", { 4, 2, 1 }, pick::fixed },  { "F2", { 2, 2, 1 }, pick::fixed },  { "F4", { 2, 4, 1 }, pick::fixed },
+    { "D2", { 8, 1, 2 }, pick::fixed },  { "D4", { 8, 1, 4 }, pick::fixed },  { "D8", { 8, 1, 8 }, pick::fixed },
+    { "C4", { 4, 1, 4 }, pick::fixed },  { "C8", { 4, 1, 8 }, pick::fixed },  { "L", {}, pick::library },
+    { "R", {}, pick::proposed },
 };
 
-// C's cluster size: the least power of two up to 8 that gives every SM two CTAs (K permitting)
-int split_of(const args & a, int rg, int grid_y, int n_sm) {
-    const int blocks = (a.N + 16 * rg - 1) / (16 * rg);
-    int       S      = 1;
-    while (S < 8 && blocks * grid_y * S < 2 * n_sm && a.K % (2 * S * KB) == 0) {
-        S *= 2;
-    }
-    return S;
+int blocks_of(const args & a, int rg) {
+    return (a.N + 16 * rg - 1) / (16 * rg);
 }
 
-void launch(const variant & v, const args & a, int grid_y, int n_sm, cudaStream_t s) {
-    const int          S   = v.split ? split_of(a, v.rg, grid_y, n_sm) : 1;
+// the library's: A2 where 32-row blocks still give every SM two CTAs, else A1
+form library_form(const args & a, int grid_y, int n_sm) {
+    return { 8, blocks_of(a, 2) * grid_y >= 2 * n_sm ? 2 : 1, 1 };
+}
+
+// proposed: about 20 warps a SM. A grid of more gets fewer warps a CTA (dense: 4; MoE, whose every
+// CTA first finds its expert's pairs: 4, then 32 rows, then 2 warps, then 64 rows); a dense grid
+// of fewer than half that splits K over a cluster (2, 4, 8 CTAs) while each CTA keeps >= 512 of K
+form proposed_form(const args & a, int grid_y, int n_sm) {
+    const int  target = 20 * n_sm;
+    const bool moe    = a.ids != nullptr;
+    const auto warps  = [&](const form & f) { return (long) blocks_of(a, f.RG) * grid_y * f.W * f.S; };
+    form       f      = { 8, 1, 1 };
+    const form fewer[] = { { 4, 1, 1 }, { 4, 2, 1 }, { 2, 2, 1 }, { 2, 4, 1 } };
+    for (int i = 0; i < (moe ? 4 : 1) && warps(f) > target; ++i) {
+        f = fewer[i];
+    }
+    while (!moe && f.S < 8 && 2 * warps(f) < target && a.K % (2 * f.S * KB) == 0 && a.K / (2 * f.S) >= 512) {
+        f.S *= 2;
+    }
+    return f;
+}
+
+form form_of(const variant & v, const args & a, int grid_y, int n_sm) {
+    switch (v.how) {
+        case pick::library: return library_form(a, grid_y, n_sm);
+        case pick::proposed: return proposed_form(a, grid_y, n_sm);
+        default: return v.f;
+    }
+}
+
+// a split must leave each CTA whole lane-steps
+bool runs(const form & f, const args & a) {
+    return a.K % (f.S * KB) == 0;
+}
+
+void launch(const form & f, const args & a, int grid_y, cudaStream_t s) {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim            = dim3((a.N + 16 * v.rg - 1) / (16 * v.rg) * S, grid_y);
-    cfg.blockDim           = dim3(v.warps * 32);
+    cfg.gridDim            = dim3(blocks_of(a, f.RG) * f.S, grid_y);
+    cfg.blockDim           = dim3(f.W * 32);
     cfg.stream             = s;
     cudaLaunchAttribute attr[2];
     attr[0].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     attr[1].id                                         = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x                           = S;
+    attr[1].val.clusterDim.x                           = f.S;
     attr[1].val.clusterDim.y                           = 1;
     attr[1].val.clusterDim.z                           = 1;
     cfg.attrs                                          = attr;
-    cfg.numAttrs                                       = v.split ? 2 : 1;
-#define PYQSA_LAUNCH(W, RG, D, SPLIT)                                           \
-    if (v.warps == W && v.rg == RG && v.depth == D && v.split == SPLIT) {       \
-        CHECK_CUDA(cudaLaunchKernelEx(&cfg, cols<W, RG, D, SPLIT>, a));         \
-        return;                                                                 \
+    cfg.numAttrs                                       = f.S > 1 ? 2 : 1;
+#define PYQSA_LAUNCH(W_, RG_, SPLIT_)                                   \
+    if (f.W == W_ && f.RG == RG_ && (f.S > 1) == SPLIT_) {              \
+        CHECK_CUDA(cudaLaunchKernelEx(&cfg, cols<W_, RG_, SPLIT_>, a)); \
+        return;                                                         \
     }
-    PYQSA_LAUNCH(8, 1, 0, false)
-    PYQSA_LAUNCH(8, 2, 0, false)
-    PYQSA_LAUNCH(4, 1, 0, false)
-    PYQSA_LAUNCH(4, 2, 0, false)
-    PYQSA_LAUNCH(8, 1, 4, false)
-    PYQSA_LAUNCH(8, 2, 4, false)
-    PYQSA_LAUNCH(8, 1, 8, false)
-    PYQSA_LAUNCH(4, 1, 0, true)
+    PYQSA_LAUNCH(8, 1, false)
+    PYQSA_LAUNCH(8, 2, false)
+    PYQSA_LAUNCH(4, 1, false)
+    PYQSA_LAUNCH(4, 2, false)
+    PYQSA_LAUNCH(2, 2, false)
+    PYQSA_LAUNCH(2, 4, false)
+    PYQSA_LAUNCH(8, 1, true)
+    PYQSA_LAUNCH(4, 1, true)
 #undef PYQSA_LAUNCH
-    std::fprintf(stderr, "no kernel for %s\n", v.name);
+    std::fprintf(stderr, "no kernel for W %d RG %d S %d\n", f.W, f.RG, f.S);
     std::exit(1);
 }
 
@@ -345,7 +343,8 @@ constexpr shape SHAPES[] = {
     { "QSA out 2560 x 6144", 2560, 6144, 0, 0, false },
     { "shared expert gate+up 1024 x 2560", 1024, 2560, 0, 0, false },
     { "shared expert down 2560 x 512", 2560, 512, 0, 0, false },
-    { "hyper-connection down 320 x 10240", 320, 10240, 0, 0, false },
+    { "hyper-connection down and inject 324 x 10240", 324, 10240, 0, 0, false },
+    { "hyper-connection up 10240 x 320", 10240, 320, 0, 0, false },
     { "output 151936 x 2560", 151936, 2560, 0, 0, false },
     { "MoE gate, 8 experts top-2, 512 x 2560", 512, 2560, 8, 2, false },
     { "MoE down, 8 experts top-2, 2560 x 512", 2560, 512, 8, 2, true },
@@ -438,12 +437,18 @@ int main() {
             }
         }
         std::vector<float> row;
-        std::printf("\n%s: %d copies, %.1f MB a launch, C's cluster of %d\n", sh.name, copies, read / 1e6,
-                    split_of(a, 1, grid_y, prop.multiProcessorCount));
+        const form lf = library_form(a, grid_y, prop.multiProcessorCount);
+        const form rf = proposed_form(a, grid_y, prop.multiProcessorCount);
+        std::printf("\n%s: %d copies, %.1f MB a launch; L is W %d RG %d, R is W %d RG %d S %d\n", sh.name, copies,
+                    read / 1e6, lf.W, lf.RG, rf.W, rf.RG, rf.S);
         // every variant checked before any is timed; a failed check ends the study
         for (const variant & v : VARIANTS) {
+            const form f = form_of(v, a, grid_y, prop.multiProcessorCount);
+            if (!runs(f, a)) {
+                continue;
+            }
             CHECK_CUDA(cudaMemset(dy, 0xff, (size_t) pairs * sh.N * 4));  // NaNs: a missed row fails
-            launch(v, a, grid_y, prop.multiProcessorCount, stream);
+            launch(f, a, grid_y, stream);
             CHECK_CUDA(cudaStreamSynchronize(stream));
             std::vector<float> y((size_t) pairs * sh.N);
             CHECK_CUDA(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost));
@@ -465,13 +470,19 @@ int main() {
             }
         }
         for (const variant & v : VARIANTS) {
+            const form f = form_of(v, a, grid_y, prop.multiProcessorCount);
+            if (!runs(f, a)) {
+                std::printf("  %-5s does not divide K\n", v.name);
+                row.push_back(NAN);
+                continue;
+            }
             cudaGraph_t     graph;
             cudaGraphExec_t exec;
             CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
             for (int c = 0; c < copies; ++c) {
                 args ac = a;
                 ac.w    = dw + one * c;
-                launch(v, ac, grid_y, prop.multiProcessorCount, stream);
+                launch(f, ac, grid_y, stream);
             }
             CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
             CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
@@ -519,7 +530,11 @@ int main() {
     for (size_t s = 0; s < table.size(); ++s) {
         std::printf("\n| %s |", SHAPES[s].name);
         for (float v : table[s]) {
-            std::printf(" %.2f |", v);
+            if (std::isnan(v)) {
+                std::printf(" - |");
+            } else {
+                std::printf(" %.2f |", v);
+            }
         }
     }
     std::printf("\nall checks passed\n");

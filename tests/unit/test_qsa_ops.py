@@ -29,7 +29,7 @@ from pyqsa._build.native import BuildConfig
         ("test-qsa-ops", 20),
         ("test-qsa-page", 7),
         ("test-sample", 14),
-        ("test-products", 36),
+        ("test-products", 42),
         ("test-gdn", 9),
         ("test-fused", 29),
     ],

@@ -1,11 +1,16 @@
 // f16 weights times 1-8 f32 columns (see gemv-f16.cuh). One column: grid (row blocks, n_used),
 // WARPS warps a CTA, R rows a warp, a MUL_MAT being the case of one expert. 2-8 columns: grid
-// (blocks of 16 * RG rows, expert slots), the CTA's warps splitting K, on tensor cores. Either
-// grid's row blocks may span several products of the same x (parts): each part takes its own
-// blocks, so a row's sum is the same whichever launch computes it.
+// (blocks of 16 * RG rows times a cluster's CTAs, expert slots), the CTA's W warps (and the
+// cluster's CTAs) splitting K, on tensor cores. Either grid's row blocks may span several products
+// of the same x (parts): each part takes its own blocks (one column: a row's sum is the same
+// whichever launch computes it).
 #include "gemv-f16.cuh"
 
 #include "mma-ptx.cuh"
+
+#include <cooperative_groups.h>
+
+#include <cstdlib>
 
 namespace {
 
@@ -137,21 +142,42 @@ struct cols_args : gemv_args {
     int    n_used, n_tok;
 };
 
+// K split over a thread-block cluster needs sm_90's distributed shared memory; elsewhere the
+// split kernels are never launched (clusters_on)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= GGML_CUDA_CC_HOPPER
+#    define PYQSA_GEMV_CLUSTERS 1
+#else
+#    define PYQSA_GEMV_CLUSTERS 0
+#endif
+
 // NOTE: A's and B's k are permuted alike, which leaves each product's sum as it is: lane (g, t)
 // loads the 8 halves k0 + 8t .. + 7 of its rows and of column g in one 16-byte (x: 32-byte) load,
 // and the first product takes halves 0-3 as its k 2t, 2t + 1, 2t + 8, 2t + 9, the second 4-7.
 // x is rounded to f16, as MMF and the CPU backend round it.
-template <int RG>
-__global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16_cols(const cols_args a) {
+// W warps a CTA, 16 RG rows a CTA; SPLIT: K in equal shares over the CTAs of each cluster
+// (grid x: row blocks times the cluster's size), the cluster's first CTA adding their sums in
+// rank order
+template <int W, int RG, bool SPLIT>
+__global__ void __launch_bounds__(W * WARP_SIZE) gemv_f16_cols(const cols_args a) {
     __shared__ int   pairs[MAX_SLOTS];  // the pairs (t * n_used + u) this CTA multiplies, in order
     __shared__ int   expert_of[MAX_SLOTS];
     __shared__ int   n_pairs, expert;
-    __shared__ float partial[WARPS][RG * 16][8];
+    __shared__ float partial[W][RG * 16][8];
+    __shared__ float cta_sum[SPLIT ? RG * 16 * 8 : 1];  // a split CTA's share, read by the first
+#if PYQSA_GEMV_CLUSTERS
+    namespace cg      = cooperative_groups;
+    const int S       = SPLIT ? (int) cg::this_cluster().num_blocks() : 1;
+    const int rank    = SPLIT ? (int) cg::this_cluster().block_rank() : 0;
+#else
+    const int S = 1, rank = 0;
+#endif
     const int        lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int        g = lane / 4, t = lane % 4;
-    const gemv_part  pt      = part_of(a.parts, a.n_parts, blockIdx.x);
-    const int        row0    = (blockIdx.x - pt.block0) * RG * 16;
+    const int        block   = blockIdx.x / S;
+    const gemv_part  pt      = part_of(a.parts, a.n_parts, block);
+    const int        row0    = (block - pt.block0) * RG * 16;
     const int        n_slots = a.n_used * a.n_tok;
+    const int        kbeg = a.K / S * rank, kend = kbeg + a.K / S;
 
     size_t row_off[RG][2];
 #pragma unroll
@@ -164,7 +190,7 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16_cols(const cols_ar
         for (int i = 0; i < RG; ++i) {
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(pt.w + row_off[i][j] + (size_t) (warp * KB + t * 8) * 2));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(pt.w + row_off[i][j] + (size_t) (kbeg + warp * KB + t * 8) * 2));
             }
         }
     }
@@ -210,7 +236,7 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16_cols(const cols_ar
         }
     }
     __syncthreads();
-    if (expert < 0) {
+    if (expert < 0) {  // the same for the whole grid row, so for a cluster's CTAs too
         return;
     }
     const char * w = pt.w + (size_t) expert * a.w_nb2;
@@ -223,7 +249,7 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16_cols(const cols_ar
         }
         float d[RG][4] = {};
 #pragma unroll 4
-        for (int k0 = warp * KB; k0 < a.K; k0 += WARPS * KB) {
+        for (int k0 = kbeg + warp * KB; k0 < kend; k0 += W * KB) {
             const int k = k0 + t * 8;
             uint4     wv[RG][2];
 #pragma unroll
@@ -253,7 +279,7 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16_cols(const cols_ar
             }
         }
         // d[i]: rows 16 i + g (0, 1) and + 8 (2, 3), columns 2t and 2t + 1; the warps' K shares
-        // summed in warp order
+        // summed in warp order, then (split) the CTAs' in rank order
 #pragma unroll
         for (int i = 0; i < RG; ++i) {
             partial[warp][16 * i + g][2 * t]         = d[i][0];
@@ -264,17 +290,41 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16_cols(const cols_ar
         __syncthreads();
         for (int o = threadIdx.x; o < RG * 16 * 8; o += blockDim.x) {
             const int r = o / 8, c = o % 8;
-            if (c < nc && row0 + r < pt.N) {
-                float sum = 0.0f;
+            float     sum = 0.0f;
 #pragma unroll
-                for (int v = 0; v < WARPS; ++v) {
-                    sum += partial[v][r][c];
-                }
+            for (int v = 0; v < W; ++v) {
+                sum += partial[v][r][c];
+            }
+            if constexpr (SPLIT) {
+                cta_sum[o] = sum;
+            } else if (c < nc && row0 + r < pt.N) {
                 const int p = pairs[c0 + c];
                 float *   y = (float *) (pt.dst + (size_t) (p / a.n_used) * pt.d_nb2 + (size_t) (p % a.n_used) * pt.d_nb1);
                 y[row0 + r] = sum;
             }
         }
+#if PYQSA_GEMV_CLUSTERS
+        if constexpr (SPLIT) {
+            cg::cluster_group cluster = cg::this_cluster();
+            cluster.sync();
+            if (rank == 0) {
+                for (int o = threadIdx.x; o < RG * 16 * 8; o += blockDim.x) {
+                    const int r = o / 8, c = o % 8;
+                    if (c < nc && row0 + r < pt.N) {
+                        float sum = 0.0f;
+                        for (int q = 0; q < S; ++q) {
+                            sum += cluster.map_shared_rank(cta_sum, q)[o];
+                        }
+                        const int p = pairs[c0 + c];
+                        float *   y = (float *) (pt.dst + (size_t) (p / a.n_used) * pt.d_nb2 +
+                                                 (size_t) (p % a.n_used) * pt.d_nb1);
+                        y[row0 + r] = sum;
+                    }
+                }
+            }
+            cluster.sync();  // no CTA leaves or writes cta_sum again before the first has read it
+        }
+#endif
         __syncthreads();
     }
     ggml_cuda_pdl_lc();
@@ -290,15 +340,92 @@ template <typename Args> int number_blocks(Args & a, int rows) {
     return n;
 }
 
-void launch_cols(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y) {
-    const int n_sm = ggml_cuda_info().devices[ctx.device].nsm;
-    const bool two = number_blocks(a, 32) * grid_y >= 2 * n_sm;  // two row groups a CTA still give every SM two
-    const ggml_cuda_kernel_launch_params p(dim3(number_blocks(a, two ? 32 : 16), grid_y), dim3(WARPS * WARP_SIZE), 0,
+// a 2-8 column launch's form: W warps a CTA, 16 RG rows a CTA, K split over S CTAs
+struct cols_form {
+    int W, RG, S;
+};
+
+// sm_90 or later, running code built for it (not a JIT of older PTX, where the split is compiled out)
+bool clusters_on(int device) {
+    static int on[GGML_CUDA_MAX_DEVICES] = {};  // 0 unknown, 1 yes, 2 no
+    if (on[device] == 0) {
+        cudaFuncAttributes attr = {};
+        CUDA_CHECK(cudaFuncGetAttributes(&attr, gemv_f16_cols<8, 1, true>));
+        on[device] = ggml_cuda_info().devices[device].cc >= GGML_CUDA_CC_HOPPER && attr.ptxVersion >= 90 ? 1 : 2;
+    }
+    return on[device] == 1;
+}
+
+// NOTE: about 20 warps a SM (native/dev/README.md, the cols-gemv study: every shape of an 8-
+// sequence step of both MoE sizes, H100 and H200). A grid of more gets fewer warps a CTA (dense:
+// 4; a MoE's, whose every CTA first finds its expert's pairs: 4, then 32 rows, then 2 warps, then
+// 64 rows); a dense grid of fewer than half that splits K over a cluster of 2, 4 or 8 CTAs while
+// each CTA keeps 512 or more of K (the hyper-connection norm's down product, 21 row blocks of K
+// 10240, 3.9x faster in clusters of 8).
+cols_form cols_form_of(cols_args & a, int grid_y, int n_sm, bool clusters) {
+    const long target = 20L * n_sm;
+    const bool moe    = a.ids != nullptr;
+    const auto warps  = [&](const cols_form & f) { return (long) number_blocks(a, 16 * f.RG) * grid_y * f.W * f.S; };
+    const cols_form fewer[] = { { 4, 1, 1 }, { 4, 2, 1 }, { 2, 2, 1 }, { 2, 4, 1 } };
+    cols_form       f       = { 8, 1, 1 };
+    for (int i = 0; i < (moe ? 4 : 1) && warps(f) > target; ++i) {
+        f = fewer[i];
+    }
+    while (clusters && !moe && f.S < 8 && 2 * warps(f) < target && a.K % (2 * f.S * KB) == 0 &&
+           a.K / (2 * f.S) >= 512) {
+        f.S *= 2;
+    }
+    return f;
+}
+
+template <int W, int RG, bool SPLIT> void launch_form(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y, int S) {
+    const ggml_cuda_kernel_launch_params p(dim3(number_blocks(a, 16 * RG) * S, grid_y), dim3(W * WARP_SIZE), 0,
                                            ctx.stream());
-    if (two) {
-        ggml_cuda_kernel_launch(gemv_f16_cols<2>, p, a);
+    if constexpr (!SPLIT) {
+        ggml_cuda_kernel_launch(gemv_f16_cols<W, RG, false>, p, a);
     } else {
-        ggml_cuda_kernel_launch(gemv_f16_cols<1>, p, a);
+        // ggml_cuda_kernel_launch's, with the cluster's size
+        cudaLaunchAttribute attr[2] = {};
+        attr[0].id                  = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x    = S;
+        attr[0].val.clusterDim.y    = 1;
+        attr[0].val.clusterDim.z    = 1;
+        attr[1].id                  = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[1].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim            = p.block_nums;
+        cfg.blockDim           = p.block_dims;
+        cfg.stream             = p.stream;
+        cfg.attrs              = attr;
+        cfg.numAttrs           = 1;
+#if defined(GGML_CUDA_USE_PDL)
+        static const bool pdl_env = [] {
+            const char * env = getenv("GGML_CUDA_PDL");
+            return env == nullptr || std::atoi(env) != 0;
+        }();
+        if (pdl_env && ggml_cuda_kernel_can_use_pdl((const void *) gemv_f16_cols<W, RG, true>)) {
+            cfg.numAttrs = 2;
+        }
+#endif
+        CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_f16_cols<W, RG, true>, a));
+    }
+}
+
+void launch_cols(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y) {
+    const int       n_sm = ggml_cuda_info().devices[ctx.device].nsm;
+    const cols_form f    = cols_form_of(a, grid_y, n_sm, clusters_on(ctx.device));
+    if (f.S > 1) {
+        launch_form<8, 1, true>(ctx, a, grid_y, f.S);
+    } else if (f.W == 8) {
+        launch_form<8, 1, false>(ctx, a, grid_y, 1);
+    } else if (f.W == 4 && f.RG == 1) {
+        launch_form<4, 1, false>(ctx, a, grid_y, 1);
+    } else if (f.W == 4) {
+        launch_form<4, 2, false>(ctx, a, grid_y, 1);
+    } else if (f.RG == 2) {
+        launch_form<2, 2, false>(ctx, a, grid_y, 1);
+    } else {
+        launch_form<2, 4, false>(ctx, a, grid_y, 1);
     }
 }
 

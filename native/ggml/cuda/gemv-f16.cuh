@@ -9,14 +9,16 @@
 // TB/s). Here each warp streams R rows of w in 16-byte loads, the first ones prefetched into L2
 // before the launch waits for the kernel before it (PDL), and sums in f32; x stays f32.
 // 2-8 columns: upstream's MMF tiles are made for wider batches (1.4-1.9 TB/s on Flash-Next's
-// widest projections, under 1.1 on its experts). Here a CTA takes 16 or 32 rows and every column,
-// its warps splitting K, each lane loading 16 bytes of two rows and 32 of its column a step into
-// m16n8k16 tensor-core products (x rounded to f16, as MMF and the CPU backend round it; f32 sums);
+// widest projections, under 1.1 on its experts). Here a CTA takes 16-64 rows and every column,
+// its 2-8 warps splitting K, each lane loading 16 bytes of two rows and 32 of its column a step
+// into m16n8k16 tensor-core products (x rounded to f16, as MMF and the CPU backend round it; f32
+// sums); the form is picked for about 20 warps a SM, a narrow matrix's K split over a cluster;
 // a MoE expert's rows are read once for all the tokens routed to it, found on the device (no host
 // sync: CUDA graphs stay valid). A first version of 2-8 columns on CUDA-core FMAs ran 1.4-2.6x
 // slower than MMF (decode.py at 8 sequences 27.3 ms a step against 18.0).
 // Several MUL_MATs of one x can run as one launch (pyqsa_cuda_gemv_group, for product-groups.cuh):
-// the grid's row blocks span them all, each row summed as it would be alone.
+// the grid's row blocks span them all (one column: each row summed as it would be alone; 2-8: the
+// launch's rows pick the form, so a row's sums may differ from its own launch's).
 // PYQSA_CUDA_GEMV_UPSTREAM=1 leaves every call to upstream's kernels (read at every call, so that
 // test-products checks and times both ways in one process).
 #pragma once
