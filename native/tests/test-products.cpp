@@ -442,16 +442,20 @@ int cmd_perf(const char * only_backend) {
         { GGML_TYPE_F16, 2048, 512, 512, 10, 2048, 1, false },
         { GGML_TYPE_F16, 512, 2048, 512, 10, 2048, 10, false },
         // decode steps of 1 and 8 sequences: Flash-Next's widest projections, the linear
-        // attention's output, the 8 experts and the real model's 512 (top-10), the output layer
+        // attention's output, the shared expert's gate and up, a hyper-connection norm's down and
+        // inject, the 8 experts and the real model's 512 (top-10), the output layer
         { GGML_TYPE_F16, 2560, 8192, 0, 1, 1, 1, false },
         { GGML_TYPE_F16, 2560, 12288, 0, 1, 1, 1, false },
         { GGML_TYPE_F16, 2560, 151936, 0, 1, 1, 1, false },
         { GGML_TYPE_F16, 2560, 12288, 0, 1, 8, 1, false },
         { GGML_TYPE_F16, 4096, 2560, 0, 1, 8, 1, false },
+        { GGML_TYPE_F16, 2560, 1024, 0, 1, 8, 1, false },
+        { GGML_TYPE_F16, 10240, 324, 0, 1, 8, 1, false },
         { GGML_TYPE_F16, 2560, 151936, 0, 1, 8, 1, false },
         { GGML_TYPE_F16, 2560, 512, 8, 2, 8, 1, false },
         { GGML_TYPE_F16, 512, 2560, 8, 2, 8, 2, false },
         { GGML_TYPE_F16, 2560, 512, 512, 10, 8, 1, false },
+        { GGML_TYPE_F16, 512, 2560, 512, 10, 8, 10, false },
         { GGML_TYPE_F16, 2560, 512, 8, 2, 1, 1, false },
         { GGML_TYPE_F16, 512, 2560, 8, 2, 1, 2, false },
         { GGML_TYPE_F16, 2560, 512, 512, 10, 1, 1, false },

@@ -218,21 +218,34 @@ __global__ void __launch_bounds__(W * WARP_SIZE) gemv_f16_cols(const cols_args a
             pairs[p] = first;
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
+        if (warp == 0) {  // the blockIdx.y-th first appearance, then its expert's pairs in order, 32 a ballot
             int e = -1;
-            for (int p = 0, seen = 0; p < n_slots && e < 0; ++p) {
-                if (pairs[p] && seen++ == (int) blockIdx.y) {
-                    e = expert_of[p];
+            for (int p0 = 0, seen = 0; p0 < n_slots && e < 0; p0 += WARP_SIZE) {
+                const unsigned firsts = __ballot_sync(~0u, p0 + lane < n_slots && pairs[p0 + lane]);
+                const int      want   = (int) blockIdx.y - seen;
+                if (want < __popc(firsts)) {
+                    unsigned rest = firsts;
+                    for (int i = 0; i < want; ++i) {
+                        rest &= rest - 1;
+                    }
+                    e = expert_of[p0 + __ffs(rest) - 1];
                 }
+                seen += __popc(firsts);
             }
+            // every lane has read the flags (the ballots) before pairs[] takes the pairs
             int n = 0;
-            for (int p = 0; p < n_slots && e >= 0; ++p) {
-                if (expert_of[p] == e) {
-                    pairs[n++] = p;
+            for (int p0 = 0; p0 < n_slots && e >= 0; p0 += WARP_SIZE) {
+                const bool     mine = p0 + lane < n_slots && expert_of[p0 + lane] == e;
+                const unsigned m    = __ballot_sync(~0u, mine);
+                if (mine) {
+                    pairs[n + __popc(m & ((1u << lane) - 1))] = p0 + lane;
                 }
+                n += __popc(m);
             }
-            expert  = e;
-            n_pairs = n;
+            if (lane == 0) {
+                expert  = e;
+                n_pairs = n;
+            }
         }
     }
     __syncthreads();
