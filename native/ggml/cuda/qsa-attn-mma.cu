@@ -279,14 +279,17 @@ template <int D> void launch(ggml_backend_cuda_context & ctx, const args & a, in
 }  // namespace
 
 bool pyqsa_cuda_qsa_attn_mma(ggml_backend_cuda_context & ctx, const args & a, ggml_type kv_type, int D, int n_rows) {
-    // PYQSA_QSA_ATTN_MMA=0 keeps the CUDA-core kernel (for comparisons)
+    // PYQSA_QSA_ATTN_MMA=0 keeps every call on the CUDA-core kernel, =1 puts decode-sized ones
+    // here too (both for comparisons)
     const char * env = std::getenv("PYQSA_QSA_ATTN_MMA");
     if (env != nullptr && std::strcmp(env, "0") == 0) {
         return false;
     }
     // decode-sized calls stay on the CUDA-core kernel, which qsa_attn_part's passes reproduce bit
     // for bit (paged decode == unpaged decode)
-    if (kv_type != GGML_TYPE_F16 || a.group > ROWS || a.unit != 16 || n_rows < PYQSA_GGML_QSA_ATTN_CUDA_MMA_MIN_ROWS ||
+    const bool decode_too = env != nullptr && std::strcmp(env, "1") == 0;
+    if (kv_type != GGML_TYPE_F16 || a.group > ROWS || a.unit != 16 ||
+        (n_rows < PYQSA_GGML_QSA_ATTN_CUDA_MMA_MIN_ROWS && !decode_too) ||
         ggml_cuda_info().devices[ctx.device].cc < GGML_CUDA_CC_AMPERE) {
         return false;
     }
