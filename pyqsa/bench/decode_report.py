@@ -25,7 +25,8 @@ from .meta import RESULTS
 # pyqsa-paged: decode.py --hot-blocks; pyqsa-paged-q8: the same with --kv-type q8_0;
 # pyqsa-paged-q8f16: --kv-type q8_0 --kv-hot-type f16 (a q8_0 store under an f16 hot cache);
 # pyqsa-sampled: decode.py --sampling device; pyqsa-cores: PYQSA_QSA_ATTN_MMA=0 (qsa_attn's
-# prefill on CUDA cores, not tensor cores); pyqsa-moesync: PYQSA_CUDA_MOE_SYNC=1 (MoE products on
+# prefill on CUDA cores, not tensor cores); pyqsa-mmadec: PYQSA_QSA_ATTN_MMA=1 (qsa_attn's decode
+# steps on tensor cores too); pyqsa-moesync: PYQSA_CUDA_MOE_SYNC=1 (MoE products on
 # upstream's host-sorted path); pyqsa-f16acc: PYQSA_CUDA_F16_ACCUMULATE=1 (f16 products on cuBLAS
 # summed in f16, as upstream's); pyqsa-gdnup: PYQSA_CUDA_GDN_UPSTREAM=1 (the gated delta rule on
 # upstream's kernel); pyqsa-moemmf: PYQSA_CUDA_MOE_MMF=1 (MoE products of every batch on MMF, not
@@ -43,6 +44,7 @@ VARIANTS = (
     "pyqsa-paged-q8f16",
     "pyqsa-sampled",
     "pyqsa-cores",
+    "pyqsa-mmadec",
     "pyqsa-moesync",
     "pyqsa-f16acc",
     "pyqsa-gdnup",
@@ -60,6 +62,7 @@ SHORT = {
     "pyqsa-paged-q8f16": "pq8hf",
     "pyqsa-sampled": "smpld",
     "pyqsa-cores": "cores",
+    "pyqsa-mmadec": "mmadc",
     "pyqsa-moesync": "mosyn",
     "pyqsa-f16acc": "f16ac",
     "pyqsa-gdnup": "gdnup",
