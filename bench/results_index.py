@@ -40,6 +40,8 @@ SCENARIOS = {  # kind -> what a reader looks for
     "quant": "weights: quantized files, pyqsa quantize and llama-quantize (bench/quant_run.sh)",
     "quant-realmoe": "weights: quantized files of the real-MoE model (quant_run.sh --real-moe)",
     "ttft-stage": "server: idle TTFT with snapshot heads staged and copied straight",
+    "qsa-decode": "dev study: decode attention kernels (native/dev/qsa-decode.cu)",
+    "cols-gemv": "dev study: 2-8 column f16 products (native/dev/cols-gemv.cu)",
 }
 NOTE_CHARS = 160
 
