@@ -19,8 +19,7 @@
 #                 pagedq8: the same with q8_0 K/V (host store and hot cache);
 #                 pagedq8f16: a q8_0 host store under an f16 hot cache (blocks dequantized as fetched);
 #                 sampled: pyqsa's with each step's rows drawn by the sample op, --sampling device;
-#                 cores: pyqsa's with PYQSA_QSA_ATTN_MMA=0, prefill attention on CUDA cores;
-#                 mmadec: pyqsa's with PYQSA_QSA_ATTN_MMA=1, decode attention on tensor cores too;
+#                 cores: pyqsa's with PYQSA_QSA_ATTN_MMA=0, attention on CUDA cores (prefill and decode);
 #                 moesync: pyqsa's with PYQSA_CUDA_MOE_SYNC=1, upstream's host-sorted MoE products;
 #                 f16acc: pyqsa's with PYQSA_CUDA_F16_ACCUMULATE=1, upstream's f16 sums on cuBLAS;
 #                 gdnup: pyqsa's with PYQSA_CUDA_GDN_UPSTREAM=1, upstream's gated-delta-rule kernel;
@@ -86,7 +85,7 @@ while [ $# -gt 0 ]; do
     shift 2
 done
 # pyqsa's library under one switch variable: the variant and the variable it sets
-declare -A variant_env=([cores]=PYQSA_QSA_ATTN_MMA=0 [mmadec]=PYQSA_QSA_ATTN_MMA=1 [moesync]=PYQSA_CUDA_MOE_SYNC=1
+declare -A variant_env=([cores]=PYQSA_QSA_ATTN_MMA=0 [moesync]=PYQSA_CUDA_MOE_SYNC=1
                         [f16acc]=PYQSA_CUDA_F16_ACCUMULATE=1 [gdnup]=PYQSA_CUDA_GDN_UPSTREAM=1
                         [moemmf]=PYQSA_CUDA_MOE_MMF=1 [gemvup]=PYQSA_CUDA_GEMV_UPSTREAM=1
                         [hcunf]=PYQSA_HC_UNFUSED=1 [ungrp]=PYQSA_CUDA_PRODUCTS_UNGROUPED=1

@@ -187,11 +187,9 @@ GGML_API struct ggml_tensor * pyqsa_ggml_qsa_page_stage(struct ggml_context * ct
 // The split count of pyqsa_ggml_qsa_attn on CUDA (the CPU kernel keeps one split): a query's
 // list of n_sel cells is cut into this many equal runs, each with its own online softmax, merged
 // at the end.
-// On CUDA, calls of at least this many query rows (n_q * n_stream) with f16 K/V run on tensor
-// cores (prefill); fewer stay on the CUDA-core kernel that pyqsa_ggml_qsa_attn_part reproduces bit
-// for bit (decode). PYQSA_QSA_ATTN_MMA=0 in the environment keeps every call on CUDA cores.
-#define PYQSA_GGML_QSA_ATTN_CUDA_MMA_MIN_ROWS 16
-
+// On CUDA (sm_80 or later) calls with f16 K/V run on tensor cores, prefill chunks and decode steps
+// alike; PYQSA_QSA_ATTN_MMA=0 in the environment keeps every call on the CUDA-core kernel, the one
+// pyqsa_ggml_qsa_attn_part reproduces bit for bit.
 static inline int pyqsa_ggml_qsa_attn_cuda_splits(int64_t n_sel, int64_t n_rows, int64_t n_head) {
     const int64_t ctas = n_rows * n_head > 0 ? n_rows * n_head : 1;
     const int64_t by_cells = (n_sel + 63) / 64, by_ctas = 4096 / ctas;
@@ -204,9 +202,9 @@ static inline int pyqsa_ggml_qsa_attn_cuda_splits(int64_t n_sel, int64_t n_rows,
 // of its list inside this pass's positions and goes on to the next pass. Every backend splits a
 // list as its qsa_attn does, so passes over increasing, disjoint position ranges that cover every
 // listed cell give the bits of that backend's qsa_attn (cell lists are in increasing position
-// order apart from -1 padding) — on CUDA, of its CUDA-core kernel: the passes do not reproduce
-// the tensor-core rounding of a qsa_attn call of PYQSA_GGML_QSA_ATTN_CUDA_MMA_MIN_ROWS or more
-// query rows with f16 K/V (the same values to f32 rounding, not the same bits).
+// order apart from -1 padding) — on CUDA, of its CUDA-core kernel (PYQSA_QSA_ATTN_MMA=0): the
+// passes do not reproduce the tensor-core rounding of a qsa_attn call with f16 K/V (the same
+// values to f32 rounding, not the same bits).
 //   q, cells: as for pyqsa_ggml_qsa_attn, cells being positions (pyqsa_ggml_qsa_block_cells)
 //   n_paged:  I32 [n_q * n_stream] blocks of each query's stream in the host store
 //   k, v:     [D, n_head_kv, n_rows, n_stream] this pass's rows

@@ -235,11 +235,9 @@ int cmd_test(const char * only_backend) {
         };
         on_other_backends(only_backend, c.name(), n_ok, n_fail, check);
         if (c.type == GGML_TYPE_F16) {
-            // the same call on CUDA's other kernel (a fresh backend: no graph kept from above):
-            // prefill-sized ones on CUDA cores, decode-sized ones on tensor cores
-            const char * other = c.n_q * c.ns >= PYQSA_GGML_QSA_ATTN_CUDA_MMA_MIN_ROWS ? "0" : "1";
-            setenv("PYQSA_QSA_ATTN_MMA", other, 1);
-            on_other_backends(only_backend, c.name() + " PYQSA_QSA_ATTN_MMA=" + other, n_ok, n_fail, check);
+            // the same call on CUDA's CUDA-core kernel (a fresh backend: no graph kept from above)
+            setenv("PYQSA_QSA_ATTN_MMA", "0", 1);
+            on_other_backends(only_backend, c.name() + " PYQSA_QSA_ATTN_MMA=0", n_ok, n_fail, check);
             unsetenv("PYQSA_QSA_ATTN_MMA");
         }
     }
@@ -631,11 +629,9 @@ int cmd_perf(const char * only_backend) {
         for (const attn_case & c : shapes) {
             if (c.n_q > 1 && ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;
             const attn_data d = make_data(c, rng);
-            // each call twice on a GPU: its kernel, then the other (prefill-sized on CUDA cores,
-            // decode-sized on tensor cores)
-            const bool prefill = c.n_q * c.ns >= PYQSA_GGML_QSA_ATTN_CUDA_MMA_MIN_ROWS;
-            for (const char * mma : { "", prefill ? "0" : "1" }) {
-                if (*mma && ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) continue;
+            // f16 calls twice on a GPU: the tensor-core kernel, then the CUDA-core one
+            for (const char * mma : { "", "0" }) {
+                if (*mma && (c.type != GGML_TYPE_F16 || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU)) continue;
                 if (*mma) setenv("PYQSA_QSA_ATTN_MMA", mma, 1);
                 graph_run g;
                 if (build(g, be, c, d, 0.0625f)) {
@@ -643,8 +639,7 @@ int cmd_perf(const char * only_backend) {
                     // K and V rows of the listed cells, once per kv head
                     const double bytes = 2.0 * c.ns * c.n_q * c.n_sel * c.Hkv * ggml_row_size(c.type, c.D);
                     std::printf("  %s%s %s: %.1f us/run, %.1f GB/s of K/V rows\n", c.name().c_str(),
-                                *mma ? (std::string(" PYQSA_QSA_ATTN_MMA=") + mma).c_str() : "",
-                                ggml_backend_dev_name(dev), us, bytes / us / 1e3);
+                                *mma ? " PYQSA_QSA_ATTN_MMA=0" : "", ggml_backend_dev_name(dev), us, bytes / us / 1e3);
                 }
                 unsetenv("PYQSA_QSA_ATTN_MMA");
             }

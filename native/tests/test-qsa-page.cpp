@@ -419,7 +419,10 @@ int paged_attention_diff(ggml_backend_t be, const paged_attn_case & c, const uin
     return diff;
 }
 
+// The staged windows' qsa_attn_part passes reproduce qsa_attn's CUDA-core kernel, so on CUDA the
+// unpaged reference is that kernel (PYQSA_QSA_ATTN_MMA=0), not the tensor-core one f16 calls take
 void test_paged_attention(ggml_backend_t cpu, const char * only_backend, int & n_ok, int & n_fail) {
+    setenv("PYQSA_QSA_ATTN_MMA", "0", 1);
     const paged_attn_case cases[] = {
         { 64, 4, 2, 2, 2048, 16, 32, 7, 4 },     // ring not a multiple of r
         { 256, 24, 2, 3, 8192, 64, 128, 4, 4 },  // Flash-Next heads; ring == r
@@ -454,6 +457,7 @@ void test_paged_attention(ggml_backend_t cpu, const char * only_backend, int & n
             if (!is_cpu) ggml_backend_free(be);
         }
     }
+    unsetenv("PYQSA_QSA_ATTN_MMA");
 }
 
 // qsa_page_stage on one backend: per stream, the blocks of the window [b0, b0 + S) below n_paged

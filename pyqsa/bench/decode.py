@@ -267,11 +267,8 @@ def run(args: argparse.Namespace) -> int:
     if args.sampling == "device":  # (only unpaged runs: one thing compared at a time)
         meta["variant"] = "pyqsa-sampled"
     if args.variant == "pyqsa" and os.environ.get("PYQSA_QSA_ATTN_MMA") == "0":
-        # the library keeps qsa_attn's prefill on CUDA cores (no tensor-core kernel)
+        # the library keeps qsa_attn on CUDA cores (no tensor-core kernel)
         meta["variant"] += "-cores"
-    if args.variant == "pyqsa" and os.environ.get("PYQSA_QSA_ATTN_MMA") == "1":
-        # the library puts qsa_attn's decode steps on tensor cores too
-        meta["variant"] += "-mmadec"
     for name, suffix in UPSTREAM_SWITCHES.items():
         if args.variant == "pyqsa" and library_switch_on(name):
             meta["variant"] += suffix

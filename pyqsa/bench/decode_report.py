@@ -24,9 +24,10 @@ from .meta import RESULTS
 
 # pyqsa-paged: decode.py --hot-blocks; pyqsa-paged-q8: the same with --kv-type q8_0;
 # pyqsa-paged-q8f16: --kv-type q8_0 --kv-hot-type f16 (a q8_0 store under an f16 hot cache);
-# pyqsa-sampled: decode.py --sampling device; pyqsa-cores: PYQSA_QSA_ATTN_MMA=0 (qsa_attn's
-# prefill on CUDA cores, not tensor cores); pyqsa-mmadec: PYQSA_QSA_ATTN_MMA=1 (qsa_attn's decode
-# steps on tensor cores too); pyqsa-moesync: PYQSA_CUDA_MOE_SYNC=1 (MoE products on
+# pyqsa-sampled: decode.py --sampling device; pyqsa-cores: PYQSA_QSA_ATTN_MMA=0 (qsa_attn on CUDA
+# cores, not tensor cores; up to ad5033e only prefill chunks took tensor cores); pyqsa-mmadec
+# (ad5033e's results only: PYQSA_QSA_ATTN_MMA=1 put decode steps on tensor cores, the default
+# after); pyqsa-moesync: PYQSA_CUDA_MOE_SYNC=1 (MoE products on
 # upstream's host-sorted path); pyqsa-f16acc: PYQSA_CUDA_F16_ACCUMULATE=1 (f16 products on cuBLAS
 # summed in f16, as upstream's); pyqsa-gdnup: PYQSA_CUDA_GDN_UPSTREAM=1 (the gated delta rule on
 # upstream's kernel); pyqsa-moemmf: PYQSA_CUDA_MOE_MMF=1 (MoE products of every batch on MMF, not

@@ -321,7 +321,6 @@ def test_decode_profile_without_a_cuda_profiler_is_a_one_line_error(tmp_path):
     "env,value,variant,column",
     [
         ("PYQSA_QSA_ATTN_MMA", "0", "pyqsa-cores", "cores"),
-        ("PYQSA_QSA_ATTN_MMA", "1", "pyqsa-mmadec", "mmadc"),
         ("PYQSA_CUDA_MOE_SYNC", "1", "pyqsa-moesync", "mosyn"),
         ("PYQSA_CUDA_F16_ACCUMULATE", "1", "pyqsa-f16acc", "f16ac"),
         ("PYQSA_CUDA_GDN_UPSTREAM", "1", "pyqsa-gdnup", "gdnup"),
@@ -335,8 +334,7 @@ def test_decode_profile_without_a_cuda_profiler_is_a_one_line_error(tmp_path):
 def test_decode_under_a_library_switch_is_a_variant_of_its_own(
     small_gguf, tmp_path, monkeypatch, env, value, variant, column
 ):
-    """gpu_run.sh's `cores` (PYQSA_QSA_ATTN_MMA=0: qsa_attn's prefill off the tensor cores),
-    `mmadec` (PYQSA_QSA_ATTN_MMA=1: its decode steps on them too),
+    """gpu_run.sh's `cores` (PYQSA_QSA_ATTN_MMA=0: qsa_attn off the tensor cores),
     `moesync` (PYQSA_CUDA_MOE_SYNC=1: upstream's host-sorted MoE products), `f16acc`
     (PYQSA_CUDA_F16_ACCUMULATE=1: upstream's f16 sums), `gdnup` (PYQSA_CUDA_GDN_UPSTREAM=1:
     upstream's gated-delta-rule kernel), `moemmf` (PYQSA_CUDA_MOE_MMF=1: MoE products on MMF,

@@ -23,7 +23,7 @@ N_BATCH = 64
 
 @pytest.fixture(autouse=True)
 def cuda_core_attention(monkeypatch):
-    """On CUDA, unpaged prefill chunks of f16 K/V would run qsa_attn on tensor cores, whose
+    """On CUDA, unpaged calls with f16 K/V would run qsa_attn on tensor cores, whose
     rounding the paged passes do not reproduce; the CUDA-core kernel they match bit for bit is
     kept (the tensor-core kernel is checked against the CPU op in test-qsa-ops). No effect on
     the CPU."""

@@ -1,4 +1,4 @@
-// qsa_attn on tensor cores, for f16 K/V and chunks of many queries (prefill). One CTA per
+// qsa_attn on tensor cores, for f16 K/V: prefill chunks and decode steps. One CTA per
 // (KV head, query, split) computes all heads of the GQA group at once: the group's query rows
 // (up to 16) are the M dimension of an m16n8k16 product, so even one query fills the tensor cores
 // (qsa_attn's CUDA-core kernel gives a head a warp and reduces every dot product across lanes).
@@ -279,17 +279,16 @@ template <int D> void launch(ggml_backend_cuda_context & ctx, const args & a, in
 }  // namespace
 
 bool pyqsa_cuda_qsa_attn_mma(ggml_backend_cuda_context & ctx, const args & a, ggml_type kv_type, int D, int n_rows) {
-    // PYQSA_QSA_ATTN_MMA=0 keeps every call on the CUDA-core kernel, =1 puts decode-sized ones
-    // here too (both for comparisons)
+    // PYQSA_QSA_ATTN_MMA=0 keeps every call on the CUDA-core kernel, the one qsa_attn_part's
+    // passes reproduce bit for bit (for comparisons, and the paged-vs-unpaged tests of those passes)
     const char * env = std::getenv("PYQSA_QSA_ATTN_MMA");
     if (env != nullptr && std::strcmp(env, "0") == 0) {
         return false;
     }
-    // decode-sized calls stay on the CUDA-core kernel, which qsa_attn_part's passes reproduce bit
-    // for bit (paged decode == unpaged decode)
-    const bool decode_too = env != nullptr && std::strcmp(env, "1") == 0;
+    // NOTE: decode steps too: a GQA group's heads read each staged K/V tile once here, where the
+    // CUDA-core kernel's warps each read it from shared memory (decode.py at 8 x 32K on an H100,
+    // 9.24 ms a step against 9.77; native/dev/README.md, qsa-decode)
     if (kv_type != GGML_TYPE_F16 || a.group > ROWS || a.unit != 16 ||
-        (n_rows < PYQSA_GGML_QSA_ATTN_CUDA_MMA_MIN_ROWS && !decode_too) ||
         ggml_cuda_info().devices[ctx.device].cc < GGML_CUDA_CC_AMPERE) {
         return false;
     }

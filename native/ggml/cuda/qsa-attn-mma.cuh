@@ -4,8 +4,7 @@
 
 // qsa_attn's output for `a` on tensor cores when the call suits them (f16 K/V, head dim 64, 128
 // or 256, GQA groups of at most 16 heads, 16-byte aligned rows, at least
-// PYQSA_GGML_QSA_ATTN_CUDA_MMA_MIN_ROWS query rows or PYQSA_QSA_ATTN_MMA=1, sm_80 or later,
-// PYQSA_QSA_ATTN_MMA not 0);
+// sm_80 or later, PYQSA_QSA_ATTN_MMA not 0);
 // false, having done nothing, otherwise
 bool pyqsa_cuda_qsa_attn_mma(ggml_backend_cuda_context & ctx, const pyqsa_attn::args & a, ggml_type kv_type, int D,
                              int n_rows);

@@ -2,8 +2,8 @@
 // (query, head) is split across CTAs (split-K); each warp keeps an online softmax over its share
 // and a second kernel merges the partial (max, sum, acc) triples (qsa-attn-warp.cuh).
 // One CTA per (GQA group, query, split), one warp a head: the group's heads read each cell's K/V
-// rows once, from shared memory (cta_attn). Prefill-sized calls with f16 K/V go to the
-// tensor-core kernel instead (qsa-attn-mma.cu).
+// rows once, from shared memory (cta_attn). Calls with f16 K/V go to the tensor-core kernel
+// instead (qsa-attn-mma.cu) unless PYQSA_QSA_ATTN_MMA=0.
 #include "qsa-attn.cuh"
 
 #include "pyqsa-ggml.h"
