@@ -42,6 +42,7 @@ SCENARIOS = {  # kind -> what a reader looks for
     "ttft-stage": "server: idle TTFT with snapshot heads staged and copied straight",
     "qsa-decode": "dev study: decode attention kernels (native/dev/qsa-decode.cu)",
     "cols-gemv": "dev study: 2-8 column f16 products (native/dev/cols-gemv.cu)",
+    "qsa-topk-decode": "dev study: qsa_topk at decode rows (native/dev/qsa-topk-decode.cu)",
 }
 NOTE_CHARS = 160
 
