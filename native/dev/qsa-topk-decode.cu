@@ -200,12 +200,9 @@ __device__ void finish(smem_t & s, uint32_t bin1, int n_c, int k, int32_t * out)
     for (int j = tid; j < k; j += THREADS) out[j] = s.sel[j];
 }
 
-// A: grid (rows), THREADS threads, the library's kernel
-__global__ void __launch_bounds__(THREADS) topk_one(const float * score, int32_t * dst, int * overflow, int n, int k) {
-    extern __shared__ __align__(16) char raw[];
-    smem_t &      s    = *(smem_t *) raw;
-    const int     tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const float * x   = score + (size_t) blockIdx.x * n;
+// step 1 over keys [i_beg, i_end) of x: s's counters zeroed, the top-11-bit histogram of the keys
+__device__ void hist_pass(smem_t & s, const float * x, int i_beg, int i_end) {
+    const int tid = threadIdx.x, lane = tid % 32;
     for (int b = tid; b < BINS1; b += THREADS) s.hist[b] = 0;
     if (tid == 0) {
         s.n_sel  = 0;
@@ -213,12 +210,17 @@ __global__ void __launch_bounds__(THREADS) topk_one(const float * score, int32_t
         s.n_eq   = 0;
     }
     __syncthreads();
-    for (int i0 = 0; i0 < n; i0 += THREADS) {
+    for (int i0 = i_beg; i0 < i_end; i0 += THREADS) {
         const int i = i0 + tid;
-        hist_add(s, i < n, i < n ? ordered_key(x[i]) >> 21 : 0u, lane);
+        hist_add(s, i < i_end, i < i_end ? ordered_key(x[i]) >> 21 : 0u, lane);
     }
+}
+
+// the bin of s.hist holding the k-th largest key, and the keys above it, into s.bin1 and s.above
+__device__ void choose_bin(smem_t & s, int k) {
+    const int lane = threadIdx.x % 32;
     __syncthreads();
-    if (warp == 0) {
+    if (threadIdx.x / 32 == 0) {
         int bin, above;
         find_bin(s.hist, BINS1 / 32, k, lane, bin, above);
         if (lane == 0) {
@@ -227,15 +229,30 @@ __global__ void __launch_bounds__(THREADS) topk_one(const float * score, int32_t
         }
     }
     __syncthreads();
+}
+
+// step 2 over keys [i_beg, i_end) of x: the winners above bin1 and the candidates in it, into s
+__device__ void collect_pass(smem_t & s, const float * x, int i_beg, int i_end, uint32_t bin1) {
+    const int lane = threadIdx.x % 32;
+    for (int i0 = i_beg; i0 < i_end; i0 += THREADS) {
+        const int i = i0 + threadIdx.x;
+        collect(s, i, i < i_end, i < i_end ? ordered_key(x[i]) : 0u, bin1, lane);
+    }
+}
+
+// A: grid (rows), THREADS threads, the library's kernel
+__global__ void __launch_bounds__(THREADS) topk_one(const float * score, int32_t * dst, int * overflow, int n, int k) {
+    extern __shared__ __align__(16) char raw[];
+    smem_t &      s    = *(smem_t *) raw;
+    const float * x   = score + (size_t) blockIdx.x * n;
+    hist_pass(s, x, 0, n);
+    choose_bin(s, k);
     const uint32_t bin1 = (uint32_t) s.bin1;
     const int      n_c  = s.hist[bin1];
     const bool     over = n_c > CAP;
-    if (tid == 0) overflow[blockIdx.x] = over;
+    if (threadIdx.x == 0) overflow[blockIdx.x] = over;
     if (over) return;
-    for (int i0 = 0; i0 < n; i0 += THREADS) {
-        const int i = i0 + tid;
-        collect(s, i, i < n, i < n ? ordered_key(x[i]) : 0u, bin1, lane);
-    }
+    collect_pass(s, x, 0, n, bin1);
     finish(s, bin1, n_c, k, dst + (size_t) blockIdx.x * k);
 }
 
@@ -248,20 +265,10 @@ __global__ void __launch_bounds__(THREADS) topk_cluster(const float * score, int
     cg::cluster_group   cluster = cg::this_cluster();
     const int           S = (int) cluster.num_blocks(), r = (int) cluster.block_rank();
     const int           row = blockIdx.x / S;
-    const int           tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int           tid = threadIdx.x;
     const float *       x   = score + (size_t) row * n;
     const int           i_beg = (int) ((long long) n * r / S), i_end = (int) ((long long) n * (r + 1) / S);
-    for (int b = tid; b < BINS1; b += THREADS) s.hist[b] = 0;
-    if (tid == 0) {
-        s.n_sel  = 0;
-        s.n_cand = 0;
-        s.n_eq   = 0;
-    }
-    __syncthreads();
-    for (int i0 = i_beg; i0 < i_end; i0 += THREADS) {
-        const int i = i0 + tid;
-        hist_add(s, i < i_end, i < i_end ? ordered_key(x[i]) >> 21 : 0u, lane);
-    }
+    hist_pass(s, x, i_beg, i_end);
     cluster.sync();  // every share's histogram is done
     if (r == 0) {    // the row's histogram, in the first CTA's
         for (int b = tid; b < BINS1; b += THREADS) {
@@ -269,16 +276,7 @@ __global__ void __launch_bounds__(THREADS) topk_cluster(const float * score, int
             for (int q = 1; q < S; ++q) sum += cluster.map_shared_rank(&s, q)->hist[b];
             s.hist[b] = sum;
         }
-        __syncthreads();
-        if (warp == 0) {
-            int bin, above;
-            find_bin(s.hist, BINS1 / 32, k, lane, bin, above);
-            if (lane == 0) {
-                s.bin1  = bin;
-                s.above = above;
-            }
-        }
-        __syncthreads();
+        choose_bin(s, k);
         if (tid == 0) overflow[row] = s.hist[s.bin1] > CAP;
     }
     cluster.sync();  // the bin is known
@@ -289,10 +287,7 @@ __global__ void __launch_bounds__(THREADS) topk_cluster(const float * score, int
         cluster.sync();  // (the first CTA's shared memory read by all before any leaves)
         return;
     }
-    for (int i0 = i_beg; i0 < i_end; i0 += THREADS) {
-        const int i = i0 + tid;
-        collect(s, i, i < i_end, i < i_end ? ordered_key(x[i]) : 0u, bin1, lane);
-    }
+    collect_pass(s, x, i_beg, i_end, bin1);
     cluster.sync();  // every share's winners and candidates are collected
     if (r == 0) {    // the others' appended after the first CTA's own, share by share
         __shared__ int sel_at[17], cand_at[17];  // where share q's entries go; [S]: the totals
@@ -324,6 +319,29 @@ __global__ void __launch_bounds__(THREADS) topk_cluster(const float * score, int
     if (r == 0) finish(s, bin1, n_c, k, dst + (size_t) row * k);
 }
 
+// a launch of topk_cluster over `rows` rows in clusters of `size` CTAs (the attribute kept beside
+// the config that points at it)
+struct cluster_launch {
+    cudaLaunchAttribute attr = {};
+    cudaLaunchConfig_t  cfg  = {};
+
+    cluster_launch(int size, int rows, cudaStream_t st) {
+        attr.id               = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = size;
+        attr.val.clusterDim.y = 1;
+        attr.val.clusterDim.z = 1;
+        cfg.gridDim           = dim3(rows * size);
+        cfg.blockDim          = dim3(THREADS);
+        cfg.dynamicSmemBytes  = sizeof(smem_t);
+        cfg.stream            = st;
+        cfg.attrs             = &attr;
+        cfg.numAttrs          = 1;
+    }
+
+    cluster_launch(const cluster_launch &)             = delete;
+    cluster_launch & operator=(const cluster_launch &) = delete;
+};
+
 // variant 0: A; else clusters of that many CTAs a row
 void launch(int cluster, const float * x, int32_t * out, int * over, int rows, int n, int k, cudaStream_t st) {
     if (cluster == 0) {
@@ -331,36 +349,15 @@ void launch(int cluster, const float * x, int32_t * out, int * over, int rows, i
         CHECK_CUDA(cudaGetLastError());
         return;
     }
-    cudaLaunchConfig_t  cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id               = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = cluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.gridDim              = dim3(rows * cluster);
-    cfg.blockDim             = dim3(THREADS);
-    cfg.dynamicSmemBytes     = sizeof(smem_t);
-    cfg.stream               = st;
-    cfg.attrs                = attr;
-    cfg.numAttrs             = 1;
-    CHECK_CUDA(cudaLaunchKernelEx(&cfg, topk_cluster, x, out, over, n, k));
+    const cluster_launch l(cluster, rows, st);
+    CHECK_CUDA(cudaLaunchKernelEx(&l.cfg, topk_cluster, x, out, over, n, k));
 }
 
 // how many clusters of `size` CTAs of topk_cluster the device can hold at once (0: none)
 int max_clusters(int size) {
-    cudaLaunchConfig_t  cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id               = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = size;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.gridDim              = dim3(size);
-    cfg.blockDim             = dim3(THREADS);
-    cfg.dynamicSmemBytes     = sizeof(smem_t);
-    cfg.attrs                = attr;
-    cfg.numAttrs             = 1;
-    int n                    = 0;
-    return cudaOccupancyMaxActiveClusters(&n, topk_cluster, &cfg) == cudaSuccess ? n : 0;
+    const cluster_launch l(size, 1, nullptr);
+    int                  n = 0;
+    return cudaOccupancyMaxActiveClusters(&n, topk_cluster, &l.cfg) == cudaSuccess ? n : 0;
 }
 
 // the k largest of a row, exact ties to the lower index, in increasing index order
