@@ -352,6 +352,8 @@ void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng
         { 1, 1, 1, 0, 1.0, false },
         { 80, 40, 4, 3, 0.0, true },         // a prefill chunk: each query sees its own prefix
         { 65536, 3, 512, 0, 0.0, true },
+        { 65536, 8, 512, 0, 0.0, false },    // decode steps of 8 and 1 sequences at 256K
+        { 65536, 1, 512, 3, 0.0, true },
         // CUDA: rows the compact kernel leaves to the general one (too many keys in the k-th
         // key's bin, or k over 1024), and a tie cut among a bin's candidates
         { 65536, 2, 512, 1, 0.0, false },    // all equal
@@ -384,10 +386,17 @@ void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng
         bool supported = false;
         const std::vector<int32_t> out_cpu = run_topk(cpu, c, x, vis, &supported);
         report(c.name(), "CPU", "vs reference: ", supported && out_cpu == ref, n_ok, n_fail);
+        // CUDA: rows of 32768 keys or more at decode sizes on a cluster of CTAs a row, then every
+        // row on one CTA (PYQSA_CUDA_TOPK_CLUSTER=0). Each run's graph is new to the backend or
+        // captured anew, never a replay, so the second run takes the switch.
         on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
-            bool ok = false;
+            bool ok = false, ok_one = false;
             const std::vector<int32_t> out = run_topk(be, c, x, vis, &ok);
-            return std::make_pair(ok && out == out_cpu, std::string("vs CPU: "));
+            setenv("PYQSA_CUDA_TOPK_CLUSTER", "0", 1);
+            const std::vector<int32_t> out_one = run_topk(be, c, x, vis, &ok_one);
+            unsetenv("PYQSA_CUDA_TOPK_CLUSTER");
+            return std::make_pair(ok && ok_one && out == out_cpu && out_one == out_cpu,
+                                  std::string("vs CPU (and with PYQSA_CUDA_TOPK_CLUSTER=0): "));
         });
     }
 }
@@ -575,6 +584,31 @@ void test_score(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rn
     }
 }
 
+// A decode step's top-k (k = 512) over `rows` rows of n block scores, timed as it runs and with
+// every row on one CTA (PYQSA_CUDA_TOPK_CLUSTER=0), a backend each: CUDA would replay the graph
+// it captured the way before
+void perf_topk(ggml_backend_dev_t dev, int64_t n, int64_t rows) {
+    std::vector<float> v(n * rows);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::mt19937 rng(5);
+    for (auto & e : v) e = nd(rng);
+    for (const char * one : { "", "0" }) {
+        if (*one) setenv("PYQSA_CUDA_TOPK_CLUSTER", one, 1);
+        ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
+        graph_run g;
+        ggml_init_params ip = { ggml_tensor_overhead() * 4 + ggml_graph_overhead(), nullptr, true };
+        g.ctx               = ggml_init(ip);
+        ggml_tensor * x     = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, n, rows);
+        if (graph_place(g, be, pyqsa_ggml_qsa_topk(g.ctx, x, nullptr, 512))) {
+            ggml_backend_tensor_set(x, v.data(), 0, ggml_nbytes(x));
+            std::printf("  QSA_TOPK(n=%lld,rows=%lld,k=512)%s %s: %.1f us/run\n", (long long) n, (long long) rows,
+                        *one ? " PYQSA_CUDA_TOPK_CLUSTER=0" : "", ggml_backend_dev_name(dev), time_graph(be, g.gf, 200));
+        }
+        unsetenv("PYQSA_CUDA_TOPK_CLUSTER");
+        ggml_backend_free(be);
+    }
+}
+
 // A prefill chunk's block selection in one indexed layer, as qsa-positional.cpp builds it: the
 // scores of every block key for each query (QSA_SCORE), then top-k. Timed both ways, so top-k's
 // cost is the difference.
@@ -663,6 +697,10 @@ int cmd_perf(const char * only_backend) {
             ggml_free(ctx);
         }
         if (ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+            // a decode step's top-k: 1 and 8 rows at 256K (65536 blocks), 8 at 32K
+            perf_topk(dev, 65536, 1);
+            perf_topk(dev, 65536, 8);
+            perf_topk(dev, 8192, 8);
             // a 512-query and a 2048-query chunk at 256K (65536 blocks), 2048 queries at 32K
             perf_select(be, 512, 65536, 20);
             perf_select(be, 2048, 65536, 10);

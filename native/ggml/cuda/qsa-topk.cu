@@ -1,6 +1,6 @@
-// CUDA kernel of PYQSA_GGML_OP_QSA_TOPK, one CTA of 1024 threads per row, in two kernels:
+// CUDA kernel of PYQSA_GGML_OP_QSA_TOPK, CTAs of 1024 threads, in two kernels:
 //
-// qsa_topk_compact reads the row twice:
+// qsa_topk_compact (one CTA a row) reads the row twice:
 //  1. a histogram of the keys' top 11 bits (order-preserving keys, 2048 bins) gives the bin B
 //     holding the k-th largest key and the count above it;
 //  2. a second pass copies the indices of the keys above B (fewer than k) and the keys and
@@ -9,6 +9,10 @@
 //     are winners, and of those equal to T the lowest indices up to k (a radix select over their
 //     indices: exact ties go to the lower index);
 //  4. a bitonic sort puts the k winners in increasing index order.
+// At decode steps of long rows qsa_topk_cluster does the same with a row over a thread-block
+// cluster of 8 CTAs: each takes an eighth of the keys through steps 1 and 2, and the first adds
+// the histograms and gathers the winners and candidates through distributed shared memory
+// before it does steps 3 and 4 (cluster_rows says when).
 // A row whose candidates do not fit in shared memory (many keys in one bin: long runs of equal
 // scores) is flagged, and qsa_topk_radix, the general kernel, does it (and every row of a call
 // whose k is over KMAX, or whose rows are over 2^22 long):
@@ -24,7 +28,11 @@
 
 #include "ordered-key.cuh"
 
+#include <cooperative_groups.h>
+
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 
 namespace {
 
@@ -34,6 +42,7 @@ constexpr int BINS    = 256;    // qsa_topk_radix: 8 bits a pass
 constexpr int BINS1   = 2048;   // qsa_topk_compact: the top 11 bits of a key
 constexpr int CAP     = 12288;  // candidates held in shared memory (key + index)
 constexpr int KMAX    = 1024;   // winners sorted in shared memory
+constexpr int CLUSTER = 8;      // qsa_topk_cluster: CTAs a row
 
 struct smem_t {
     int      hist[BINS1];
@@ -43,6 +52,7 @@ struct smem_t {
     int      sel[KMAX];
     int      n_sel, n_cand, bin1, above, remaining, n_eq;
     uint32_t prefix;
+    int      sel_at[CLUSTER + 1], cand_at[CLUSTER + 1];  // qsa_topk_cluster: where share q's entries go
 };
 
 // warp 0, over hist's 32 * per_lane bins from the highest down: the bin holding rank `rank`
@@ -77,18 +87,14 @@ __device__ __forceinline__ int warp_append(int * counter, bool take, int lane) {
     return base + __popc(m & ((1u << lane) - 1u));
 }
 
-// grid (rows), THREADS threads, sizeof(smem_t) bytes of dynamic shared memory; overflow[row]: 1
-// when the row's candidates do not fit (the row is left to qsa_topk_radix), else 0
-__global__ void __launch_bounds__(THREADS) qsa_topk_compact(const float * score, const int32_t * n_vis, int32_t * dst,
-                                                            int * overflow, int n, int k) {
-    extern __shared__ __align__(16) char raw[];
-    smem_t &      s    = *(smem_t *) raw;
-    const int     tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const float * x   = score + (size_t) blockIdx.x * n;
-    const int     vis = n_vis ? max(0, min(n, n_vis[blockIdx.x])) : n;
-    const auto    key_at = [&](int i) { return ordered_key(i < vis ? x[i] : -INFINITY); };
+// a row's key i: scores at or past vis count as -inf
+__device__ __forceinline__ uint32_t key_at(const float * x, int vis, int i) {
+    return ordered_key(i < vis ? x[i] : -INFINITY);
+}
 
-    // 1. the top-11-bit histogram, and the bin holding the k-th largest key
+// 1a. over keys [i_beg, i_end) of x: s's counters zeroed, the keys' top-11-bit histogram
+__device__ void hist_pass(smem_t & s, const float * x, int vis, int i_beg, int i_end) {
+    const int tid = threadIdx.x, lane = tid % 32;
     for (int b = tid; b < BINS1; b += THREADS) s.hist[b] = 0;
     if (tid == 0) {
         s.n_sel  = 0;
@@ -96,18 +102,23 @@ __global__ void __launch_bounds__(THREADS) qsa_topk_compact(const float * score,
         s.n_eq   = 0;
     }
     __syncthreads();
-    for (int i0 = 0; i0 < n; i0 += THREADS) {
+    for (int i0 = i_beg; i0 < i_end; i0 += THREADS) {
         const int      i   = i0 + tid;
-        const bool     in  = i < n;
-        const uint32_t bin = in ? key_at(i) >> 21 : 0u;
+        const bool     in  = i < i_end;
+        const uint32_t bin = in ? key_at(x, vis, i) >> 21 : 0u;
         const unsigned act = __ballot_sync(0xffffffffu, in);
         if (in) {
             const unsigned peers = __match_any_sync(act, bin);
             if (lane == __ffs(peers) - 1) atomicAdd(&s.hist[bin], __popc(peers));
         }
     }
+}
+
+// 1b. the bin of s.hist holding the k-th largest key, and the keys above it: s.bin1, s.above
+__device__ void choose_bin(smem_t & s, int k) {
+    const int lane = threadIdx.x % 32;
     __syncthreads();
-    if (warp == 0) {
+    if (threadIdx.x / 32 == 0) {
         int bin, above;
         find_bin(s.hist, BINS1 / 32, k, lane, bin, above);
         if (lane == 0) {
@@ -116,26 +127,31 @@ __global__ void __launch_bounds__(THREADS) qsa_topk_compact(const float * score,
         }
     }
     __syncthreads();
-    const uint32_t bin1 = (uint32_t) s.bin1;
-    const int      n_c  = s.hist[bin1];
-    const bool over = n_c > CAP;
-    if (tid == 0) overflow[blockIdx.x] = over;
-    if (over) return;
+}
 
-    // 2. the winners above the bin (fewer than k) and the bin's candidates, into shared memory
-    for (int i0 = 0; i0 < n; i0 += THREADS) {
-        const int      i   = i0 + tid;
-        const uint32_t key = i < n ? key_at(i) : 0u;
-        const uint32_t top = key >> 21;
-        const bool     sure = i < n && top > bin1, cand = i < n && top == bin1;
-        const int      ps = warp_append(&s.n_sel, sure, lane);
-        const int      pc = warp_append(&s.n_cand, cand, lane);
+// 2. over keys [i_beg, i_end) of x: the winners above bin1 (fewer than k) and the candidates in
+// it, appended to s
+__device__ void collect_pass(smem_t & s, const float * x, int vis, int i_beg, int i_end, uint32_t bin1) {
+    const int lane = threadIdx.x % 32;
+    for (int i0 = i_beg; i0 < i_end; i0 += THREADS) {
+        const int      i    = i0 + threadIdx.x;
+        const uint32_t key  = i < i_end ? key_at(x, vis, i) : 0u;
+        const uint32_t top  = key >> 21;
+        const bool     sure = i < i_end && top > bin1, cand = i < i_end && top == bin1;
+        const int      ps   = warp_append(&s.n_sel, sure, lane);
+        const int      pc   = warp_append(&s.n_cand, cand, lane);
         if (sure) s.sel[ps] = i;
         if (cand) {
             s.cand_key[pc] = key;
             s.cand_idx[pc] = i;
         }
     }
+}
+
+// 3-4. by a CTA holding all n_c candidates (bin1's keys) and the winners above bin1 (s.n_sel of
+// them, s.above keys): the row's k winners in increasing index order, into out
+__device__ void finish(smem_t & s, uint32_t bin1, int n_c, int k, int32_t * out) {
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     if (tid == 0) {
         s.prefix    = bin1 << 21;
         s.remaining = k - s.above;  // rank of the k-th key among the candidates, from the top
@@ -238,8 +254,107 @@ __global__ void __launch_bounds__(THREADS) qsa_topk_compact(const float * score,
             __syncthreads();
         }
     }
-    int32_t * out = dst + (size_t) blockIdx.x * k;
     for (int j = tid; j < k; j += THREADS) out[j] = s.sel[j];
+}
+
+// grid (rows), THREADS threads, sizeof(smem_t) bytes of dynamic shared memory; overflow[row]: 1
+// when the row's candidates do not fit (the row is left to qsa_topk_radix), else 0
+__global__ void __launch_bounds__(THREADS) qsa_topk_compact(const float * score, const int32_t * n_vis, int32_t * dst,
+                                                            int * overflow, int n, int k) {
+    extern __shared__ __align__(16) char raw[];
+    smem_t &      s   = *(smem_t *) raw;
+    const float * x   = score + (size_t) blockIdx.x * n;
+    const int     vis = n_vis ? max(0, min(n, n_vis[blockIdx.x])) : n;
+    hist_pass(s, x, vis, 0, n);
+    choose_bin(s, k);
+    const uint32_t bin1 = (uint32_t) s.bin1;
+    const int      n_c  = s.hist[bin1];
+    const bool     over = n_c > CAP;
+    if (threadIdx.x == 0) overflow[blockIdx.x] = over;
+    if (over) return;
+    collect_pass(s, x, vis, 0, n, bin1);
+    finish(s, bin1, n_c, k, dst + (size_t) blockIdx.x * k);
+}
+
+// A row over a thread-block cluster needs sm_90's distributed shared memory; elsewhere the
+// cluster kernel is never launched (cluster_rows)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= GGML_CUDA_CC_HOPPER
+#    define PYQSA_TOPK_CLUSTERS 1
+#else
+#    define PYQSA_TOPK_CLUSTERS 0
+#endif
+
+// grid (rows * CLUSTER), clusters of CLUSTER CTAs along x, THREADS threads, sizeof(smem_t) bytes
+// of dynamic shared memory: CTA r of row blockIdx.x / CLUSTER takes keys [r n / CLUSTER,
+// (r + 1) n / CLUSTER), their histogram (1a) and their winners and candidates (2). The first CTA
+// adds the histograms and picks the bin, gathers the others' winners and candidates after its own
+// through distributed shared memory, and finishes (3-4): the same counts, candidates and rules as
+// qsa_topk_compact, so the same selection. overflow[row] as there.
+__global__ void __launch_bounds__(THREADS) qsa_topk_cluster(const float * score, const int32_t * n_vis, int32_t * dst,
+                                                            int * overflow, int n, int k) {
+#if PYQSA_TOPK_CLUSTERS
+    namespace cg = cooperative_groups;
+    extern __shared__ __align__(16) char raw[];
+    smem_t &          s       = *(smem_t *) raw;
+    cg::cluster_group cluster = cg::this_cluster();
+    const int         r       = (int) cluster.block_rank();
+    const int         row     = blockIdx.x / CLUSTER;
+    const int         tid     = threadIdx.x;
+    const float *     x       = score + (size_t) row * n;
+    const int         vis     = n_vis ? max(0, min(n, n_vis[row])) : n;
+    const int i_beg = (int) ((long long) n * r / CLUSTER), i_end = (int) ((long long) n * (r + 1) / CLUSTER);
+    hist_pass(s, x, vis, i_beg, i_end);
+    cluster.sync();  // every share's histogram is done
+    if (r == 0) {
+        for (int b = tid; b < BINS1; b += THREADS) {
+            int sum = s.hist[b];
+            for (int q = 1; q < CLUSTER; ++q) sum += cluster.map_shared_rank(&s, q)->hist[b];
+            s.hist[b] = sum;
+        }
+        choose_bin(s, k);
+        if (tid == 0) overflow[row] = s.hist[s.bin1] > CAP;
+    }
+    cluster.sync();  // the bin is known
+    const smem_t & s0   = *cluster.map_shared_rank(&s, 0);
+    const uint32_t bin1 = (uint32_t) s0.bin1;
+    const int      n_c  = s0.hist[bin1];
+    if (n_c > CAP) {
+        cluster.sync();  // no CTA leaves before all have read the first one's shared memory
+        return;
+    }
+    collect_pass(s, x, vis, i_beg, i_end, bin1);
+    cluster.sync();  // every share's winners and candidates are collected
+    if (r == 0) {    // share q's entries after those of shares 0 .. q - 1
+        if (tid == 0) {
+            s.sel_at[1]  = s.n_sel;
+            s.cand_at[1] = s.n_cand;
+            for (int q = 1; q < CLUSTER; ++q) {
+                const smem_t * o = cluster.map_shared_rank(&s, q);
+                s.sel_at[q + 1]  = s.sel_at[q] + o->n_sel;
+                s.cand_at[q + 1] = s.cand_at[q] + o->n_cand;
+            }
+        }
+        __syncthreads();
+        for (int q = 1; q < CLUSTER; ++q) {
+            const smem_t * o = cluster.map_shared_rank(&s, q);
+            for (int j = tid; j < s.sel_at[q + 1] - s.sel_at[q]; j += THREADS) s.sel[s.sel_at[q] + j] = o->sel[j];
+            for (int j = tid; j < s.cand_at[q + 1] - s.cand_at[q]; j += THREADS) {
+                s.cand_key[s.cand_at[q] + j] = o->cand_key[j];
+                s.cand_idx[s.cand_at[q] + j] = o->cand_idx[j];
+            }
+        }
+        __syncthreads();
+        if (tid == 0) {
+            s.n_sel  = s.sel_at[CLUSTER];
+            s.n_cand = s.cand_at[CLUSTER];
+        }
+    }
+    cluster.sync();  // the others' shared memory is read: they may leave
+    if (r == 0) finish(s, bin1, n_c, k, dst + (size_t) row * k);
+#else
+    GGML_UNUSED_VARS(score, n_vis, dst, overflow, n, k);
+    NO_DEVICE_CODE;
+#endif
 }
 
 // grid (rows), THREADS threads; with `only`, the rows flagged there (the others are done)
@@ -344,9 +459,63 @@ __global__ void qsa_topk_radix(const float * score, const int32_t * n_vis, const
     }
 }
 
-}  // namespace
-
 constexpr size_t COMPACT_SMEM = sizeof(smem_t);
+
+// a launch of qsa_topk_cluster over `rows` rows (the attribute kept beside the config that points at it)
+struct cluster_launch {
+    cudaLaunchAttribute attr = {};
+    cudaLaunchConfig_t  cfg  = {};
+
+    cluster_launch(int rows, cudaStream_t stream) {
+        attr.id               = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = CLUSTER;
+        attr.val.clusterDim.y = 1;
+        attr.val.clusterDim.z = 1;
+        cfg.gridDim           = dim3(rows * CLUSTER);
+        cfg.blockDim          = dim3(THREADS);
+        cfg.dynamicSmemBytes  = COMPACT_SMEM;
+        cfg.stream            = stream;
+        cfg.attrs             = &attr;
+        cfg.numAttrs          = 1;
+    }
+
+    cluster_launch(const cluster_launch &)             = delete;
+    cluster_launch & operator=(const cluster_launch &) = delete;
+};
+
+// NOTE: a row over a cluster of CLUSTER CTAs where a launch of one cluster a row fits the device
+// at once (decode steps: up to 16 rows on an H100) and the row has 32768 keys or more (a 128K
+// context at ratio 4). One CTA's histogram and collection go at ~0.5 us per 1024 keys whatever
+// the loads (one SM's shared-memory atomics); at 65536 keys a row (256K) the cluster took 40.1 us
+// a call for 1 or 8 rows against 67.5 for one CTA, at 8192 keys (32K) 24.5 against 20.2, the
+// merge's fixed cost (native/dev/README.md, qsa-topk-decode, one H100). PYQSA_CUDA_TOPK_CLUSTER=0
+// keeps every row on one CTA (the same selection). The most rows a cluster launch may have; 0:
+// none (before sm_90, or code not built for it: a JIT of older PTX, where the kernel is empty).
+int cluster_rows(int device) {
+    const char * env = std::getenv("PYQSA_CUDA_TOPK_CLUSTER");
+    if (env != nullptr && std::strcmp(env, "0") == 0) {
+        return 0;
+    }
+    static int  rows[GGML_CUDA_MAX_DEVICES]  = {};
+    static bool known[GGML_CUDA_MAX_DEVICES] = {};
+    if (!known[device]) {
+        known[device]           = true;
+        const auto &       info = ggml_cuda_info().devices[device];
+        cudaFuncAttributes attr = {};
+        CUDA_CHECK(cudaFuncGetAttributes(&attr, qsa_topk_cluster));
+        if (info.cc >= GGML_CUDA_CC_HOPPER && attr.ptxVersion >= 90 && COMPACT_SMEM <= info.smpbo) {
+            CUDA_SET_SHARED_MEMORY_LIMIT(qsa_topk_cluster, COMPACT_SMEM);
+            const cluster_launch l(1, nullptr);
+            if (cudaOccupancyMaxActiveClusters(&rows[device], qsa_topk_cluster, &l.cfg) != cudaSuccess) {
+                rows[device] = 0;
+                (void) cudaGetLastError();  // a refused query leaves every row on one CTA
+            }
+        }
+    }
+    return rows[device];
+}
+
+}  // namespace
 
 void pyqsa_cuda_qsa_topk(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggml_tensor * score = dst->src[0];
@@ -357,7 +526,7 @@ void pyqsa_cuda_qsa_topk(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const int32_t * n_vis = dst->src[1] ? (const int32_t *) dst->src[1]->data : nullptr;
     int32_t *       out   = (int32_t *) dst->data;
     cudaStream_t    stream = ctx.stream();
-    // the compact kernel sorts at most KMAX winners and keeps indices in 22 bits
+    // the compact kernels sort at most KMAX winners and keep indices in 22 bits
     const bool compact = k <= KMAX && n <= (1 << 22) &&
                          COMPACT_SMEM <= ggml_cuda_info().devices[ggml_cuda_get_device()].smpbo;
     if (!compact) {
@@ -366,9 +535,14 @@ void pyqsa_cuda_qsa_topk(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         return;
     }
     ggml_cuda_pool_alloc<int> overflow(ctx.pool(), rows);
-    CUDA_SET_SHARED_MEMORY_LIMIT(qsa_topk_compact, COMPACT_SMEM);
-    qsa_topk_compact<<<rows, THREADS, COMPACT_SMEM, stream>>>(x, n_vis, out, overflow.get(), n, k);
-    CUDA_CHECK(cudaGetLastError());
+    if (n >= 32768 && rows <= cluster_rows(ctx.device)) {
+        const cluster_launch l(rows, stream);
+        CUDA_CHECK(cudaLaunchKernelEx(&l.cfg, qsa_topk_cluster, x, n_vis, out, overflow.get(), n, k));
+    } else {
+        CUDA_SET_SHARED_MEMORY_LIMIT(qsa_topk_compact, COMPACT_SMEM);
+        qsa_topk_compact<<<rows, THREADS, COMPACT_SMEM, stream>>>(x, n_vis, out, overflow.get(), n, k);
+        CUDA_CHECK(cudaGetLastError());
+    }
     qsa_topk_radix<<<rows, THREADS, 0, stream>>>(x, n_vis, overflow.get(), out, n, k);
     CUDA_CHECK(cudaGetLastError());
 }
