@@ -387,16 +387,16 @@ void test_topk(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rng
         const std::vector<int32_t> out_cpu = run_topk(cpu, c, x, vis, &supported);
         report(c.name(), "CPU", "vs reference: ", supported && out_cpu == ref, n_ok, n_fail);
         // CUDA: rows of 32768 keys or more at decode sizes on a cluster of CTAs a row, then every
-        // row on one CTA (PYQSA_CUDA_TOPK_CLUSTER=0). Each run's graph is new to the backend or
+        // row on one CTA (PYQSA_CUDA_TOPK_ONE_CTA=1). Each run's graph is new to the backend or
         // captured anew, never a replay, so the second run takes the switch.
         on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
             bool ok = false, ok_one = false;
             const std::vector<int32_t> out = run_topk(be, c, x, vis, &ok);
-            setenv("PYQSA_CUDA_TOPK_CLUSTER", "0", 1);
+            setenv("PYQSA_CUDA_TOPK_ONE_CTA", "1", 1);
             const std::vector<int32_t> out_one = run_topk(be, c, x, vis, &ok_one);
-            unsetenv("PYQSA_CUDA_TOPK_CLUSTER");
+            unsetenv("PYQSA_CUDA_TOPK_ONE_CTA");
             return std::make_pair(ok && ok_one && out == out_cpu && out_one == out_cpu,
-                                  std::string("vs CPU (and with PYQSA_CUDA_TOPK_CLUSTER=0): "));
+                                  std::string("vs CPU (and with PYQSA_CUDA_TOPK_ONE_CTA=1): "));
         });
     }
 }
@@ -585,15 +585,15 @@ void test_score(ggml_backend_t cpu, const char * only_backend, std::mt19937 & rn
 }
 
 // A decode step's top-k (k = 512) over `rows` rows of n block scores, timed as it runs and with
-// every row on one CTA (PYQSA_CUDA_TOPK_CLUSTER=0), a backend each: CUDA would replay the graph
+// every row on one CTA (PYQSA_CUDA_TOPK_ONE_CTA=1), a backend each: CUDA would replay the graph
 // it captured the way before
 void perf_topk(ggml_backend_dev_t dev, int64_t n, int64_t rows) {
     std::vector<float> v(n * rows);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::mt19937 rng(5);
     for (auto & e : v) e = nd(rng);
-    for (const char * one : { "", "0" }) {
-        if (*one) setenv("PYQSA_CUDA_TOPK_CLUSTER", one, 1);
+    for (const char * one : { "", "1" }) {
+        if (*one) setenv("PYQSA_CUDA_TOPK_ONE_CTA", one, 1);
         ggml_backend_t be = ggml_backend_dev_init(dev, nullptr);
         graph_run g;
         ggml_init_params ip = { ggml_tensor_overhead() * 4 + ggml_graph_overhead(), nullptr, true };
@@ -602,9 +602,9 @@ void perf_topk(ggml_backend_dev_t dev, int64_t n, int64_t rows) {
         if (graph_place(g, be, pyqsa_ggml_qsa_topk(g.ctx, x, nullptr, 512))) {
             ggml_backend_tensor_set(x, v.data(), 0, ggml_nbytes(x));
             std::printf("  QSA_TOPK(n=%lld,rows=%lld,k=512)%s %s: %.1f us/run\n", (long long) n, (long long) rows,
-                        *one ? " PYQSA_CUDA_TOPK_CLUSTER=0" : "", ggml_backend_dev_name(dev), time_graph(be, g.gf, 200));
+                        *one ? " PYQSA_CUDA_TOPK_ONE_CTA=1" : "", ggml_backend_dev_name(dev), time_graph(be, g.gf, 200));
         }
-        unsetenv("PYQSA_CUDA_TOPK_CLUSTER");
+        unsetenv("PYQSA_CUDA_TOPK_ONE_CTA");
         ggml_backend_free(be);
     }
 }

@@ -242,6 +242,7 @@ UPSTREAM_SWITCHES = {
     "PYQSA_HC_UNFUSED": "-hcunf",  # the hyper-connection combine and gate as upstream's ops
     "PYQSA_CUDA_PRODUCTS_UNGROUPED": "-ungrp",  # a decode step's products of one x a launch each
     "PYQSA_GATES_UNFUSED": "-gatesunf",  # the linear attention's and shared expert's gates unfused
+    "PYQSA_CUDA_TOPK_ONE_CTA": "-topk1",  # a decode step's top-k rows on one CTA each, no cluster
 }
 
 

@@ -36,7 +36,9 @@ from .meta import RESULTS
 # hyper-connection combine and gate as upstream's ops, not pyqsa's hc_combine and silu_scaled);
 # pyqsa-ungrp: PYQSA_CUDA_PRODUCTS_UNGROUPED=1 (a decode step's products of one x a launch each,
 # not grouped into one); pyqsa-gatesunf: PYQSA_GATES_UNFUSED=1 (the linear attention's gates and
-# the shared expert's gated join as upstream's ops, not pyqsa's gdn_gates and add_gated)
+# the shared expert's gated join as upstream's ops, not pyqsa's gdn_gates and add_gated);
+# pyqsa-topk1: PYQSA_CUDA_TOPK_ONE_CTA=1 (a decode step's top-k rows on one CTA each, not over a
+# thread-block cluster)
 VARIANTS = (
     "pyqsa",
     "upstream",
@@ -54,6 +56,7 @@ VARIANTS = (
     "pyqsa-hcunf",
     "pyqsa-ungrp",
     "pyqsa-gatesunf",
+    "pyqsa-topk1",
 )
 SHORT = {
     "pyqsa": "pyqsa",
@@ -72,6 +75,7 @@ SHORT = {
     "pyqsa-hcunf": "hcunf",
     "pyqsa-ungrp": "ungrp",
     "pyqsa-gatesunf": "gatun",
+    "pyqsa-topk1": "topk1",
 }
 # the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)
 PAGED = (

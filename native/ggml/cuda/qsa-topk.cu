@@ -488,12 +488,12 @@ struct cluster_launch {
 // context at ratio 4). One CTA's histogram and collection go at ~0.5 us per 1024 keys whatever
 // the loads (one SM's shared-memory atomics); at 65536 keys a row (256K) the cluster took 40.1 us
 // a call for 1 or 8 rows against 67.5 for one CTA, at 8192 keys (32K) 24.5 against 20.2, the
-// merge's fixed cost (native/dev/README.md, qsa-topk-decode, one H100). PYQSA_CUDA_TOPK_CLUSTER=0
+// merge's fixed cost (native/dev/README.md, qsa-topk-decode, one H100). PYQSA_CUDA_TOPK_ONE_CTA=1
 // keeps every row on one CTA (the same selection). The most rows a cluster launch may have; 0:
 // none (before sm_90, or code not built for it: a JIT of older PTX, where the kernel is empty).
 int cluster_rows(int device) {
-    const char * env = std::getenv("PYQSA_CUDA_TOPK_CLUSTER");
-    if (env != nullptr && std::strcmp(env, "0") == 0) {
+    const char * env = std::getenv("PYQSA_CUDA_TOPK_ONE_CTA");
+    if (env != nullptr && *env != '\0' && std::strcmp(env, "0") != 0) {
         return 0;
     }
     static int  rows[GGML_CUDA_MAX_DEVICES]  = {};
