@@ -238,20 +238,18 @@ class SeqRows:
     """Where a saved sequence's rows are (pyqsa_seq_rows in pyqsa.h): `get` copies a segment on
     any thread, as long as the sequence's cells of those positions are not written meanwhile (it
     may grow, not be removed, shortened or loaded into). `close` frees the handle. A head saved
-    through a stage (`staged`) is whole after `fill_head` (any thread); from then on `get` copies
-    through the stage's pinned memory, and `close` hands the stage back through `release` (an
-    unfilled head's bytes dropped)."""
+    through a stage (`staged`) is whole after `fill_head` (any thread), which hands the stage
+    back through `release`; `close` drops an unfilled one."""
 
     def __init__(self, ptr, n_tokens: int, head: bytes | np.ndarray) -> None:
         self._ptr = ptr
         self.n_tokens = n_tokens
         self._head = head
         self._stage: SeqStage | None = None
-        self._filled = False
         self._release = None
 
     def staged(self, stage: SeqStage, release) -> None:
-        """The head was saved through `stage`, to be given to `release(stage)` on `close`."""
+        """The head was saved through `stage`, to be given to `release(stage)` once filled."""
         self._stage, self._release = stage, release
 
     @property
@@ -259,11 +257,16 @@ class SeqRows:
         return self._stage is not None
 
     def fill_head(self) -> None:
-        if self._stage is not None and not self._filled:
+        self._settle(self._head)
+
+    def _settle(self, head: bytes | np.ndarray | None) -> None:
+        """Fill `head` from the stage (None: drop what it holds) and hand the stage back."""
+        stage, self._stage = self._stage, None
+        if stage is not None:
             try:
-                self._stage.fill(self._head)
+                stage.fill(head)
             finally:
-                self._filled = True  # (a failed fill leaves the stage empty too)
+                self._release(stage)
 
     def size(self, start: int, end: int) -> int:
         return seq_rows_size(self._head, start, end)
@@ -277,8 +280,7 @@ class SeqRows:
         if self._ptr is None:
             raise NativeError("pyqsa_seq_rows_get on a closed handle")
         out = np.empty(self.size(start, end), np.uint8)  # not zeroed: every byte is written
-        via = self._stage._ptr if self._stage is not None and self._filled else ffi.NULL
-        rc = lib.pyqsa_seq_rows_get(self._ptr, via, start, end, ffi.from_buffer(out), len(out))
+        rc = lib.pyqsa_seq_rows_get(self._ptr, start, end, ffi.from_buffer(out), len(out))
         _check(rc, "pyqsa_seq_rows_get")
         return out
 
@@ -287,13 +289,7 @@ class SeqRows:
         if self._ptr is not None:
             lib.pyqsa_seq_rows_free(self._ptr)
             self._ptr = None
-        stage, self._stage = self._stage, None
-        if stage is not None:
-            try:
-                if not self._filled:  # a head never filled: what its stage holds is dropped
-                    stage.fill(None)
-            finally:
-                self._release(stage)
+        self._settle(None)  # a head never filled: what its stage holds is dropped
 
 
 class SeqStage:

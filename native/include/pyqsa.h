@@ -260,15 +260,11 @@ PYQSA_API int32_t pyqsa_seq_rows_size(const void * head, size_t head_size, uint3
 
 // Copies the segment [start, end) into dst (cap bytes). Callable on any thread while the context
 // runs, as long as the sequence's cells of those positions are not written meanwhile: the
-// sequence may grow, but not be removed, shortened or loaded into until the copy returns. With a
-// non-NULL via (a stage of the same context holding no head, and used by no other call until
-// this one returns), the rows come through its pinned memory in pieces of its size: the device's
-// copies are then into pinned memory, where without one each copy of a series (tens of MB at
-// long contexts) goes into dst's pageable memory through the driver's own staging. Returns
-// PYQSA_OK, PYQSA_ERR_INVALID_ARG for a NULL rows or dst or a via holding an unfilled head,
-// PYQSA_ERR_OUT_OF_RANGE unless start <= end <= the saved length and cap holds the segment.
-PYQSA_API int32_t pyqsa_seq_rows_get(const pyqsa_seq_rows * rows, pyqsa_seq_stage * via, uint32_t start,
-                                     uint32_t end, void * dst, size_t cap);
+// sequence may grow, but not be removed, shortened or loaded into until the copy returns.
+// Returns PYQSA_OK, PYQSA_ERR_INVALID_ARG for a NULL argument, PYQSA_ERR_OUT_OF_RANGE unless
+// start <= end <= the saved length and cap holds the segment.
+PYQSA_API int32_t pyqsa_seq_rows_get(const pyqsa_seq_rows * rows, uint32_t start, uint32_t end, void * dst,
+                                     size_t cap);
 
 PYQSA_API void pyqsa_seq_rows_free(pyqsa_seq_rows * rows);
 

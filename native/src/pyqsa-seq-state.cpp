@@ -415,9 +415,8 @@ int32_t pyqsa_seq_rows_size(const void * head, size_t head_size, uint32_t start,
     }
 }
 
-int32_t pyqsa_seq_rows_get(const pyqsa_seq_rows * rows, pyqsa_seq_stage * via, uint32_t start, uint32_t end,
-                           void * dst, size_t cap) {
-    if (rows == nullptr || dst == nullptr || (via != nullptr && via->busy)) {
+int32_t pyqsa_seq_rows_get(const pyqsa_seq_rows * rows, uint32_t start, uint32_t end, void * dst, size_t cap) {
+    if (rows == nullptr || dst == nullptr) {
         return PYQSA_ERR_INVALID_ARG;
     }
     std::vector<series_desc> table;
@@ -431,9 +430,7 @@ int32_t pyqsa_seq_rows_get(const pyqsa_seq_rows * rows, pyqsa_seq_stage * via, u
     for (const series & s : rows->s) {
         const size_t row = start / s.d.ratio;
         const size_t cnt = end / s.d.ratio - row;
-        if (cnt > 0 && via != nullptr) {
-            via->s.copy_out(s.t, s.base + row * s.d.row_bytes, cnt * s.d.row_bytes, out);
-        } else if (cnt > 0) {
+        if (cnt > 0) {
             ggml_backend_tensor_get(s.t, out, s.base + row * s.d.row_bytes, cnt * s.d.row_bytes);
         }
         out += cnt * s.d.row_bytes;

@@ -158,17 +158,6 @@ public:
 
     bool empty() const { return parts.empty(); }
 
-    // size bytes of t from byte offset into out, through the stage in pieces of its size (an
-    // empty stage: it holds no head's bytes, and is left empty)
-    void copy_out(ggml_tensor * t, size_t offset, size_t size, uint8_t * out) {
-        const size_t room = ggml_backend_buffer_get_size(buf);
-        for (size_t done = 0; done < size; done += room) {
-            const size_t n = std::min(room, size - done);
-            ggml_backend_tensor_get(t, base(), offset + done, n);
-            std::memcpy(out + done, base(), n);
-        }
-    }
-
 private:
     struct part {
         size_t from, at, size;  // the stage's bytes [from, from + size) are the head's [at, at + size)

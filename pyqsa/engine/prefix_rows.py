@@ -7,8 +7,7 @@ The rows of positions below n are not written again while the slot only grows, s
 copied by one worker thread (`RowCopier`) while the engine goes on; the copy of a slot's rows must
 end before the slot is emptied, shortened or loaded into (`RowCopier.wait`). The head's
 recurrent state, most of its bytes, is staged on the engine thread (one copy at the bus's speed
-into pinned memory) and copied into the head by the same worker (`HeadFill`), before its rows,
-which then come through that stage's pinned memory in pieces (native.SeqRows.get).
+into pinned memory) and copied into the head by the same worker (`HeadFill`), before its rows.
 
 Rows come in segments of positions [start, end). The snapshots of one slot's sequence share them:
 a snapshot at n copies only the positions since the slot's last segment, so a prompt's stride

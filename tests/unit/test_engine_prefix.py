@@ -268,6 +268,8 @@ def test_a_copy_whose_entries_are_gone_is_skipped():
     for slot, prompt in enumerate(([1, 2, 3, 4], [11, 12, 13, 14], [21, 22, 23, 24])):
         run(e, prompt, ONE)  # each evicts the one before: the first is copying, the second not
         (segment[slot],) = e.prefix.copier._pending[slot]
+        if slot == 0:  # (the copier has taken the first copy up: it waits for the gate)
+            until(lambda: 0 in runner.reading)
     assert [segment[i].dropped for i in range(3)] == [True, True, False]
     runner.copy_gate.set()
     until(lambda: e.prefix.copier.pending() == 0)
