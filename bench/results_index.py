@@ -40,6 +40,7 @@ SCENARIOS = {  # kind -> what a reader looks for
     "quant": "weights: quantized files, pyqsa quantize and llama-quantize (bench/quant_run.sh)",
     "quant-realmoe": "weights: quantized files of the real-MoE model (quant_run.sh --real-moe)",
     "ttft-stage": "server: idle TTFT with snapshot heads staged and copied straight",
+    "decode-window": "server: 8 x 32K decoding together, the prefix cache on and off",
     "qsa-decode": "dev study: decode attention kernels (native/dev/qsa-decode.cu)",
     "cols-gemv": "dev study: 2-8 column f16 products (native/dev/cols-gemv.cu)",
     "qsa-topk-decode": "dev study: qsa_topk at decode rows (native/dev/qsa-topk-decode.cu)",
