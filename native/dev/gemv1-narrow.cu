@@ -177,6 +177,28 @@ const variant VARIANTS[] = {
     { "A  ", 0, 1 }, { "C  ", 0, 1 }, { "S4 ", 4, 1 }, { "S8 ", 8, 1 }, { "K4 ", 4, 4 }, { "K8 ", 4, 8 },
 };
 
+// a launch of gemv_rows_split<4, true> over `blocks` row blocks in clusters of `size` CTAs (the
+// attribute kept beside the config that points at it)
+struct cluster_launch {
+    cudaLaunchAttribute attr = {};
+    cudaLaunchConfig_t  cfg  = {};
+
+    cluster_launch(int size, int blocks, cudaStream_t st) {
+        attr.id               = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = size;
+        attr.val.clusterDim.y = 1;
+        attr.val.clusterDim.z = 1;
+        cfg.gridDim           = dim3(blocks * size);
+        cfg.blockDim          = dim3(WARPS * 32);
+        cfg.stream            = st;
+        cfg.attrs             = &attr;
+        cfg.numAttrs          = 1;
+    }
+
+    cluster_launch(const cluster_launch &)             = delete;
+    cluster_launch & operator=(const cluster_launch &) = delete;
+};
+
 void launch(const variant & v, const half * w, const float * x, float * y, int N, int K, cudaStream_t st) {
     if (v.name[0] == 'A') {
         gemv_warp_row<<<(N + WARPS - 1) / WARPS, WARPS * 32, 0, st>>>(w, x, y, N, K);
@@ -190,18 +212,8 @@ void launch(const variant & v, const half * w, const float * x, float * y, int N
             gemv_rows_split<8, false><<<blocks, WARPS * 32, 0, st>>>(w, x, y, N, K);
         }
     } else {
-        cudaLaunchAttribute attr = {};
-        attr.id                  = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x    = v.cluster;
-        attr.val.clusterDim.y    = 1;
-        attr.val.clusterDim.z    = 1;
-        cudaLaunchConfig_t cfg   = {};
-        cfg.gridDim              = dim3((N + v.rows - 1) / v.rows * v.cluster);
-        cfg.blockDim             = dim3(WARPS * 32);
-        cfg.stream               = st;
-        cfg.attrs                = &attr;
-        cfg.numAttrs             = 1;
-        CHECK_CUDA(cudaLaunchKernelEx(&cfg, gemv_rows_split<4, true>, w, x, y, N, K));
+        const cluster_launch l(v.cluster, (N + v.rows - 1) / v.rows, st);
+        CHECK_CUDA(cudaLaunchKernelEx(&l.cfg, gemv_rows_split<4, true>, w, x, y, N, K));
     }
     CHECK_CUDA(cudaGetLastError());
 }
@@ -224,18 +236,9 @@ const shape SHAPES[] = {
 // whether the device can run v (a cluster size it cannot schedule: no)
 bool runs_here(const variant & v) {
     if (v.cluster == 1) return true;
-    cudaLaunchAttribute attr = {};
-    attr.id                  = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x    = v.cluster;
-    attr.val.clusterDim.y    = 1;
-    attr.val.clusterDim.z    = 1;
-    cudaLaunchConfig_t cfg   = {};
-    cfg.gridDim              = dim3(v.cluster);
-    cfg.blockDim             = dim3(WARPS * 32);
-    cfg.attrs                = &attr;
-    cfg.numAttrs             = 1;
+    const cluster_launch l(v.cluster, 1, nullptr);
     int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, gemv_rows_split<4, true>, &cfg) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&n, gemv_rows_split<4, true>, &l.cfg) != cudaSuccess) {
         (void) cudaGetLastError();
         return false;
     }
