@@ -220,7 +220,7 @@ class Bench:
         of sequence 0 are fresh (no step decoded since copy_seq0) must their logits agree."""
         a = self.args
         seqs = np.arange(n_seq, dtype=np.int32)
-        times, check = [], {}
+        times, launches, check = [], [], {}
         profiled = contextlib.ExitStack()
         for step in range(a.warmup + a.steps):
             if step == a.warmup:
@@ -234,6 +234,7 @@ class Bench:
             self._set(tokens, np.full(n_seq, pos + step, np.int32), seqs, True)
             t0 = time.perf_counter()
             self._decode()
+            launched = time.perf_counter() - t0
             self.L.llama_synchronize(self.ctx)
             dt = time.perf_counter() - t0
             if step == 0 and self.samplers:  # no logits came back: the drawn tokens
@@ -253,6 +254,7 @@ class Bench:
                     check["copy_max_abs_diff"] = float(np.abs(lg - lg[0]).max())
             elif step >= a.warmup:
                 times.append(dt)
+                launches.append(launched)
         profiled.close()
         # per timed step: on CUDA a step that replays its captured graph is the fast path
         after = self.graph_counts()
@@ -267,6 +269,9 @@ class Bench:
             "step_ms_max": max(times) * 1e3,
             "step_ms": [round(t * 1e3, 3) for t in times],
             "tok_s": n_seq / med,
+            # until llama_decode returned: the host's part before the pass runs on its own (the
+            # device idles through it but for its input copies)
+            "launch_ms_median": statistics.median(launches) * 1e3,
             "graphs_per_step": graphs,
             **check,
         }
