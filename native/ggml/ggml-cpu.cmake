@@ -4,6 +4,7 @@ target_sources(${GGML_CPU_NAME} PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cpu/conv-step.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/gdn-gates.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/hc-combine.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/cpu/hc-mix.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/pyqsa-cpu.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-attn.cpp
     ${CMAKE_CURRENT_LIST_DIR}/cpu/qsa-attn-part.cpp

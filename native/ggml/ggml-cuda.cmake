@@ -6,6 +6,7 @@ target_sources(ggml-cuda PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cuda/gdn-prefill.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/gemv-f16.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/hc-combine.cu
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/hc-mix.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/moe-gemm.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/product-groups.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/pyqsa-cuda.cu

@@ -30,6 +30,8 @@ enum pyqsa_ggml_op {
     PYQSA_GGML_OP_ADD_GATED      = 16,
     PYQSA_GGML_OP_CONV_STEP      = 17,
     PYQSA_GGML_OP_RMS_NORM_GATED = 18,
+    PYQSA_GGML_OP_HC_DOWN        = 19,
+    PYQSA_GGML_OP_HC_PRE         = 20,
 };
 
 // Sparse attention: every query attends only to the KV cells listed for it (QSA: the selected
@@ -403,6 +405,42 @@ GGML_API struct ggml_tensor * pyqsa_ggml_rms_norm_gated(struct ggml_context * ct
                                                         struct ggml_tensor * w,
                                                         struct ggml_tensor * z,
                                                         float eps);
+
+// The mix of hyper-connections at a decode step (qwen4exp's build_hc_mix with its inject) in two
+// ops where upstream's graph has five: HC_DOWN the grouped RMS norm with its products down and
+// inject, HC_PRE the gate's product up with the sigmoid-gated mean over the streams. With
+// xn[e, c, t] = x[e, c, t] * rsqrt(mean over e of x[., c, t]^2 + eps) * w_norm[e, c] and xn's
+// [hc * n_embd, n_tokens] view xv:
+//   pyqsa_ggml_hc_down returns F32 [(lr + 2 hc) n_tokens], three contiguous blocks:
+//     lo     [lr, n_tokens] at 0:              silu(scale * (w_down^T xv))  (the gate's input)
+//     inject [hc, n_tokens] at lr n_tokens:    w_inject^T xv  (the scatter logits, for hc_combine)
+//     factor [hc, n_tokens] after inject:      each stream's rsqrt factor (read by hc_pre)
+//   pyqsa_ggml_hc_pre returns F32 [n_embd, n_tokens]:
+//     out[e, t] = scale * sum over c of xn[e, c, t] * sigmoid((w_up^T lo[., t])[e + c n_embd])
+//   x:        F32 [n_embd, hc, n_tokens], contiguous (the residual streams)
+//   w_norm:   F32 [n_embd, hc], contiguous
+//   w_down:   F16 or F32 [hc n_embd, lr]; w_inject: the same type, [hc n_embd, hc]
+//   w_up:     F16 or F32 [lr, hc n_embd]
+//   down:     pyqsa_ggml_hc_down's result for these x and w_norm
+// The products sum in f32 from f32 inputs where upstream's CPU products round xn to f16 first:
+// the two ways agree to rounding, not bit for bit. CUDA takes up to PYQSA_HC_MIX_MAX_TOKENS
+// tokens (a decode step's sequences), PYQSA_HC_MIX_MAX_STREAMS streams, even n_embd and lr.
+#define PYQSA_HC_MIX_MAX_TOKENS  8
+#define PYQSA_HC_MIX_MAX_STREAMS 4
+GGML_API struct ggml_tensor * pyqsa_ggml_hc_down(struct ggml_context * ctx,
+                                                 struct ggml_tensor * x,
+                                                 struct ggml_tensor * w_norm,
+                                                 struct ggml_tensor * w_down,
+                                                 struct ggml_tensor * w_inject,
+                                                 float eps,
+                                                 float scale);
+
+GGML_API struct ggml_tensor * pyqsa_ggml_hc_pre(struct ggml_context * ctx,
+                                                struct ggml_tensor * x,
+                                                struct ggml_tensor * w_norm,
+                                                struct ggml_tensor * w_up,
+                                                struct ggml_tensor * down,
+                                                float scale);
 
 // Host address i (0 or 1) that a pyqsa op keeps in its params from index first_param on.
 GGML_API void * pyqsa_ggml_host_ptr(const struct ggml_tensor * op, int first_param);

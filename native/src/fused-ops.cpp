@@ -1,12 +1,23 @@
 // pyqsa: the switches of qwen4exp's fused ops (see fused-ops.h).
 #include "fused-ops.h"
 
+#include "ggml.h"
 #include "llama-memory-recurrent.h"
 #include "pyqsa-env.h"
+#include "pyqsa-ggml.h"
 
 bool pyqsa_hc_fused() {
     static const bool fused = !pyqsa_env_switch_on("PYQSA_HC_UNFUSED");
     return fused;
+}
+
+bool pyqsa_hc_mix_fused(const ggml_tensor * x, const ggml_tensor * w_norm, const ggml_tensor * w_down,
+                        const ggml_tensor * w_up, const ggml_tensor * w_inject) {
+    static const bool fused = !pyqsa_env_switch_on("PYQSA_HC_MIX_UNFUSED");
+    const auto plain = [](const ggml_tensor * w) { return w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_F32; };
+    return fused && x->ne[2] <= PYQSA_HC_MIX_MAX_TOKENS && x->ne[1] <= PYQSA_HC_MIX_MAX_STREAMS &&
+           x->ne[0] % 2 == 0 && w_up->ne[0] % 2 == 0 && ggml_is_contiguous(x) && w_norm->type == GGML_TYPE_F32 && ggml_is_contiguous(w_norm) && plain(w_down) && plain(w_up) &&
+           w_inject->type == w_down->type;
 }
 
 bool pyqsa_gates_fused() {

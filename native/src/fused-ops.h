@@ -12,6 +12,18 @@
 // PYQSA_HC_UNFUSED.
 bool pyqsa_hc_fused();
 
+struct ggml_tensor;
+
+// Whether a mix of hyper-connections (its grouped norm, the products down, up and inject, the
+// gate and the streams' mean: five launches) runs as pyqsa_ggml_hc_down and pyqsa_ggml_hc_pre
+// (two): at the shapes CUDA's kernels take (pyqsa-ggml.h: up to PYQSA_HC_MIX_MAX_TOKENS
+// tokens, a decode step), the streams contiguous and the weights F16 or F32 (a quantized
+// model's stay with upstream's products). Its products sum other inputs in another order than
+// upstream's do, so unlike the switches above it agrees with upstream's ops to rounding, not
+// bit for bit; off with PYQSA_HC_MIX_UNFUSED.
+bool pyqsa_hc_mix_fused(const ggml_tensor * x, const ggml_tensor * w_norm, const ggml_tensor * w_down,
+                        const ggml_tensor * w_up, const ggml_tensor * w_inject);
+
 // The linear attention's decay and write-strength gates as pyqsa_ggml_gdn_gates (one op for
 // upstream's add, softplus, mul and sigmoid), its q and k normalized as one view of their
 // adjacent heads (one rms_norm and scale for two), a decode step's convolution with its SiLU and

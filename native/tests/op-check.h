@@ -133,7 +133,7 @@ inline bool graph_place(graph_run & g, ggml_backend_t be, ggml_tensor * out) {
 template <typename T, typename Make, typename Upload>
 std::vector<T> run_op(ggml_backend_t backend, Make && make, Upload && upload, bool * supported) {
     // room for a few ops: a graph of upstream's ops that one of pyqsa's replaces (test-fused)
-    ggml_init_params ip = { ggml_tensor_overhead() * 16 + ggml_graph_overhead(), nullptr, true };
+    ggml_init_params ip = { ggml_tensor_overhead() * 32 + ggml_graph_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(ip);
     const std::pair<ggml_tensor *, ggml_tensor *> io = make(ctx);
     std::vector<T> res;

@@ -47,7 +47,13 @@ std::vector<float> run_graph(ggml_backend_t be, const std::vector<float> & data,
         [&](ggml_tensor *) {
             const float * p = data.data();
             for (ggml_tensor * in : g.inputs) {
-                ggml_backend_tensor_set(in, p, 0, ggml_nbytes(in));
+                if (in->type == GGML_TYPE_F16) {  // the floats rounded to the input's type
+                    std::vector<ggml_fp16_t> h(ggml_nelements(in));
+                    ggml_fp32_to_fp16_row(p, h.data(), (int64_t) h.size());
+                    ggml_backend_tensor_set(in, h.data(), 0, ggml_nbytes(in));
+                } else {
+                    ggml_backend_tensor_set(in, p, 0, ggml_nbytes(in));
+                }
                 p += ggml_nelements(in);
             }
         },
@@ -99,7 +105,7 @@ op_graph make_hc(ggml_context * ctx, const hc_case & c, bool fused) {
 }
 
 size_t ctx_size() {
-    return ggml_tensor_overhead() * 16 + ggml_graph_overhead();
+    return ggml_tensor_overhead() * 32 + ggml_graph_overhead();
 }
 
 // how many elements differ in their bits (all of them when the sizes differ)
@@ -274,6 +280,67 @@ op_graph make_norm(ggml_context * ctx, const norm_case & c, bool fused) {
 }
 
 
+// a decode step's mix of hyper-connections: x [n_embd, hc, n_tokens], w_norm [n_embd, hc], w_down
+// [hc n_embd, lr], w_inject [hc n_embd, hc], w_up [lr, hc n_embd], the weights of type w
+struct mix_case {
+    int64_t   n_embd, hc, lr, n_tokens;
+    ggml_type w;
+
+    std::string name() const {
+        char buf[128];
+        std::snprintf(buf, sizeof(buf), "HC_DOWN+HC_PRE(n_embd=%lld,hc=%lld,lr=%lld,n_tokens=%lld,%s)",
+                      (long long) n_embd, (long long) hc, (long long) lr, (long long) n_tokens, ggml_type_name(w));
+        return buf;
+    }
+};
+
+// the two ops (fused) or upstream's graph of the mix as qwen4exp's build_hc_mix makes it; the
+// result [n_embd + hc, n_tokens], each token's mixed stream then its scatter logits
+op_graph make_mix(ggml_context * ctx, const mix_case & c, bool fused) {
+    const int64_t width    = c.n_embd * c.hc;
+    ggml_tensor * x        = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.n_embd, c.hc, c.n_tokens);
+    ggml_tensor * w_norm   = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n_embd, c.hc);
+    ggml_tensor * w_down   = ggml_new_tensor_2d(ctx, c.w, width, c.lr);
+    ggml_tensor * w_inject = ggml_new_tensor_2d(ctx, c.w, width, c.hc);
+    ggml_tensor * w_up     = ggml_new_tensor_2d(ctx, c.w, c.lr, width);
+    const float   eps = 1e-6f, inv_hc = 1.0f / (float) c.hc;
+    ggml_tensor * mixed  = nullptr;
+    ggml_tensor * inject = nullptr;
+    if (fused) {
+        ggml_tensor * down = pyqsa_ggml_hc_down(ctx, x, w_norm, w_down, w_inject, eps, inv_hc);
+        mixed              = pyqsa_ggml_hc_pre(ctx, x, w_norm, w_up, down, inv_hc);
+        inject = ggml_view_2d(ctx, down, c.hc, c.n_tokens, c.hc * sizeof(float), c.lr * c.n_tokens * sizeof(float));
+    } else {
+        ggml_tensor * xn   = ggml_reshape_2d(ctx, ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), w_norm), width, c.n_tokens);
+        ggml_tensor * lo   = ggml_silu(ctx, ggml_scale(ctx, ggml_mul_mat(ctx, w_down, xn), inv_hc));
+        ggml_tensor * gate = ggml_mul_mat(ctx, w_up, lo);
+        mixed              = ggml_dsv4_hc_pre_gated(ctx, ggml_reshape_3d(ctx, xn, c.n_embd, c.hc, c.n_tokens),
+                                                    ggml_reshape_3d(ctx, gate, c.n_embd, c.hc, c.n_tokens), inv_hc);
+        inject             = ggml_mul_mat(ctx, w_inject, xn);
+    }
+    return { { x, w_norm, w_down, w_inject, w_up }, ggml_concat(ctx, mixed, inject, 0) };
+}
+
+// x's streams at several scales (the norm's factor matters), weights ~ 1 / sqrt(fan-in)
+std::vector<float> make_mix_data(const mix_case & c, std::mt19937 & rng) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t width = c.n_embd * c.hc, n_x = width * c.n_tokens, n_norm = width;
+    std::vector<float> d(n_x + n_norm + width * c.lr + width * c.hc + c.lr * width);
+    for (int64_t i = 0; i < (int64_t) d.size(); ++i) {
+        const float s = i < n_x                       ? 0.5f + (float) ((i / c.n_embd) % 4)
+                        : i < n_x + n_norm            ? 0.3f
+                        : i < n_x + n_norm + width * (c.lr + c.hc) ? 1.0f / std::sqrt((float) width)
+                                                                   : 2.0f / std::sqrt((float) c.lr);
+        d[i] = (i >= n_x && i < n_x + n_norm ? 1.0f : 0.0f) + s * nd(rng);
+    }
+    return d;
+}
+
+// a decode step's mix against upstream's ops: not bit for bit (the products' sums take f32
+// inputs in another order where upstream's CPU products round xn to f16 first), so to rounding on
+// each backend, and each other backend's ops against the CPU's
+constexpr double MIX_BOUND = 1e-6;
+
 // another backend's expf (CUDA's fast-math one: ~1e-6 relative at |x| ~ 10) and its contraction
 // of the sum into an FMA, against the CPU's; a wrong element would give ~1
 constexpr double BOUND = 1e-10;
@@ -301,6 +368,24 @@ void check_fused(const Case & c, const std::vector<float> & data, Make && make, 
         const size_t n = bits_differ(f, run(be, false));
         return std::make_pair(n == 0 && e < BOUND, "vs upstream's ops there: " + std::to_string(n) +
                                                        " elements differ in their bits; vs CPU: nmse " + sci(e) + " ");
+    });
+}
+
+void check_mix(const mix_case & c, const std::vector<float> & data, ggml_backend_t cpu, const char * only_backend,
+               int & n_ok, int & n_fail) {
+    const std::string name = c.name();
+    const auto        run  = [&](ggml_backend_t be, bool fused) {
+        return run_graph(be, data, [&](ggml_context * ctx) { return make_mix(ctx, c, fused); });
+    };
+    const std::vector<float> fused = run(cpu, true);
+    const double             e_cpu = nmse(fused, run(cpu, false));
+    report(name, "CPU", "vs upstream's ops: nmse " + sci(e_cpu) + " ", e_cpu < MIX_BOUND, n_ok, n_fail);
+    on_other_backends(only_backend, name, n_ok, n_fail, [&](ggml_backend_t be) {
+        const std::vector<float> f = run(be, true);
+        if (f.empty()) return std::make_pair(false, std::string("not supported "));
+        const double e = nmse(f, fused), e_up = nmse(f, run(be, false));
+        return std::make_pair(e < BOUND && e_up < MIX_BOUND,
+                              "vs CPU: nmse " + sci(e) + "; vs upstream's ops there: nmse " + sci(e_up) + " ");
     });
 }
 
@@ -356,6 +441,14 @@ int cmd_test(const char * only_backend) {
         for (float & e : v) e = wide(rng);
         check_fused(c, v, make_norm, cpu, only_backend, n_ok, n_fail);
     }
+    // Flash-Next's mix (2560 wide, 4 streams, rank 320) at 1 and 8 sequences in f16 and f32, then
+    // odd sizes, 3 streams and rank 2
+    const mix_case mix_cases[] = { { 2560, 4, 320, 1, GGML_TYPE_F16 }, { 2560, 4, 320, 8, GGML_TYPE_F16 },
+                                   { 2560, 4, 320, 1, GGML_TYPE_F32 }, { 2560, 4, 320, 5, GGML_TYPE_F32 },
+                                   { 66, 3, 18, 3, GGML_TYPE_F16 },    { 34, 2, 2, 2, GGML_TYPE_F32 } };
+    for (const mix_case & c : mix_cases) {
+        check_mix(c, make_mix_data(c, rng), cpu, only_backend, n_ok, n_fail);
+    }
     ggml_backend_free(cpu);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
     return n_fail == 0 ? 0 : 1;
@@ -404,6 +497,9 @@ int cmd_perf(const char * only_backend) {
         }
         for (const norm_case & c : { norm_case{ 128, 32, 0 }, norm_case{ 128, 256, 0 }, norm_case{ 128, 65536, 0 } }) {
             time_both(be, c, iters, make_norm);
+        }
+        for (const mix_case & c : { mix_case{ 2560, 4, 320, 1, GGML_TYPE_F16 }, mix_case{ 2560, 4, 320, 8, GGML_TYPE_F16 } }) {
+            time_both(be, c, iters, make_mix);
         }
         ggml_backend_free(be);
     }

@@ -38,7 +38,8 @@ from .meta import RESULTS
 # not grouped into one); pyqsa-gatesunf: PYQSA_GATES_UNFUSED=1 (the linear attention's gates and
 # the shared expert's gated join as upstream's ops, not pyqsa's gdn_gates and add_gated);
 # pyqsa-topk1: PYQSA_CUDA_TOPK_ONE_CTA=1 (a decode step's top-k rows on one CTA each, not over a
-# thread-block cluster)
+# thread-block cluster); pyqsa-hcmixunf: PYQSA_HC_MIX_UNFUSED=1 (a decode step's hyper-connection
+# mixes as upstream's ops, not pyqsa's hc_down and hc_pre)
 VARIANTS = (
     "pyqsa",
     "upstream",
@@ -57,6 +58,7 @@ VARIANTS = (
     "pyqsa-ungrp",
     "pyqsa-gatesunf",
     "pyqsa-topk1",
+    "pyqsa-hcmixunf",
 )
 SHORT = {
     "pyqsa": "pyqsa",
@@ -76,6 +78,7 @@ SHORT = {
     "pyqsa-ungrp": "ungrp",
     "pyqsa-gatesunf": "gatun",
     "pyqsa-topk1": "topk1",
+    "pyqsa-hcmixunf": "hcmix",
 }
 # the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)
 PAGED = (

@@ -6,8 +6,9 @@ The fused graph ops keep upstream's bits by construction (native/src/fused-ops.h
 must give the same tokens and log-probabilities, bit for bit: PYQSA_HC_UNFUSED=1 and
 PYQSA_GATES_UNFUSED=1 together against the default. The grouped products
 (PYQSA_CUDA_PRODUCTS_UNGROUPED=1) change the sums of the narrow products that went to upstream's
-f16-summed kernel alone, so their run is reported, not gated: the share of equal tokens and the
-first step where they part.
+f16-summed kernel alone, and a decode step's mixes of hyper-connections as two ops
+(PYQSA_HC_MIX_UNFUSED=1 keeps upstream's) sum their products in another order, so those runs are
+reported, not gated: the share of equal tokens and the first step where they part.
 
     python tests/gpu/fast_path.py [MODEL] [--steps 256] [--gpu-layers 999]
         (default MODEL: the embedded demo; exit status 1 when a gated run differs)
@@ -25,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 UNFUSED = {"PYQSA_HC_UNFUSED": "1", "PYQSA_GATES_UNFUSED": "1"}
 UNGROUPED = {"PYQSA_CUDA_PRODUCTS_UNGROUPED": "1"}
-SWITCHES = (*UNFUSED, *UNGROUPED)
+MIX_UNFUSED = {"PYQSA_HC_MIX_UNFUSED": "1"}
+SWITCHES = (*UNFUSED, *UNGROUPED, *MIX_UNFUSED)
 
 
 def prompts(n: int) -> list[list[int]]:
@@ -145,7 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     for n_slots in (int(s) for s in a.slots.split(",")):
         base = run(a.model, n_slots, a.steps, a.gpu_layers, {})
         steps = [len(r["tokens"]) for r in base]
-        for label, env, gated in (("unfused", UNFUSED, True), ("ungrouped", UNGROUPED, False)):
+        for label, env, gated in (
+            ("unfused", UNFUSED, True),
+            ("ungrouped", UNGROUPED, False),
+            ("mix unfused", MIX_UNFUSED, False),
+        ):
             res = compare(base, run(a.model, n_slots, a.steps, a.gpu_layers, env))
             ok = res["identical"] or not gated
             status |= not ok

@@ -9,7 +9,10 @@ decode step finds the sequence's states in its cell (every step here) another tw
 linear-attention layer (its two states read in place: build_rs's gathers, the views and the
 zero-sized copies around them, seven nodes each, for a view each) and two a step (the views of
 s_copy that the gathers read). The prompt's logits cover the prefill's convolution, whose state's
-store copies the strided tail without a cont first."""
+store copies the strided tail without a cont first. A decode step's mixes of hyper-connections run
+as two ops whichever of the two switches is set (their own, PYQSA_HC_MIX_UNFUSED, agrees with
+upstream's ops to rounding: its test is below), so there PYQSA_HC_UNFUSED's gate is only the
+output's."""
 
 from __future__ import annotations
 
@@ -47,7 +50,8 @@ def per_step(pattern):
 print(json.dumps({
     "step_nodes": len(nodes) // 8,
     "combines": per_step(r"hc_inject-\d+"),  # a combine's weights, each
-    "mixes": per_step(r"hc_gate(-\d+)?"),  # the output's too
+    "mixes": per_step(r"hc_gate(-\d+)?"),  # the output's too (mixes of upstream's ops)
+    "fused_mixes": per_step(r"hc_down-\d+"),
     "linear_layers": per_step(r"conv_output_silu-\d+"),
     "shared_experts": per_step(r"shared_expert_gate-\d+"),
 }))
@@ -83,13 +87,30 @@ def test_each_fusion_gives_the_bits_of_upstreams_ops(tiny_gguf, tmp_path, fused_
     assert np.array_equal(fused.view(np.uint32), plain.view(np.uint32))
     shape = ("combines", "mixes", "linear_layers", "shared_experts")
     assert {k: f[k] for k in shape} == {k: u[k] for k in shape}
-    assert f["combines"] > 0 and f["mixes"] >= f["combines"]
+    # every layer's mix fused at a decode step; the output's (no scatter logits) is not
+    assert f["combines"] > 0 and f["fused_mixes"] == f["combines"] and f["mixes"] == 1
     assert f["linear_layers"] > 0 and f["shared_experts"] > 0
     fewer = {
         "PYQSA_HC_UNFUSED": 3 * f["combines"] + f["mixes"],
         "PYQSA_GATES_UNFUSED": 24 * f["linear_layers"] + 2 * f["shared_experts"] + 2,
     }[switch]
     assert u["step_nodes"] - f["step_nodes"] == fewer, (f, u)
+
+
+def test_fused_mix_agrees_with_upstreams_ops_to_rounding(tiny_gguf, tmp_path, fused_run):
+    """PYQSA_HC_MIX_UNFUSED=1: a decode step's mixes as upstream's ops. The prompt (64 tokens,
+    past the fused mix's 8) keeps its bits; the decode steps agree to f32 rounding (the products'
+    sums in another order), and each fused mix takes seven nodes fewer (rms_norm, mul, the
+    products down, up and inject, the gate, the streams' mean and two reshapes, ten, for the two
+    ops and the view of the scatter logits)."""
+    fused, f = fused_run
+    plain, u = _run(tiny_gguf, tmp_path / "plain.npy", unfused="PYQSA_HC_MIX_UNFUSED")
+    assert fused.shape == plain.shape and np.isfinite(plain).all()
+    assert np.array_equal(fused[0].view(np.uint32), plain[0].view(np.uint32))
+    scale = np.abs(plain[1:]).max()
+    assert np.abs(fused[1:] - plain[1:]).max() <= 1e-5 * scale
+    assert u["fused_mixes"] == 0 and u["mixes"] == f["fused_mixes"] + f["mixes"]
+    assert u["step_nodes"] - f["step_nodes"] == 7 * f["fused_mixes"], (f, u)
 
 
 def test_greedy_outputs_of_eight_slots_through_the_engine_keep_their_bits_unfused():
@@ -106,7 +127,7 @@ def test_greedy_outputs_of_eight_slots_through_the_engine_keep_their_bits_unfuse
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 2 and "[16, 16, 16, 16, 16, 16, 16, 16] tokens each" in lines[0]
+    assert len(lines) == 3 and "[16, 16, 16, 16, 16, 16, 16, 16] tokens each" in lines[0]
     assert "vs unfused" in lines[0] and "identical True" in lines[0] and lines[0].endswith("OK")
 
 

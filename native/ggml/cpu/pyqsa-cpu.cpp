@@ -6,6 +6,7 @@
 #include "gdn-gates.h"
 #include "ggml-impl.h"
 #include "hc-combine.h"
+#include "hc-mix.h"
 #include "pyqsa-ggml.h"
 #include "qsa-attn.h"
 #include "qsa-attn-part.h"
@@ -76,11 +77,24 @@ void pyqsa_cpu_forward(const struct ggml_compute_params * params, struct ggml_te
         case PYQSA_GGML_OP_RMS_NORM_GATED:
             pyqsa_cpu_rms_norm_gated(params, dst);
             break;
+        case PYQSA_GGML_OP_HC_DOWN:
+            pyqsa_cpu_hc_down(params, dst);
+            break;
+        case PYQSA_GGML_OP_HC_PRE:
+            pyqsa_cpu_hc_pre(params, dst);
+            break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));
     }
 }
 
 size_t pyqsa_cpu_work_size(const struct ggml_tensor * dst) {
-    return ggml_get_op_params_i32(dst, 0) == PYQSA_GGML_OP_CONV_STEP ? pyqsa_cpu_conv_step_work_size(dst) : 0;
+    switch (ggml_get_op_params_i32(dst, 0)) {
+        case PYQSA_GGML_OP_CONV_STEP:
+            return pyqsa_cpu_conv_step_work_size(dst);
+        case PYQSA_GGML_OP_HC_DOWN:
+            return pyqsa_cpu_hc_down_work_size(dst);
+        default:
+            return 0;
+    }
 }

@@ -6,6 +6,7 @@
 #include "gdn-prefill.cuh"
 #include "gemv-f16.cuh"
 #include "hc-combine.cuh"
+#include "hc-mix.cuh"
 #include "product-groups.cuh"
 #include "pyqsa-cuda-moe.h"
 #include "pyqsa-cuda-precision.h"
@@ -87,6 +88,12 @@ void pyqsa_cuda_forward(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         case PYQSA_GGML_OP_RMS_NORM_GATED:
             pyqsa_cuda_rms_norm_gated(ctx, dst);
             break;
+        case PYQSA_GGML_OP_HC_DOWN:
+            pyqsa_cuda_hc_down(ctx, dst);
+            break;
+        case PYQSA_GGML_OP_HC_PRE:
+            pyqsa_cuda_hc_pre(ctx, dst);
+            break;
         default:
             GGML_ABORT("pyqsa: unknown sub-op %d", ggml_get_op_params_i32(dst, 0));
     }
@@ -121,6 +128,9 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
             return true;
         case PYQSA_GGML_OP_CONV_STEP:
             return pyqsa_cuda_conv_step_supported(op);
+        case PYQSA_GGML_OP_HC_DOWN:
+        case PYQSA_GGML_OP_HC_PRE:
+            return pyqsa_cuda_hc_mix_supported(op);
         case PYQSA_GGML_OP_QSA_TOPK:
         case PYQSA_GGML_OP_QSA_BLOCK_CELLS:
             return ggml_nrows(op->src[0]) <= 65535;
