@@ -1,0 +1,215 @@
+"""The host's part of a decode step on the GPU machine: the CUDA runtime calls of each thread
+(bench/cuda_calls.c, preloaded), counted and timed per step.
+
+    python3 bench/host_split.py decode MODEL [--context 32768] [--steps 32]
+        bench/decode.py's steps (1 and 8 sequences, host and device sampling): per step the time
+        until llama_decode returned and the wait in llama_synchronize after it, and the calls
+        inside each
+    python3 bench/host_split.py serve MODEL [--prompt-tokens 32000] [-- SERVE FLAGS]
+        `pyqsa serve --slots 8` under serve_load.py's 8 requests decoding together: in a window
+        of that decode, the engine's step parts (/metrics) and each thread's calls per step
+
+The library is built with gcc into /tmp/cuda_calls.so on the first run; the script then runs
+itself again with it preloaded."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIM = Path("/tmp/cuda_calls.so")
+URL = "http://127.0.0.1:8766"
+
+
+def parse_snapshot(lines: list[str]) -> dict[tuple[str, str], tuple[int, float]]:
+    """(thread id, call) -> (count, seconds) from cuda_calls.c's snapshot lines."""
+    out = {}
+    for line in lines:
+        tid, name, n, s = line.split()
+        out[(tid, name)] = (int(n), float(s))
+    return out
+
+
+def per_step(a: dict, b: dict, steps: int) -> dict[str, dict[str, tuple[float, float]]]:
+    """thread -> call -> (calls, ms) per step between snapshots a and b."""
+    out: dict[str, dict[str, tuple[float, float]]] = defaultdict(dict)
+    for key, (n, s) in b.items():
+        n0, s0 = a.get(key, (0, 0.0))
+        if n != n0:
+            out[key[0]][key[1]] = ((n - n0) / steps, 1e3 * (s - s0) / steps)
+    return out
+
+
+def described(calls: dict[str, tuple[float, float]]) -> str:
+    rows = sorted(calls.items(), key=lambda kv: -kv[1][1])
+    return ", ".join(f"{name} {n:.1f}x {ms:.3f} ms" for name, (n, ms) in rows)
+
+
+def decode(args: argparse.Namespace) -> None:
+    import llama_cpp as L
+
+    from pyqsa.bench.decode import parse_args
+    from pyqsa.bench.decode_bench import Bench
+
+    shim = ctypes.CDLL(None)
+    buf = ctypes.create_string_buffer(1 << 16)
+
+    def snapshot() -> dict:
+        n = shim.shim_snapshot(buf, len(buf))
+        return parse_snapshot(buf.raw[:n].decode().splitlines())
+
+    bench_args = [str(args.model), "--variant", "pyqsa", "--contexts", str(args.context)]
+    bench_args += ["--seqs", "1,8", "--steps", str(args.steps), "--warmup", "4"]
+    bench = Bench(L, Path(args.model), parse_args(bench_args))
+    for sampling in ("host", "device"):
+        bench.args.sampling = sampling
+        bench.open(args.context, 8)
+        bench.prefill(args.context - 2 * (args.steps + 4) - 8)
+        for n_seq in (1, 8):
+            pos = bench.copy_seq0(n_seq)
+            steps = []
+
+            def timed(self, steps=steps, plain=Bench._decode) -> None:
+                a, t0 = snapshot(), time.perf_counter()
+                plain(self)
+                b, t1 = snapshot(), time.perf_counter()
+                self.L.llama_synchronize(self.ctx)
+                c, t2 = snapshot(), time.perf_counter()
+                steps.append((t1 - t0, t2 - t1, per_step(a, b, 1), per_step(b, c, 1)))
+
+            Bench._decode, plain = timed, Bench._decode
+            try:
+                bench.decode(n_seq, pos, fresh_copies=True)
+            finally:
+                Bench._decode = plain
+            steps = steps[4:]  # the timed ones
+            launch = statistics.median(s[0] for s in steps) * 1e3
+            wait = statistics.median(s[1] for s in steps) * 1e3
+            print(
+                f"\n## sampling {sampling}, {n_seq} seqs at {args.context}: "
+                f"llama_decode {launch:.3f} ms, then llama_synchronize {wait:.3f} ms "
+                f"(medians of {len(steps)} steps)"
+            )
+            for label, i in (("inside llama_decode", 2), ("inside llama_synchronize", 3)):
+                total: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+                for s in steps:
+                    for calls in s[i].values():
+                        for name, (n, ms) in calls.items():
+                            total[name][0] += n / len(steps)
+                            total[name][1] += ms / len(steps)
+                print(f"  {label}: {described({k: tuple(v) for k, v in total.items()})}")
+        bench.close()
+
+
+def serve(args: argparse.Namespace) -> None:
+    import httpx
+
+    from pyqsa.bench.serve_load import engine_counters
+
+    out = Path(f"/tmp/host-split-{os.getpid()}.txt")
+    env = dict(os.environ, SHIM_OUT=str(out))
+    cmd = ["pyqsa", "serve", str(args.model), "--port", "8766", "--slots", "8"]
+    cmd += ["--ctx", str(args.prompt_tokens + 4000), "--batch-tokens", "512", *args.serve_flags]
+    log = open("/tmp/host-split-serve.log", "w")
+    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(f"{URL}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        load_cmd = [sys.executable, "-m", "pyqsa.bench.serve_load", URL, "--requests", "8"]
+        load_cmd += [
+            "--prompt-tokens",
+            str(args.prompt_tokens),
+            "--max-tokens",
+            "256",
+            "--repeats",
+            "1",
+        ]
+        load = subprocess.Popen(load_cmd, stdout=subprocess.PIPE, text=True)
+        # the window: once the steps come 20 in 0.3 s (decode only; a prefill chunk takes ~60 ms)
+        seen: list[tuple[float, float]] = []
+        marks = []
+        while load.poll() is None and not marks:
+            t, steps = time.perf_counter(), engine_counters(URL)["steps"]
+            seen.append((t, steps))
+            older = [s for s in seen if t - s[0] >= 0.3]
+            if older and steps - older[-1][1] >= 20:
+                for mark in ("start", "end"):
+                    out.with_name(out.name + ".trigger").write_text(mark + "\n")
+                    time.sleep(0.05)
+                    marks.append(engine_counters(URL))
+                    if mark == "start":
+                        time.sleep(1.2)
+            time.sleep(0.05)
+        print(load.communicate()[0].strip().splitlines()[-1])
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    if len(marks) < 2:
+        sys.exit("no window of 8 requests decoding together was found")
+    a, b = marks
+    steps = b["steps"] - a["steps"]
+    parts = ("forward", "launch", "host", "copy", "prefix")
+    print(
+        f"\n## serve {' '.join(args.serve_flags)}: {steps:.0f} steps in the window; per step "
+        + ", ".join(f"{k} {1e3 * (b[k] - a[k]) / steps:.3f} ms" for k in parts if k in a)
+    )
+    snaps: dict[str, list[str]] = {}
+    for line in out.read_text().splitlines():
+        if line.startswith("== "):
+            snaps[line.split()[1]] = current = []
+        else:
+            current.append(line)
+    for tid, calls in per_step(
+        parse_snapshot(snaps["start"]), parse_snapshot(snaps["end"]), steps
+    ).items():
+        print(f"  thread {tid}: {described(calls)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    d = sub.add_parser("decode")
+    d.add_argument("model")
+    d.add_argument("--context", type=int, default=32768)
+    d.add_argument("--steps", type=int, default=32)
+    s = sub.add_parser("serve")
+    s.add_argument("model")
+    s.add_argument("--prompt-tokens", type=int, default=32000)
+    s.add_argument("serve_flags", nargs="*")
+    args = ap.parse_args()
+    if str(SHIM) not in os.environ.get("LD_PRELOAD", ""):
+        if not SHIM.exists():
+            subprocess.run(
+                [
+                    "gcc",
+                    "-O2",
+                    "-shared",
+                    "-fPIC",
+                    "-o",
+                    str(SHIM),
+                    str(ROOT / "bench/cuda_calls.c"),
+                    "-ldl",
+                    "-lpthread",
+                ],
+                check=True,
+            )
+        os.execve(
+            sys.executable, [sys.executable, *sys.argv], dict(os.environ, LD_PRELOAD=str(SHIM))
+        )
+    decode(args) if args.what == "decode" else serve(args)
+
+
+if __name__ == "__main__":
+    main()
