@@ -1,6 +1,7 @@
 // pyqsa: the switches of qwen4exp's fused ops (see fused-ops.h).
 #include "fused-ops.h"
 
+#include "ggml-backend.h"
 #include "ggml.h"
 #include "llama-memory-recurrent.h"
 #include "pyqsa-env.h"
@@ -13,9 +14,13 @@ bool pyqsa_hc_fused() {
 
 bool pyqsa_hc_mix_fused(const ggml_tensor * x, const ggml_tensor * w_norm, const ggml_tensor * w_down,
                         const ggml_tensor * w_up, const ggml_tensor * w_inject) {
-    static const bool fused = !pyqsa_env_switch_on("PYQSA_HC_MIX_UNFUSED");
+    static const bool fused       = !pyqsa_env_switch_on("PYQSA_HC_MIX_UNFUSED");
+    static const bool any_backend = pyqsa_env_switch_on("PYQSA_HC_MIX_ANY_BACKEND");
     const auto plain = [](const ggml_tensor * w) { return w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_F32; };
-    return fused && x->ne[2] <= PYQSA_HC_MIX_MAX_TOKENS && x->ne[1] <= PYQSA_HC_MIX_MAX_STREAMS &&
+    ggml_backend_dev_t dev = w_down->buffer ? ggml_backend_buft_get_device(ggml_backend_buffer_get_type(w_down->buffer))
+                                            : nullptr;
+    const bool on_gpu = dev != nullptr && ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_GPU;
+    return fused && (on_gpu || any_backend) && x->ne[2] <= PYQSA_HC_MIX_MAX_TOKENS && x->ne[1] <= PYQSA_HC_MIX_MAX_STREAMS &&
            x->ne[0] % 2 == 0 && w_up->ne[0] % 2 == 0 && ggml_is_contiguous(x) && w_norm->type == GGML_TYPE_F32 && ggml_is_contiguous(w_norm) && plain(w_down) && plain(w_up) &&
            w_inject->type == w_down->type;
 }
