@@ -7,6 +7,8 @@
 // low-rank inputs in shared memory, then the sigmoid-gated mean over the streams.
 #include "hc-mix.cuh"
 
+#include <type_traits>
+
 namespace {
 
 constexpr int BLOCK = 256;
@@ -177,60 +179,30 @@ template <typename W, int NT, int HC> __global__ void __launch_bounds__(BLOCK) h
     }
 }
 
-template <typename W, int HC> void launch_down(ggml_backend_cuda_context & ctx, const hc_down_args & a, int64_t nt, dim3 grid) {
-    const ggml_cuda_kernel_launch_params p(grid, BLOCK, 0, ctx.stream());
-    switch (nt) {
-        case 1: ggml_cuda_kernel_launch(hc_down<W, 1, HC>, p, a); break;
-        case 2: ggml_cuda_kernel_launch(hc_down<W, 2, HC>, p, a); break;
-        case 3: ggml_cuda_kernel_launch(hc_down<W, 3, HC>, p, a); break;
-        case 4: ggml_cuda_kernel_launch(hc_down<W, 4, HC>, p, a); break;
-        case 5: ggml_cuda_kernel_launch(hc_down<W, 5, HC>, p, a); break;
-        case 6: ggml_cuda_kernel_launch(hc_down<W, 6, HC>, p, a); break;
-        case 7: ggml_cuda_kernel_launch(hc_down<W, 7, HC>, p, a); break;
-        case 8: ggml_cuda_kernel_launch(hc_down<W, 8, HC>, p, a); break;
-        default: GGML_ABORT("hc_down: %lld tokens", (long long) nt);
+// f(std::integral_constant<int, n>) for n in FIRST..LAST: the instance of a kernel for n
+template <int FIRST, int LAST, typename F> void with_instance(int64_t n, F && f) {
+    if constexpr (FIRST <= LAST) {
+        if (n == FIRST) {
+            f(std::integral_constant<int, FIRST>{});
+        } else {
+            with_instance<FIRST + 1, LAST>(n, f);
+        }
+    } else {
+        GGML_ABORT("hc mix: %lld past the kernels' instances", (long long) n);
     }
 }
 
-template <typename W, int HC> void launch_pre(ggml_backend_cuda_context & ctx, const hc_pre_args & a, int64_t nt, dim3 grid) {
-    const ggml_cuda_kernel_launch_params p(grid, BLOCK, nt * a.lr * sizeof(float), ctx.stream());
-    switch (nt) {
-        case 1: ggml_cuda_kernel_launch(hc_pre<W, 1, HC>, p, a); break;
-        case 2: ggml_cuda_kernel_launch(hc_pre<W, 2, HC>, p, a); break;
-        case 3: ggml_cuda_kernel_launch(hc_pre<W, 3, HC>, p, a); break;
-        case 4: ggml_cuda_kernel_launch(hc_pre<W, 4, HC>, p, a); break;
-        case 5: ggml_cuda_kernel_launch(hc_pre<W, 5, HC>, p, a); break;
-        case 6: ggml_cuda_kernel_launch(hc_pre<W, 6, HC>, p, a); break;
-        case 7: ggml_cuda_kernel_launch(hc_pre<W, 7, HC>, p, a); break;
-        case 8: ggml_cuda_kernel_launch(hc_pre<W, 8, HC>, p, a); break;
-        default: GGML_ABORT("hc_pre: %lld tokens", (long long) nt);
-    }
+// launch(W *, NT, HC) with the weight type (a null pointer of it), the tokens and the streams as
+// compile-time values: the kernels' instance for a node
+template <typename F> void with_kernel(const ggml_tensor * dst, F && launch) {
+    const ggml_tensor * x   = dst->src[0];
+    const bool          f16 = dst->src[2]->type == GGML_TYPE_F16;
+    with_instance<1, PYQSA_HC_MIX_MAX_STREAMS>(x->ne[1], [&](auto hc) {
+        with_instance<1, PYQSA_HC_MIX_MAX_TOKENS>(x->ne[2], [&](auto nt) {
+            f16 ? launch(static_cast<half *>(nullptr), nt, hc) : launch(static_cast<float *>(nullptr), nt, hc);
+        });
+    });
 }
-
-// the weight type's and stream count's instance of launch (a template of <W, HC>)
-template <template <typename, int> class L, typename A>
-void by_type_and_streams(ggml_type type, int64_t hc, ggml_backend_cuda_context & ctx, const A & a, int64_t nt, dim3 grid) {
-    const bool f16 = type == GGML_TYPE_F16;
-    switch (hc) {
-        case 1: f16 ? L<half, 1>::run(ctx, a, nt, grid) : L<float, 1>::run(ctx, a, nt, grid); break;
-        case 2: f16 ? L<half, 2>::run(ctx, a, nt, grid) : L<float, 2>::run(ctx, a, nt, grid); break;
-        case 3: f16 ? L<half, 3>::run(ctx, a, nt, grid) : L<float, 3>::run(ctx, a, nt, grid); break;
-        case 4: f16 ? L<half, 4>::run(ctx, a, nt, grid) : L<float, 4>::run(ctx, a, nt, grid); break;
-        default: GGML_ABORT("hc mix: %lld streams", (long long) hc);
-    }
-}
-
-template <typename W, int HC> struct down_launcher {
-    static void run(ggml_backend_cuda_context & ctx, const hc_down_args & a, int64_t nt, dim3 grid) {
-        launch_down<W, HC>(ctx, a, nt, grid);
-    }
-};
-
-template <typename W, int HC> struct pre_launcher {
-    static void run(ggml_backend_cuda_context & ctx, const hc_pre_args & a, int64_t nt, dim3 grid) {
-        launch_pre<W, HC>(ctx, a, nt, grid);
-    }
-};
 
 }  // namespace
 
@@ -256,8 +228,11 @@ void pyqsa_cuda_hc_down(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         ggml_get_op_params_f32(dst, 1),
         ggml_get_op_params_f32(dst, 2),
     };
-    const dim3 grid((unsigned) ((a.lr + a.hc + ROWS - 1) / ROWS));
-    by_type_and_streams<down_launcher>(dst->src[2]->type, a.hc, ctx, a, x->ne[2], grid);
+    const ggml_cuda_kernel_launch_params p(dim3((unsigned) ((a.lr + a.hc + ROWS - 1) / ROWS)), BLOCK, 0, ctx.stream());
+    with_kernel(dst, [&](auto w, auto nt, auto hc) {
+        using W = std::remove_pointer_t<decltype(w)>;
+        ggml_cuda_kernel_launch(hc_down<W, decltype(nt)::value, decltype(hc)::value>, p, a);
+    });
 }
 
 void pyqsa_cuda_hc_pre(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
@@ -273,6 +248,10 @@ void pyqsa_cuda_hc_pre(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         dst->src[2]->ne[0],
         ggml_get_op_params_f32(dst, 1),
     };
-    const dim3 grid((unsigned) ((a.n_embd + BLOCK / WARP_SIZE - 1) / (BLOCK / WARP_SIZE)));
-    by_type_and_streams<pre_launcher>(dst->src[2]->type, x->ne[1], ctx, a, x->ne[2], grid);
+    const unsigned                       grid = (unsigned) ((a.n_embd + BLOCK / WARP_SIZE - 1) / (BLOCK / WARP_SIZE));
+    const ggml_cuda_kernel_launch_params p(grid, BLOCK, x->ne[2] * a.lr * sizeof(float), ctx.stream());
+    with_kernel(dst, [&](auto w, auto nt, auto hc) {
+        using W = std::remove_pointer_t<decltype(w)>;
+        ggml_cuda_kernel_launch(hc_pre<W, decltype(nt)::value, decltype(hc)::value>, p, a);
+    });
 }
