@@ -99,7 +99,7 @@ def test_fused_mix_agrees_with_upstreams_ops_to_rounding(tiny_gguf, tmp_path, fu
     """A decode step's mixes of hyper-connections as two ops: fused only where the weights live
     on a GPU (on the CPU, which runs the default above, upstream's products round a row alike in
     any batch, and the prefix cache's follow-ups stay exact), and here on the CPU with
-    PYQSA_HC_MIX_ANY_BACKEND=1: the prompt (64 tokens, past the fused mix's 8) keeps its bits;
+    PYQSA_HC_MIX_ANY_BACKEND=1: the prompt (64 tokens; the fused mix takes one) keeps its bits;
     the decode steps agree with PYQSA_HC_MIX_UNFUSED=1's to f32 rounding (the products' sums in
     another order), and each fused mix takes seven nodes fewer (rms_norm, mul, the products
     down, up and inject, the gate, the streams' mean and two reshapes, ten, for the two ops and
