@@ -456,7 +456,8 @@ struct ggml_tensor * pyqsa_ggml_hc_down(struct ggml_context * ctx, struct ggml_t
     GGML_ASSERT(w_down->type == GGML_TYPE_F16 || w_down->type == GGML_TYPE_F32);
     GGML_ASSERT(w_inject->type == w_down->type && ggml_is_contiguous(w_down) && ggml_is_contiguous(w_inject));
     GGML_ASSERT(w_down->ne[0] == n_embd * hc && w_down->ne[2] == 1 && w_down->ne[3] == 1);
-    GGML_ASSERT(w_inject->ne[0] == n_embd * hc && w_inject->ne[1] == hc && w_inject->ne[2] == 1 && w_inject->ne[3] == 1);
+    GGML_ASSERT(w_inject->ne[0] == n_embd * hc && w_inject->ne[1] == hc && w_inject->ne[2] == 1 &&
+                w_inject->ne[3] == 1);
 
     struct ggml_tensor * result = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, (lr + 2 * hc) * n_tokens);
     ggml_set_op_params_f32(result, 1, eps);

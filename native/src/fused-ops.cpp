@@ -17,14 +17,15 @@ bool pyqsa_hc_mix_fused(const ggml_tensor * x, const ggml_tensor * w_norm, const
     static const bool fused       = !pyqsa_env_switch_on("PYQSA_HC_MIX_UNFUSED");
     static const bool any_backend = pyqsa_env_switch_on("PYQSA_HC_MIX_ANY_BACKEND");
     const auto plain = [](const ggml_tensor * w) { return w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_F32; };
-    ggml_backend_dev_t dev = w_down->buffer ? ggml_backend_buft_get_device(ggml_backend_buffer_get_type(w_down->buffer))
-                                            : nullptr;
+    const ggml_backend_dev_t dev =
+        w_down->buffer ? ggml_backend_buft_get_device(ggml_backend_buffer_get_type(w_down->buffer)) : nullptr;
     const bool on_gpu = dev != nullptr && ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_GPU;
     // one token: at 8 the two kernels made an H100's 8 x 32K step 18% slower (10.95-11.02 against
     // 9.29-9.32 ms), at one 0.6% faster (6.29 against 6.33-6.36)
-    return fused && (on_gpu || any_backend) && x->ne[2] == 1 && x->ne[1] <= PYQSA_HC_MIX_MAX_STREAMS &&
-           x->ne[0] % 2 == 0 && w_up->ne[0] % 2 == 0 && ggml_is_contiguous(x) && w_norm->type == GGML_TYPE_F32 && ggml_is_contiguous(w_norm) && plain(w_down) && plain(w_up) &&
-           w_inject->type == w_down->type;
+    const bool shapes = x->ne[2] == 1 && x->ne[1] <= PYQSA_HC_MIX_MAX_STREAMS && x->ne[0] % 2 == 0 &&
+                        w_up->ne[0] % 2 == 0 && ggml_is_contiguous(x) && ggml_is_contiguous(w_norm);
+    const bool types = w_norm->type == GGML_TYPE_F32 && plain(w_down) && plain(w_up) && w_inject->type == w_down->type;
+    return fused && (on_gpu || any_backend) && shapes && types;
 }
 
 bool pyqsa_gates_fused() {

@@ -498,7 +498,8 @@ int cmd_perf(const char * only_backend) {
         for (const norm_case & c : { norm_case{ 128, 32, 0 }, norm_case{ 128, 256, 0 }, norm_case{ 128, 65536, 0 } }) {
             time_both(be, c, iters, make_norm);
         }
-        for (const mix_case & c : { mix_case{ 2560, 4, 320, 1, GGML_TYPE_F16 }, mix_case{ 2560, 4, 320, 8, GGML_TYPE_F16 } }) {
+        for (const mix_case & c :
+             { mix_case{ 2560, 4, 320, 1, GGML_TYPE_F16 }, mix_case{ 2560, 4, 320, 8, GGML_TYPE_F16 } }) {
             time_both(be, c, iters, make_mix);
         }
         ggml_backend_free(be);
