@@ -44,7 +44,7 @@ SCENARIOS = {  # kind -> what a reader looks for
     "qsa-decode": "dev study: decode attention kernels (native/dev/qsa-decode.cu)",
     "cols-gemv": "dev study: 2-8 column f16 products (native/dev/cols-gemv.cu)",
     "qsa-topk-decode": "dev study: qsa_topk at decode rows (native/dev/qsa-topk-decode.cu)",
-    "gemv1-narrow": "dev study: narrow one-column f16 products (native/dev/gemv1-narrow.cu)",
+    "gemv-narrow": "dev study: narrow one-column f16 products (native/dev/gemv1-narrow.cu)",
 }
 NOTE_CHARS = 160
 
