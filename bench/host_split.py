@@ -56,7 +56,7 @@ def described(calls: dict[str, tuple[float, float]]) -> str:
 def decode(args: argparse.Namespace) -> None:
     import llama_cpp as L
 
-    from pyqsa.bench.decode import parse_args
+    from pyqsa.bench.decode import decode_tokens, parse_args
     from pyqsa.bench.decode_bench import Bench
 
     shim = ctypes.CDLL(None)
@@ -72,7 +72,7 @@ def decode(args: argparse.Namespace) -> None:
     for sampling in ("host", "device"):
         bench.args.sampling = sampling
         bench.open(args.context, 8)
-        bench.prefill(args.context - 2 * (args.steps + 4) - 8)
+        bench.prefill(args.context - decode_tokens(bench.args))
         for n_seq in (1, 8):
             pos = bench.copy_seq0(n_seq)
             steps = []

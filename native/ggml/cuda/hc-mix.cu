@@ -94,7 +94,8 @@ template <typename W, int NT, int HC> __global__ void __launch_bounds__(BLOCK) h
     for (int i = threadIdx.x; i < N; i += BLOCK) {
         float s = 0.0f;
         for (int j = 0; j < WARPS; ++j) s += part[j][i];
-        total[i] = s;
+        // past the rows' sums, each (token, stream)'s squares become its norm's factor
+        total[i] = i < ROWS * NT * HC ? s : 1.0f / sqrtf(s / (float) a.n_embd + a.eps);
     }
     __syncthreads();
     if (threadIdx.x < ROWS * NT) {
@@ -103,8 +104,7 @@ template <typename W, int NT, int HC> __global__ void __launch_bounds__(BLOCK) h
         if (row < n_rows) {
             float s = 0.0f;
             for (int c = 0; c < HC; ++c) {
-                const float f = 1.0f / sqrtf(total[ROWS * NT * HC + t * HC + c] / (float) a.n_embd + a.eps);
-                s += f * total[(r * NT + t) * HC + c];
+                s += total[ROWS * NT * HC + t * HC + c] * total[(r * NT + t) * HC + c];
             }
             if (row < a.lr) {
                 const float v         = a.scale * s;
@@ -116,7 +116,7 @@ template <typename W, int NT, int HC> __global__ void __launch_bounds__(BLOCK) h
     }
     if (blockIdx.x == 0 && threadIdx.x < NT * HC) {
         const int t = threadIdx.x / HC, c = threadIdx.x % HC;
-        a.dst[n_rows * NT + t * HC + c] = 1.0f / sqrtf(total[ROWS * NT * HC + t * HC + c] / (float) a.n_embd + a.eps);
+        a.dst[n_rows * NT + t * HC + c] = total[ROWS * NT * HC + t * HC + c];
     }
 }
 
