@@ -1,6 +1,7 @@
 # Included by the patched ggml/src/ggml-cuda/CMakeLists.txt (ggml_patches/0005): CUDA kernels.
 target_sources(ggml-cuda PRIVATE
     ${CMAKE_CURRENT_LIST_DIR}/cuda/add-gated.cu
+    ${CMAKE_CURRENT_LIST_DIR}/cuda/cluster-launch.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/conv-step.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/gdn-gates.cu
     ${CMAKE_CURRENT_LIST_DIR}/cuda/gdn-prefill.cu

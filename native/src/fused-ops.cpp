@@ -12,20 +12,39 @@ bool pyqsa_hc_fused() {
     return fused;
 }
 
-bool pyqsa_hc_mix_fused(const ggml_tensor * x, const ggml_tensor * w_norm, const ggml_tensor * w_down,
-                        const ggml_tensor * w_up, const ggml_tensor * w_inject) {
+// whether device dev runs the mix's two ops for these tensors: the ops built aside and asked
+static bool device_runs_mix(ggml_backend_dev_t dev, ggml_tensor * x, ggml_tensor * w_norm, ggml_tensor * w_down,
+                            ggml_tensor * w_up, ggml_tensor * w_inject) {
+    const ggml_init_params params = { 2 * ggml_tensor_overhead(), nullptr, true };
+    ggml_context *         ctx    = ggml_init(params);
+    ggml_tensor *          down   = pyqsa_ggml_hc_down(ctx, x, w_norm, w_down, w_inject, 0.0f, 1.0f);
+    ggml_tensor *          pre    = pyqsa_ggml_hc_pre(ctx, x, w_norm, w_up, down, 1.0f);
+    const bool             runs   = ggml_backend_dev_supports_op(dev, down) && ggml_backend_dev_supports_op(dev, pre);
+    ggml_free(ctx);
+    return runs;
+}
+
+bool pyqsa_hc_mix_fused(ggml_tensor * x, ggml_tensor * w_norm, ggml_tensor * w_down, ggml_tensor * w_up,
+                        ggml_tensor * w_inject) {
     static const bool fused       = !pyqsa_env_switch_on("PYQSA_HC_MIX_UNFUSED");
     static const bool any_backend = pyqsa_env_switch_on("PYQSA_HC_MIX_ANY_BACKEND");
     const auto plain = [](const ggml_tensor * w) { return w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_F32; };
-    const ggml_backend_dev_t dev =
+    ggml_backend_dev_t dev =
         w_down->buffer ? ggml_backend_buft_get_device(ggml_backend_buffer_get_type(w_down->buffer)) : nullptr;
     const bool on_gpu = dev != nullptr && ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_GPU;
+    if (dev == nullptr) {  // host memory of no device (a mapped file's): the CPU's
+        dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    }
     // one token: at 8 the two kernels made an H100's 8 x 32K step 18% slower (10.95-11.02 against
     // 9.29-9.32 ms), at one 0.6% faster (6.29 against 6.33-6.36)
-    const bool shapes = x->ne[2] == 1 && x->ne[1] <= PYQSA_HC_MIX_MAX_STREAMS && x->ne[0] % 2 == 0 &&
-                        w_up->ne[0] % 2 == 0 && ggml_is_contiguous(x) && ggml_is_contiguous(w_norm);
-    const bool types = w_norm->type == GGML_TYPE_F32 && plain(w_down) && plain(w_up) && w_inject->type == w_down->type;
-    return fused && (on_gpu || any_backend) && shapes && types;
+    const bool tokens = x->ne[2] == 1;
+    // what the ops' builders take
+    const bool types  = x->type == GGML_TYPE_F32 && w_norm->type == GGML_TYPE_F32 && plain(w_down) && plain(w_up) &&
+                       w_inject->type == w_down->type;
+    const bool layout = ggml_is_contiguous(x) && ggml_is_contiguous(w_norm) && ggml_is_contiguous(w_down) &&
+                        ggml_is_contiguous(w_up) && ggml_is_contiguous(w_inject);
+    return fused && (on_gpu || any_backend) && tokens && types && layout && dev != nullptr &&
+           device_runs_mix(dev, x, w_norm, w_down, w_up, w_inject);
 }
 
 bool pyqsa_gates_fused() {

@@ -25,8 +25,8 @@ struct ggml_tensor;
 // would round otherwise than inside a wider one: the prefix cache's follow-ups are exact on the
 // CPU), and launches are a GPU's cost. Off with PYQSA_HC_MIX_UNFUSED;
 // PYQSA_HC_MIX_ANY_BACKEND=1 fuses on every backend (the CPU's tests of the graph).
-bool pyqsa_hc_mix_fused(const ggml_tensor * x, const ggml_tensor * w_norm, const ggml_tensor * w_down,
-                        const ggml_tensor * w_up, const ggml_tensor * w_inject);
+bool pyqsa_hc_mix_fused(ggml_tensor * x, ggml_tensor * w_norm, ggml_tensor * w_down, ggml_tensor * w_up,
+                        ggml_tensor * w_inject);
 
 // The linear attention's decay and write-strength gates as pyqsa_ggml_gdn_gates (one op for
 // upstream's add, softplus, mul and sigmoid), its q and k normalized as one view of their

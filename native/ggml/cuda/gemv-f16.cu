@@ -6,11 +6,10 @@
 // whichever launch computes it).
 #include "gemv-f16.cuh"
 
+#include "cluster-launch.cuh"
 #include "mma-ptx.cuh"
 
 #include <cooperative_groups.h>
-
-#include <cstdlib>
 
 namespace {
 
@@ -362,9 +361,7 @@ struct cols_form {
 bool clusters_on(int device) {
     static int on[GGML_CUDA_MAX_DEVICES] = {};  // 0 unknown, 1 yes, 2 no
     if (on[device] == 0) {
-        cudaFuncAttributes attr = {};
-        CUDA_CHECK(cudaFuncGetAttributes(&attr, gemv_f16_cols<8, 1, true>));
-        on[device] = ggml_cuda_info().devices[device].cc >= GGML_CUDA_CC_HOPPER && attr.ptxVersion >= 90 ? 1 : 2;
+        on[device] = pyqsa_cuda_clusters_on((const void *) gemv_f16_cols<8, 1, true>) ? 1 : 2;
     }
     return on[device] == 1;
 }
@@ -397,30 +394,7 @@ template <int W, int RG, bool SPLIT> void launch_form(ggml_backend_cuda_context 
     if constexpr (!SPLIT) {
         ggml_cuda_kernel_launch(gemv_f16_cols<W, RG, false>, p, a);
     } else {
-        // ggml_cuda_kernel_launch's, with the cluster's size
-        cudaLaunchAttribute attr[2] = {};
-        attr[0].id                  = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x    = S;
-        attr[0].val.clusterDim.y    = 1;
-        attr[0].val.clusterDim.z    = 1;
-        attr[1].id                  = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[1].val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim            = p.block_nums;
-        cfg.blockDim           = p.block_dims;
-        cfg.stream             = p.stream;
-        cfg.attrs              = attr;
-        cfg.numAttrs           = 1;
-#if defined(GGML_CUDA_USE_PDL)
-        static const bool pdl_env = [] {
-            const char * env = getenv("GGML_CUDA_PDL");
-            return env == nullptr || std::atoi(env) != 0;
-        }();
-        if (pdl_env && ggml_cuda_kernel_can_use_pdl((const void *) gemv_f16_cols<W, RG, true>)) {
-            cfg.numAttrs = 2;
-        }
-#endif
-        CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_f16_cols<W, RG, true>, a));
+        pyqsa_cuda_cluster_launch(gemv_f16_cols<W, RG, true>, p, (unsigned) S, a);
     }
 }
 

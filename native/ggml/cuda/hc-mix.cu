@@ -1,32 +1,107 @@
-// CUDA kernels of the hyper-connection mix at decode, each one launch over the weights.
-// hc_down: a CTA of 256 threads takes ROWS rows of [w_down | w_inject] (hc n_embd wide) against
-// every token, stream by stream; each thread keeps its sums per stream, and the squares of the x
-// it reads beside them, so the RMS factor applies after the block reduction (lo = sum over c of
-// f[c] * (w . x g)[c]): no pass of its own over x. Every CTA reads x (from L2) as any gemv does.
-// hc_pre: a warp an embedding position, its hc rows of w_up (lr wide) against the tokens'
-// low-rank inputs in shared memory, then the sigmoid-gated mean over the streams.
+// CUDA kernels of the hyper-connection mix at decode, each one launch over its weights, whose
+// first loads a CTA issues before it waits for the kernel before it (PDL), all of a lane's at once
+// (the weights are a few MB: a kernel is one round trip of loads, not a loop of them).
+// hc_down: clusters of S CTAs take ROWS rows of [w_down | w_inject] (hc n_embd wide) against
+// every token, the cluster's CTAs splitting K, each a part of one stream: a CTA reads its part of
+// x once from L2, keeps x g in shared memory and sums the squares of x beside it; a warp takes two
+// rows, a lane 8-element chunks of both. The cluster's first CTA adds the CTAs' sums in rank order
+// from their shared memory, each stream's RMS factor applied after the reduction (lo = sum over c
+// of f[c] * (w . x g)[c]). Needs sm_90 (pyqsa_cuda_hc_mix_supported).
+// hc_pre: a warp an embedding position, a lane chunks of its hc rows of w_up (lr wide) against
+// the tokens' low-rank inputs in shared memory (each read once for the hc rows), then the
+// sigmoid-gated mean over the streams.
+#include "cluster-launch.cuh"
 #include "hc-mix.cuh"
+
+#include <cooperative_groups.h>
 
 #include <type_traits>
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= GGML_CUDA_CC_HOPPER
+#    define PYQSA_HC_CLUSTERS 1
+#else
+#    define PYQSA_HC_CLUSTERS 0
+#endif
+
 namespace {
 
-constexpr int BLOCK = 256;
-constexpr int ROWS  = 2;  // rows of hc_down a CTA: 162 CTAs for Flash-Next's 320 + 4
+constexpr int BLOCK      = 256;
+constexpr int WARPS      = BLOCK / WARP_SIZE;
+constexpr int ROWS       = 2 * WARPS;  // rows of hc_down a cluster: 21 clusters for Flash-Next's 320 + 4
+constexpr int DOWN_LOADS = 5;          // chunks of each row a lane loads at once: Flash-Next's parts
+                                       // of 1280 columns in one round
+constexpr int PRE_LOADS = 2;           // the same for hc_pre: rows of 320 in one round
+// CTAs a SM holds at once, for registers: hc_down's 168 CTAs (Flash-Next) in one wave on 132 SMs,
+// hc_pre's 320 at one token (at more its sums would spill)
+constexpr int DOWN_CTAS = 2;
+
+constexpr int pre_ctas(int nt) {
+    return nt == 1 ? 3 : 2;
+}
+constexpr int MAX_DYNAMIC_SMEM = 40 * 1024;  // hc_down's x g: under the 48 KB a launch has unasked
+
+// the parts a stream's columns split into over a cluster of at most 8 CTAs
+__host__ __device__ constexpr int parts_of(int hc) {
+    return hc >= 4 ? 2 : 8 / hc;
+}
 
 template <typename W> struct pair_of;
 
 template <> struct pair_of<half> {
     using type = half2;
 
-    static __device__ float2 load(const half * p, int64_t i2) { return __half22float2(((const half2 *) p)[i2]); }
+    static __device__ float2 to_float2(half2 v) { return __half22float2(v); }
 };
 
 template <> struct pair_of<float> {
     using type = float2;
 
-    static __device__ float2 load(const float * p, int64_t i2) { return ((const float2 *) p)[i2]; }
+    static __device__ float2 to_float2(float2 v) { return v; }
 };
+
+// VEC consecutive elements of type T, loaded as one (16 or 32 bytes at VEC 8)
+template <typename T, int VEC> struct alignas(VEC * sizeof(T)) vec_of {
+    T v[VEC];
+};
+
+// VEC consecutive weights as VEC / 2 pairs
+template <typename W, int VEC> struct chunk {
+    struct alignas(VEC * sizeof(W)) raw {
+        typename pair_of<W>::type p[VEC / 2];
+    } v;
+
+    __device__ void load(const W * w) { v = *(const raw *) w; }
+
+    __device__ float2 pair(int i) const { return pair_of<W>::to_float2(v.p[i]); }
+};
+
+// acc[r] += w[r][i] . s over a chunk, s its VEC floats in shared memory; at VEC 8 s read as two
+// 16-byte halves, half `first` first (a lane's: a warp's reads then fall on distinct banks). i is
+// an unrolled loop's: w stays in registers.
+template <typename W, int VEC, int R, int L>
+__device__ __forceinline__ void add_chunk(float (&acc)[R], const chunk<W, VEC> (&w)[R][L], int i, const float * s,
+                                          int first) {
+    if constexpr (VEC == 8) {
+        const float4 a = *(const float4 *) (s + 4 * first), b = *(const float4 *) (s + 4 * (first ^ 1));
+        const float4 lo = first ? b : a, hi = first ? a : b;  // selected, not indexed: registers
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float2 p0 = w[r][i].pair(0), p1 = w[r][i].pair(1), p2 = w[r][i].pair(2), p3 = w[r][i].pair(3);
+            acc[r] += p0.x * lo.x + p0.y * lo.y + p1.x * lo.z + p1.y * lo.w + p2.x * hi.x + p2.y * hi.y +
+                      p3.x * hi.z + p3.y * hi.w;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC / 2; ++k) {
+            const float2 sv = *(const float2 *) (s + 2 * k);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const float2 a = w[r][i].pair(k);
+                acc[r] += a.x * sv.x + a.y * sv.y;
+            }
+        }
+    }
+}
 
 struct hc_down_args {
     const float * x;       // [n_embd, hc, NT], contiguous
@@ -35,89 +110,169 @@ struct hc_down_args {
     const void *  w_inject;
     float *       dst;  // lo [lr, NT], inject [hc, NT], factor [hc, NT]
     int64_t       n_embd, hc, lr;
+    int64_t       part;  // columns of a stream a CTA takes (the last CTA of a stream fewer)
     float         eps, scale;
 };
 
-template <typename W, int NT, int HC> __global__ void __launch_bounds__(BLOCK) hc_down(const hc_down_args a) {
-    ggml_cuda_pdl_lc();
-    const int64_t width = a.n_embd * HC, n_rows = a.lr + HC;
-    const W *     w[ROWS];
-    for (int r = 0; r < ROWS; ++r) {
-        const int64_t row = min((int64_t) blockIdx.x * ROWS + r, n_rows - 1);  // a repeat past the end
-        w[r] = row < a.lr ? (const W *) a.w_down + row * width : (const W *) a.w_inject + (row - a.lr) * width;
+// a stream's part a CTA: n_embd over parts_of(hc), rounded up to whole chunks
+int64_t part_of(int64_t n_embd, int64_t hc, int vec) {
+    const int64_t p = parts_of((int) hc);
+    return ((n_embd + p - 1) / p + vec - 1) / vec * vec;
+}
+
+template <typename W, int NT, int HC, int VEC>
+__global__ void __launch_bounds__(BLOCK, DOWN_CTAS) hc_down(const hc_down_args a) {
+#if PYQSA_HC_CLUSTERS
+    constexpr int     P       = parts_of(HC);
+    namespace cg              = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    const int         q = (int) cluster.block_rank(), c = q / P;
+    const int         warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int64_t     k0   = (q % P) * a.part;
+    const int         n_ch = (int) max((min(k0 + a.part, a.n_embd) - k0) / VEC, (int64_t) 0);
+    const int64_t     width = a.n_embd * HC, n_rows = a.lr + HC;
+    const int64_t     row0  = (int64_t) (blockIdx.x / (HC * P)) * ROWS;
+
+    using chunk_t = chunk<W, VEC>;
+    const W * w[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int64_t row = min(row0 + 2 * warp + r, n_rows - 1);  // a repeat past the end
+        w[r] = (row < a.lr ? (const W *) a.w_down + row * width : (const W *) a.w_inject + (row - a.lr) * width) +
+               c * a.n_embd + k0;
     }
-    float acc[ROWS][NT][HC] = {};
-    float ss[NT][HC]        = {};
+    chunk_t    wc[2][DOWN_LOADS];
+    const auto load = [&](int base) {
+#pragma unroll
+        for (int i = 0; i < DOWN_LOADS; ++i) {
+            const int j = base + lane + WARP_SIZE * i;
+            if (j < n_ch) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    wc[r][i].load(w[r] + j * VEC);
+                }
+            }
+        }
+    };
+    load(0);
+    ggml_cuda_pdl_lc();
     ggml_cuda_pdl_sync();
-    const int64_t half_embd = a.n_embd / 2;
+
+    // this CTA's part of x g [NT][part], and each token's sum of squares of it
+    extern __shared__ float xg[];
+    __shared__ float        ss_warp[WARPS][NT];
+    __shared__ float        ss[NT];
+    __shared__ float        sums[ROWS][NT];  // the CTA's sums of its rows, read by the cluster's first
+    {
+        using fvec      = vec_of<float, VEC>;
+        float ssq[NT]   = {};
+        const float * g = a.w_norm + c * a.n_embd + k0;
+        for (int j = threadIdx.x; j < n_ch; j += BLOCK) {
+            const fvec gv = ((const fvec *) g)[j];
+            fvec       xv[NT];
 #pragma unroll
-    for (int c = 0; c < HC; ++c) {
-        for (int64_t k2 = threadIdx.x; k2 < half_embd; k2 += BLOCK) {
-            const float2 g = ((const float2 *) (a.w_norm + c * a.n_embd))[k2];
-            float2       wv[ROWS];
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-                wv[r] = pair_of<W>::load(w[r], c * half_embd + k2);
+            for (int t = 0; t < NT; ++t) {
+                xv[t] = ((const fvec *) (a.x + (t * HC + c) * a.n_embd + k0))[j];
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                const float2 xv = ((const float2 *) (a.x + (t * HC + c) * a.n_embd))[k2];
-                ss[t][c] += xv.x * xv.x + xv.y * xv.y;
-                const float gx = xv.x * g.x, gy = xv.y * g.y;
+                fvec p;
 #pragma unroll
-                for (int r = 0; r < ROWS; ++r) {
-                    acc[r][t][c] += wv[r].x * gx + wv[r].y * gy;
+                for (int v = 0; v < VEC; ++v) {
+                    ssq[t] += xv[t].v[v] * xv[t].v[v];
+                    p.v[v] = xv[t].v[v] * gv.v[v];
+                }
+                ((fvec *) (xg + t * a.part))[j] = p;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float s = warp_reduce_sum(ssq[t]);
+            if (lane == 0) {
+                ss_warp[warp][t] = s;
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < NT) {
+        float s = 0.0f;
+        for (int i = 0; i < WARPS; ++i) {
+            s += ss_warp[i][threadIdx.x];
+        }
+        ss[threadIdx.x] = s;
+    }
+
+    float     acc[NT][2] = {};
+    const int first      = (lane >> 2) & 1;
+    for (int base = 0;;) {
+#pragma unroll
+        for (int i = 0; i < DOWN_LOADS; ++i) {
+            const int j = base + lane + WARP_SIZE * i;
+            if (j < n_ch) {
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    add_chunk(acc[t], wc, i, xg + t * a.part + j * VEC, first);
+                }
+            }
+        }
+        base += WARP_SIZE * DOWN_LOADS;
+        if (base >= n_ch) {
+            break;
+        }
+        load(base);
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float s = warp_reduce_sum(acc[t][r]);
+            if (lane == 0) {
+                sums[2 * warp + r][t] = s;
+            }
+        }
+    }
+    cluster.sync();
+
+    if (q == 0) {
+        __shared__ float factor[NT][HC];
+        if (threadIdx.x < NT * HC) {
+            const int t = threadIdx.x / HC, cc = threadIdx.x % HC;
+            float     s = 0.0f;
+            for (int p = 0; p < P; ++p) {
+                s += cluster.map_shared_rank(ss, cc * P + p)[t];
+            }
+            factor[t][cc] = 1.0f / sqrtf(s / (float) a.n_embd + a.eps);
+            if (blockIdx.x == 0) {
+                a.dst[n_rows * NT + t * HC + cc] = factor[t][cc];
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x < ROWS * NT) {
+            const int     r = threadIdx.x / NT, t = threadIdx.x % NT;
+            const int64_t row = row0 + r;
+            if (row < n_rows) {
+                float s = 0.0f;
+                for (int cc = 0; cc < HC; ++cc) {
+                    float d = 0.0f;
+                    for (int p = 0; p < P; ++p) {
+                        d += cluster.map_shared_rank(&sums[0][0], cc * P + p)[r * NT + t];
+                    }
+                    s += factor[t][cc] * d;
+                }
+                if (row < a.lr) {
+                    const float v         = a.scale * s;
+                    a.dst[t * a.lr + row] = v / (1.0f + expf(-v));
+                } else {
+                    a.dst[a.lr * NT + t * HC + (row - a.lr)] = s;
                 }
             }
         }
     }
-    // the block's sums: each warp's by shuffles, then the warps' in shared memory
-    constexpr int    N     = (ROWS + 1) * NT * HC;
-    constexpr int    WARPS = BLOCK / WARP_SIZE;
-    __shared__ float part[WARPS][N];
-    const int        warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-#pragma unroll
-        for (int c = 0; c < HC; ++c) {
-            const float s = warp_reduce_sum(ss[t][c]);
-            if (lane == 0) part[warp][ROWS * NT * HC + t * HC + c] = s;
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-                const float v = warp_reduce_sum(acc[r][t][c]);
-                if (lane == 0) part[warp][(r * NT + t) * HC + c] = v;
-            }
-        }
-    }
-    __syncthreads();
-    __shared__ float total[N];
-    for (int i = threadIdx.x; i < N; i += BLOCK) {
-        float s = 0.0f;
-        for (int j = 0; j < WARPS; ++j) s += part[j][i];
-        // past the rows' sums, each (token, stream)'s squares become its norm's factor
-        total[i] = i < ROWS * NT * HC ? s : 1.0f / sqrtf(s / (float) a.n_embd + a.eps);
-    }
-    __syncthreads();
-    if (threadIdx.x < ROWS * NT) {
-        const int     r   = threadIdx.x / NT, t = threadIdx.x % NT;
-        const int64_t row = (int64_t) blockIdx.x * ROWS + r;
-        if (row < n_rows) {
-            float s = 0.0f;
-            for (int c = 0; c < HC; ++c) {
-                s += total[ROWS * NT * HC + t * HC + c] * total[(r * NT + t) * HC + c];
-            }
-            if (row < a.lr) {
-                const float v         = a.scale * s;
-                a.dst[t * a.lr + row] = v / (1.0f + expf(-v));
-            } else {
-                a.dst[a.lr * NT + t * HC + (row - a.lr)] = s;
-            }
-        }
-    }
-    if (blockIdx.x == 0 && threadIdx.x < NT * HC) {
-        const int t = threadIdx.x / HC, c = threadIdx.x % HC;
-        a.dst[n_rows * NT + t * HC + c] = total[ROWS * NT * HC + t * HC + c];
-    }
+    cluster.sync();  // the others' shared memory stays until the first has read it
+#else
+    GGML_UNUSED(a);
+    NO_DEVICE_CODE;
+#endif
 }
 
 struct hc_pre_args {
@@ -130,37 +285,66 @@ struct hc_pre_args {
     float         scale;
 };
 
-template <typename W, int NT, int HC> __global__ void __launch_bounds__(BLOCK) hc_pre(const hc_pre_args a) {
+template <typename W, int NT, int HC, int VEC>
+__global__ void __launch_bounds__(BLOCK, pre_ctas(NT)) hc_pre(const hc_pre_args a) {
+    using chunk_t   = chunk<W, VEC>;
+    const int     warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int64_t e    = (int64_t) blockIdx.x * WARPS + warp;
+    const int     n_ch = (int) (a.lr / VEC);
+    const W *     w[HC];
+#pragma unroll
+    for (int c = 0; c < HC; ++c) {
+        w[c] = (const W *) a.w_up + (min(e, a.n_embd - 1) + c * a.n_embd) * a.lr;  // a repeat past the end
+    }
+    chunk_t    wc[HC][PRE_LOADS];
+    const auto load = [&](int base) {
+#pragma unroll
+        for (int i = 0; i < PRE_LOADS; ++i) {
+            const int j = base + lane + WARP_SIZE * i;
+            if (j < n_ch) {
+#pragma unroll
+                for (int c = 0; c < HC; ++c) {
+                    wc[c][i].load(w[c] + j * VEC);
+                }
+            }
+        }
+    };
+    load(0);
     ggml_cuda_pdl_lc();
-    extern __shared__ float lo[];  // [NT][lr]
     ggml_cuda_pdl_sync();
+
+    extern __shared__ float lo[];  // [NT][lr]
     for (int64_t i = threadIdx.x; i < NT * a.lr; i += BLOCK) {
         lo[i] = a.down[i];
     }
     __syncthreads();
-    const int64_t e = (int64_t) blockIdx.x * (BLOCK / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     if (e >= a.n_embd) {
         return;
     }
-    const int lane = threadIdx.x % WARP_SIZE;
-    float     gate[HC][NT] = {};
+    float     gate[NT][HC] = {};
+    const int first        = (lane >> 2) & 1;
+    for (int base = 0;;) {
 #pragma unroll
-    for (int c = 0; c < HC; ++c) {
-        const W * row = (const W *) a.w_up + (e + c * a.n_embd) * a.lr;
-        for (int64_t k2 = lane; k2 < a.lr / 2; k2 += WARP_SIZE) {
-            const float2 wv = pair_of<W>::load(row, k2);
+        for (int i = 0; i < PRE_LOADS; ++i) {
+            const int j = base + lane + WARP_SIZE * i;
+            if (j < n_ch) {
 #pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                const float2 l = ((const float2 *) (lo + t * a.lr))[k2];
-                gate[c][t] += wv.x * l.x + wv.y * l.y;
+                for (int t = 0; t < NT; ++t) {
+                    add_chunk(gate[t], wc, i, lo + t * a.lr + j * VEC, first);
+                }
             }
         }
+        base += WARP_SIZE * PRE_LOADS;
+        if (base >= n_ch) {
+            break;
+        }
+        load(base);
     }
 #pragma unroll
-    for (int c = 0; c < HC; ++c) {
+    for (int t = 0; t < NT; ++t) {
 #pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            gate[c][t] = warp_reduce_sum(gate[c][t]);
+        for (int c = 0; c < HC; ++c) {
+            gate[t][c] = warp_reduce_sum(gate[t][c]);
         }
     }
     if (lane < NT) {
@@ -170,7 +354,9 @@ template <typename W, int NT, int HC> __global__ void __launch_bounds__(BLOCK) h
         for (int c = 0; c < HC; ++c) {
             float g = 0.0f;
 #pragma unroll
-            for (int u = 0; u < NT; ++u) g = u == t ? gate[c][u] : g;  // registers, no local memory
+            for (int u = 0; u < NT; ++u) {
+                g = u == t ? gate[u][c] : g;  // registers, no local memory
+            }
             const float xn = (a.x[(t * HC + c) * a.n_embd + e] * a.down[(a.lr + HC) * NT + t * HC + c]) *
                              a.w_norm[c * a.n_embd + e];
             sum += xn * (1.0f / (1.0f + expf(-g)));
@@ -192,16 +378,30 @@ template <int FIRST, int LAST, typename F> void with_instance(int64_t n, F && f)
     }
 }
 
-// launch(W *, NT, HC) with the weight type (a null pointer of it), the tokens and the streams as
-// compile-time values: the kernels' instance for a node
-template <typename F> void with_kernel(const ggml_tensor * dst, F && launch) {
+// launch(W *, NT, HC, VEC) with the weight type (a null pointer of it), the tokens, the streams and
+// the chunk's elements (8 where every chunk starts on 16 bytes of f16: n is the rows' length that
+// chunks split, a multiple of 8) as compile-time values: the kernels' instance for a node
+template <typename F> void with_kernel(const ggml_tensor * dst, int64_t n, F && launch) {
     const ggml_tensor * x   = dst->src[0];
     const bool          f16 = dst->src[2]->type == GGML_TYPE_F16;
     with_instance<1, PYQSA_HC_MIX_MAX_STREAMS>(x->ne[1], [&](auto hc) {
         with_instance<1, PYQSA_HC_MIX_MAX_TOKENS>(x->ne[2], [&](auto nt) {
-            f16 ? launch(static_cast<half *>(nullptr), nt, hc) : launch(static_cast<float *>(nullptr), nt, hc);
+            const auto go = [&](auto vec) {
+                f16 ? launch(static_cast<half *>(nullptr), nt, hc, vec) :
+                      launch(static_cast<float *>(nullptr), nt, hc, vec);
+            };
+            n % 8 == 0 ? go(std::integral_constant<int, 8>{}) : go(std::integral_constant<int, 2>{});
         });
     });
+}
+
+// hc_down's clusters: sm_90 and code built for it, found once a device
+bool clusters_on(int device) {
+    static int on[GGML_CUDA_MAX_DEVICES] = {};  // 0 unknown, 1 yes, 2 no
+    if (on[device] == 0) {
+        on[device] = pyqsa_cuda_clusters_on((const void *) hc_down<half, 1, 4, 8>) ? 1 : 2;
+    }
+    return on[device] == 1;
 }
 
 }  // namespace
@@ -209,29 +409,41 @@ template <typename F> void with_kernel(const ggml_tensor * dst, F && launch) {
 bool pyqsa_cuda_hc_mix_supported(const ggml_tensor * op) {
     const ggml_tensor * x = op->src[0];
     const ggml_tensor * w = op->src[2];  // w_down or w_up
-    return x->ne[2] <= PYQSA_HC_MIX_MAX_TOKENS && x->ne[1] <= PYQSA_HC_MIX_MAX_STREAMS && x->ne[0] % 2 == 0 &&
-           w->ne[0] % 2 == 0 && (w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_F32);
+    const int64_t       n_embd = x->ne[0], hc = x->ne[1], nt = x->ne[2];
+    const bool          shapes = nt <= PYQSA_HC_MIX_MAX_TOKENS && hc <= PYQSA_HC_MIX_MAX_STREAMS && n_embd % 2 == 0 &&
+                        w->ne[0] % 2 == 0 && (w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_F32);
+    if (ggml_get_op_params_i32(op, 0) == PYQSA_GGML_OP_HC_PRE) {
+        return shapes;
+    }
+    const int64_t xg_bytes = nt * part_of(n_embd, hc, n_embd % 8 == 0 ? 8 : 2) * (int64_t) sizeof(float);
+    return shapes && xg_bytes <= MAX_DYNAMIC_SMEM && clusters_on(ggml_cuda_get_device());
 }
 
 void pyqsa_cuda_hc_down(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggml_tensor * x = dst->src[0];
     GGML_ASSERT(ggml_is_contiguous(dst));
+    const int64_t n_embd = x->ne[0], hc = x->ne[1], nt = x->ne[2], lr = dst->src[2]->ne[1];
+    const int     vec    = n_embd % 8 == 0 ? 8 : 2;
     const hc_down_args a = {
         (const float *) x->data,
         (const float *) dst->src[1]->data,
         dst->src[2]->data,
         dst->src[3]->data,
         (float *) dst->data,
-        x->ne[0],
-        x->ne[1],
-        dst->src[2]->ne[1],
+        n_embd,
+        hc,
+        lr,
+        part_of(n_embd, hc, vec),
         ggml_get_op_params_f32(dst, 1),
         ggml_get_op_params_f32(dst, 2),
     };
-    const ggml_cuda_kernel_launch_params p(dim3((unsigned) ((a.lr + a.hc + ROWS - 1) / ROWS)), BLOCK, 0, ctx.stream());
-    with_kernel(dst, [&](auto w, auto nt, auto hc) {
+    const unsigned                       cluster = (unsigned) (hc * parts_of((int) hc));
+    const unsigned                       blocks  = (unsigned) ((lr + hc + ROWS - 1) / ROWS) * cluster;
+    const ggml_cuda_kernel_launch_params p(dim3(blocks), BLOCK, nt * a.part * sizeof(float), ctx.stream());
+    with_kernel(dst, n_embd, [&](auto w, auto nt, auto hc, auto vec) {
         using W = std::remove_pointer_t<decltype(w)>;
-        ggml_cuda_kernel_launch(hc_down<W, decltype(nt)::value, decltype(hc)::value>, p, a);
+        pyqsa_cuda_cluster_launch(hc_down<W, decltype(nt)::value, decltype(hc)::value, decltype(vec)::value>, p,
+                                  cluster, a);
     });
 }
 
@@ -248,10 +460,10 @@ void pyqsa_cuda_hc_pre(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         dst->src[2]->ne[0],
         ggml_get_op_params_f32(dst, 1),
     };
-    const unsigned                       grid = (unsigned) ((a.n_embd + BLOCK / WARP_SIZE - 1) / (BLOCK / WARP_SIZE));
+    const unsigned                       grid = (unsigned) ((a.n_embd + WARPS - 1) / WARPS);
     const ggml_cuda_kernel_launch_params p(grid, BLOCK, x->ne[2] * a.lr * sizeof(float), ctx.stream());
-    with_kernel(dst, [&](auto w, auto nt, auto hc) {
+    with_kernel(dst, a.lr, [&](auto w, auto nt, auto hc, auto vec) {
         using W = std::remove_pointer_t<decltype(w)>;
-        ggml_cuda_kernel_launch(hc_pre<W, decltype(nt)::value, decltype(hc)::value>, p, a);
+        ggml_cuda_kernel_launch(hc_pre<W, decltype(nt)::value, decltype(hc)::value, decltype(vec)::value>, p, a);
     });
 }
