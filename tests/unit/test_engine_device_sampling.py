@@ -13,6 +13,7 @@ import pytest
 from engine_fakes import Collector
 
 import pyqsa.engine.engine
+import pyqsa.engine.runner
 from pyqsa import native
 from pyqsa.engine import Engine, EngineConfig, SamplingParams
 from pyqsa.engine.runner import DEVICE_MAX_ADJUST, LlamaModel, LlamaRunner
@@ -159,3 +160,71 @@ def test_a_slot_switches_between_device_and_host_draws(demo_llama):
             req.tokens.append(token[0])
     finally:
         runner.close()
+
+
+def decode_steps(path: str, model: LlamaModel, params: list[SamplingParams], steps: int):
+    """Each request (one a slot) prefilled, then decoded `steps` tokens with its draws made on
+    the device, as the engine makes them; (each request's tokens, the slot of each sampler set)."""
+    from pyqsa.engine.request import Request
+    from pyqsa.engine.scheduler import Chunk
+    from pyqsa.engine.slots import SlotLease
+
+    n = len(params)
+    config = EngineConfig(
+        path, n_slots=n, ctx_per_slot=64, max_batch_tokens=64, n_threads=1, sample_on_device=True
+    )
+    runner = LlamaRunner(model, config)
+    slot_of = {id(s): i for i, s in enumerate(runner._attached)}
+    sets: list[int] = []
+    set_draw = native.DeviceSampler.set
+
+    def spy(self, adjust=None, **draw):
+        sets.append(slot_of[id(self)])
+        set_draw(self, adjust=adjust, **draw)
+
+    try:
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(native.DeviceSampler, "set", spy)
+            reqs = [
+                Request(f"r{i}", PROMPTS[i][:10], params[i], lambda ev: None, 64) for i in range(n)
+            ]
+            samplers = [ReferenceSampler(p, 3) for p in params]
+            leases = [SlotLease(i, 0, 64) for i in range(n)]
+            chunks = [
+                Chunk(r, lease, 0, tuple(r.tokens)) for r, lease in zip(reqs, leases, strict=True)
+            ]
+            for _ in range(steps):
+                draws = [
+                    s.device_draw(model.n_vocab, r.tokens, len(r.prompt), DEVICE_MAX_ADJUST)
+                    for s, r in zip(samplers, reqs, strict=True)
+                ]
+                for s, r, row in zip(samplers, reqs, runner.run(chunks, draws), strict=True):
+                    r.tokens.append(s.take(row)[0])
+                chunks = [
+                    Chunk(r, lease, len(r.tokens) - 1, tuple(r.tokens[-1:]))
+                    for r, lease in zip(reqs, leases, strict=True)
+                ]
+    finally:
+        runner.close()
+    return [r.tokens[len(r.prompt) :] for r in reqs], sets
+
+
+def test_greedy_draws_set_a_slot_sampler_once(demo_llama, monkeypatch):
+    """A device sampler keeps the draw set on it: a greedy request's draws (which read neither
+    seed nor counter) are set once, not before every pass; seeded draws (the counter moves) and
+    draws with logit adjustments are set each time. The tokens are those of a sampler set
+    before every pass."""
+    path, model = demo_llama
+    params = [
+        SamplingParams(temperature=0, logprobs=1),
+        SamplingParams(temperature=1.0, seed=7),
+        SamplingParams(temperature=0, logit_bias={11: 2.0}),
+        SamplingParams(temperature=0),
+    ]
+    steps = 5
+    tokens, sets = decode_steps(path, model, params, steps)
+    assert [sets.count(slot) for slot in range(len(params))] == [1, steps, steps, 1]
+    monkeypatch.setattr(pyqsa.engine.runner, "draw_key", lambda draw: None)  # set every time
+    every_time, sets = decode_steps(path, model, params, steps)
+    assert [sets.count(slot) for slot in range(len(params))] == [steps] * len(params)
+    assert tokens == every_time
