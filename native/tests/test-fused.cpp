@@ -18,6 +18,7 @@
 #include "ggml.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -281,24 +282,39 @@ op_graph make_norm(ggml_context * ctx, const norm_case & c, bool fused) {
 
 
 // a decode step's mix of hyper-connections: x [n_embd, hc, n_tokens], w_norm [n_embd, hc], w_down
-// [hc n_embd, lr], w_inject [hc n_embd, hc], w_up [lr, hc n_embd], the weights of type w
+// [hc n_embd, lr], w_inject [hc n_embd, hc], w_up [lr, hc n_embd], the weights of type w; with
+// combine, x is the HC_COMBINE of a block's output [n_embd, n_tokens], the streams before it
+// [n_embd, hc, n_tokens] and their scatter logits [hc, n_tokens] (as in the model, where CUDA runs
+// the two as one launch)
 struct mix_case {
     int64_t   n_embd, hc, lr, n_tokens;
     ggml_type w;
+    bool      combine = false;
 
     std::string name() const {
-        char buf[128];
-        std::snprintf(buf, sizeof(buf), "HC_DOWN+HC_PRE(n_embd=%lld,hc=%lld,lr=%lld,n_tokens=%lld,%s)",
-                      (long long) n_embd, (long long) hc, (long long) lr, (long long) n_tokens, ggml_type_name(w));
+        char buf[160];
+        std::snprintf(buf, sizeof(buf), "%sHC_DOWN+HC_PRE(n_embd=%lld,hc=%lld,lr=%lld,n_tokens=%lld,%s)",
+                      combine ? "HC_COMBINE+" : "", (long long) n_embd, (long long) hc, (long long) lr,
+                      (long long) n_tokens, ggml_type_name(w));
         return buf;
     }
+
+    // the floats of the inputs before the weights: x, or the combine's three
+    int64_t n_in() const { return n_embd * hc * n_tokens + (combine ? n_embd * n_tokens + hc * n_tokens : 0); }
 };
 
 // the two ops (fused) or upstream's graph of the mix as qwen4exp's build_hc_mix makes it; the
 // result [n_embd + hc, n_tokens], each token's mixed stream then its scatter logits
 op_graph make_mix(ggml_context * ctx, const mix_case & c, bool fused) {
-    const int64_t width    = c.n_embd * c.hc;
-    ggml_tensor * x        = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.n_embd, c.hc, c.n_tokens);
+    const int64_t width = c.n_embd * c.hc;
+    ggml_tensor * x     = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, c.n_embd, c.hc, c.n_tokens);
+    std::vector<ggml_tensor *> inputs = { x };
+    if (c.combine) {
+        ggml_tensor * out    = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n_embd, c.n_tokens);
+        ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.hc, c.n_tokens);
+        inputs               = { out, x, logits };
+        x                    = pyqsa_ggml_hc_combine(ctx, out, x, logits, 1.0f / (float) c.hc);
+    }
     ggml_tensor * w_norm   = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n_embd, c.hc);
     ggml_tensor * w_down   = ggml_new_tensor_2d(ctx, c.w, width, c.lr);
     ggml_tensor * w_inject = ggml_new_tensor_2d(ctx, c.w, width, c.hc);
@@ -318,13 +334,15 @@ op_graph make_mix(ggml_context * ctx, const mix_case & c, bool fused) {
                                                     ggml_reshape_3d(ctx, gate, c.n_embd, c.hc, c.n_tokens), inv_hc);
         inject             = ggml_mul_mat(ctx, w_inject, xn);
     }
-    return { { x, w_norm, w_down, w_inject, w_up }, ggml_concat(ctx, mixed, inject, 0) };
+    inputs.insert(inputs.end(), { w_norm, w_down, w_inject, w_up });
+    return { inputs, ggml_concat(ctx, mixed, inject, 0) };
 }
 
-// x's streams at several scales (the norm's factor matters), weights ~ 1 / sqrt(fan-in)
+// x's streams (or the combine's inputs) at several scales (the norm's factor matters), weights ~
+// 1 / sqrt(fan-in)
 std::vector<float> make_mix_data(const mix_case & c, std::mt19937 & rng) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    const int64_t width = c.n_embd * c.hc, n_x = width * c.n_tokens, n_norm = width;
+    const int64_t width = c.n_embd * c.hc, n_x = c.n_in(), n_norm = width;
     std::vector<float> d(n_x + n_norm + width * c.lr + width * c.hc + c.lr * width);
     for (int64_t i = 0; i < (int64_t) d.size(); ++i) {
         const float s = i < n_x                       ? 0.5f + (float) ((i / c.n_embd) % 4)
@@ -384,8 +402,16 @@ void check_mix(const mix_case & c, const std::vector<float> & data, ggml_backend
         const std::vector<float> f = run(be, true);
         if (f.empty()) return std::make_pair(false, std::string("not supported "));
         const double e = nmse(f, fused), e_up = nmse(f, run(be, false));
-        return std::make_pair(e < BOUND && e_up < MIX_BOUND,
-                              "vs CPU: nmse " + sci(e) + "; vs upstream's ops there: nmse " + sci(e_up) + " ");
+        std::string  apart;
+        size_t       n_apart = 0;
+        if (c.combine) {  // the combine inside hc_down (CUDA) against its own launch: the same bits
+            setenv("PYQSA_CUDA_HC_COMBINE_APART", "1", 1);
+            n_apart = bits_differ(f, run(be, true));
+            unsetenv("PYQSA_CUDA_HC_COMBINE_APART");
+            apart = "; vs the combine apart: " + std::to_string(n_apart) + " elements differ in their bits";
+        }
+        return std::make_pair(e < BOUND && e_up < MIX_BOUND && n_apart == 0,
+                              "vs CPU: nmse " + sci(e) + "; vs upstream's ops there: nmse " + sci(e_up) + apart + " ");
     });
 }
 
@@ -442,10 +468,12 @@ int cmd_test(const char * only_backend) {
         check_fused(c, v, make_norm, cpu, only_backend, n_ok, n_fail);
     }
     // Flash-Next's mix (2560 wide, 4 streams, rank 320) at 1 and 8 sequences in f16 and f32, then
-    // odd sizes, 3 streams and rank 2
+    // odd sizes, 3 streams and rank 2, then mixes of a combine's streams
     const mix_case mix_cases[] = { { 2560, 4, 320, 1, GGML_TYPE_F16 }, { 2560, 4, 320, 8, GGML_TYPE_F16 },
                                    { 2560, 4, 320, 1, GGML_TYPE_F32 }, { 2560, 4, 320, 5, GGML_TYPE_F32 },
-                                   { 66, 3, 18, 3, GGML_TYPE_F16 },    { 34, 2, 2, 2, GGML_TYPE_F32 } };
+                                   { 66, 3, 18, 3, GGML_TYPE_F16 },    { 34, 2, 2, 2, GGML_TYPE_F32 },
+                                   { 2560, 4, 320, 1, GGML_TYPE_F16, true }, { 2560, 4, 320, 8, GGML_TYPE_F16, true },
+                                   { 66, 3, 18, 3, GGML_TYPE_F32, true } };
     for (const mix_case & c : mix_cases) {
         check_mix(c, make_mix_data(c, rng), cpu, only_backend, n_ok, n_fail);
     }

@@ -24,13 +24,8 @@ __global__ void hc_combine(const hc_combine_args a) {
     const int64_t e = i % a.n_embd;
     const int64_t c = (i / a.n_embd) % a.hc;
     const int64_t t = i / (a.n_embd * a.hc);
-    // ggml_scale, ggml_sigmoid, ggml_scale by 2 and dsv4_hc_post's sum, in their expressions,
-    // so the same flags give the same bits
-    const float s   = a.inject[c * a.si0 + t * a.si1] * a.scale;
-    const float sg  = 1.0f / (1.0f + expf(-s));
-    const float w   = sg * 2.0f;
-    float       sum = a.x[e + t * a.sx1] * w;
-    sum += a.residual[e + c * a.sr1 + t * a.sr2];
+    const float sum = hc_combine_element(a.x[e + t * a.sx1], a.residual[e + c * a.sr1 + t * a.sr2],
+                                         a.inject[c * a.si0 + t * a.si1], a.scale);
     a.dst[i] = sum;
 }
 

@@ -6,12 +6,16 @@
 // x once from L2, keeps x g in shared memory and sums the squares of x beside it; a warp takes two
 // rows, a lane 8-element chunks of both. The cluster's first CTA adds the CTAs' sums in rank order
 // from their shared memory, each stream's RMS factor applied after the reduction (lo = sum over c
-// of f[c] * (w . x g)[c]). Needs sm_90 (pyqsa_cuda_hc_mix_supported).
+// of f[c] * (w . x g)[c]). Needs sm_90 (pyqsa_cuda_hc_mix_supported). Where a combine made x, its
+// launch can be hc_down's (pyqsa_cuda_hc_combine_fuse): each CTA computes its part of x from the
+// combine's inputs, and the first cluster stores it as the combine's result.
 // hc_pre: a warp an embedding position, a lane chunks of its hc rows of w_up (lr wide) against
 // the tokens' low-rank inputs in shared memory (each read once for the hc rows), then the
 // sigmoid-gated mean over the streams.
 #include "cluster-launch.cuh"
+#include "hc-combine.cuh"
 #include "hc-mix.cuh"
+#include "pyqsa-env.h"
 
 #include <cooperative_groups.h>
 
@@ -103,8 +107,17 @@ __device__ __forceinline__ void add_chunk(float (&acc)[R], const chunk<W, VEC> (
     }
 }
 
+// the combine that made x, where hc_down computes x itself (pyqsa_cuda_hc_combine_fuse)
+struct hc_combine_in {
+    const float * out;       // [n_embd, NT]: the block's output (nullptr: x is read as it is)
+    const float * residual;  // [n_embd, hc, NT]
+    const float * inject;    // [hc, NT]
+    float         scale;
+    int64_t       so1, sr1, sr2, si0, si1;  // strides in floats
+};
+
 struct hc_down_args {
-    const float * x;       // [n_embd, hc, NT], contiguous
+    float *       x;       // [n_embd, hc, NT], contiguous (with a combine, written by the first cluster)
     const float * w_norm;  // [n_embd, hc]
     const void *  w_down;  // [hc n_embd, lr]
     const void *  w_inject;
@@ -112,6 +125,7 @@ struct hc_down_args {
     int64_t       n_embd, hc, lr;
     int64_t       part;  // columns of a stream a CTA takes (the last CTA of a stream fewer)
     float         eps, scale;
+    hc_combine_in comb;
 };
 
 // a stream's part a CTA: n_embd over parts_of(hc), rounded up to whole chunks
@@ -167,12 +181,31 @@ __global__ void __launch_bounds__(BLOCK, DOWN_CTAS) hc_down(const hc_down_args a
         using fvec      = vec_of<float, VEC>;
         float ssq[NT]   = {};
         const float * g = a.w_norm + c * a.n_embd + k0;
+        const bool    combine = a.comb.out != nullptr;
+        const bool    writes  = combine && blockIdx.x < HC * P;  // the first cluster stores x
         for (int j = threadIdx.x; j < n_ch; j += BLOCK) {
             const fvec gv = ((const fvec *) g)[j];
             fvec       xv[NT];
+            if (combine) {
 #pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                xv[t] = ((const fvec *) (a.x + (t * HC + c) * a.n_embd + k0))[j];
+                for (int t = 0; t < NT; ++t) {
+                    const int64_t e0 = k0 + (int64_t) j * VEC;
+                    const float   in = a.comb.inject[c * a.comb.si0 + t * a.comb.si1];
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) {
+                        xv[t].v[v] = hc_combine_element(a.comb.out[e0 + v + t * a.comb.so1],
+                                                        a.comb.residual[e0 + v + c * a.comb.sr1 + t * a.comb.sr2],
+                                                        in, a.comb.scale);
+                    }
+                    if (writes) {
+                        ((fvec *) (a.x + (t * HC + c) * a.n_embd + k0))[j] = xv[t];
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    xv[t] = ((const fvec *) (a.x + (t * HC + c) * a.n_embd + k0))[j];
+                }
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
@@ -419,13 +452,16 @@ bool pyqsa_cuda_hc_mix_supported(const ggml_tensor * op) {
     return shapes && xg_bytes <= MAX_DYNAMIC_SMEM && clusters_on(ggml_cuda_get_device());
 }
 
-void pyqsa_cuda_hc_down(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+namespace {
+
+// hc_down for node dst, x computed from the combine `comb` where comb.out is set
+void launch_down(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const hc_combine_in & comb) {
     const ggml_tensor * x = dst->src[0];
-    GGML_ASSERT(ggml_is_contiguous(dst));
+    GGML_ASSERT(ggml_is_contiguous(dst) && ggml_is_contiguous(x));
     const int64_t n_embd = x->ne[0], hc = x->ne[1], nt = x->ne[2], lr = dst->src[2]->ne[1];
     const int     vec    = n_embd % 8 == 0 ? 8 : 2;
     const hc_down_args a = {
-        (const float *) x->data,
+        (float *) x->data,
         (const float *) dst->src[1]->data,
         dst->src[2]->data,
         dst->src[3]->data,
@@ -436,6 +472,7 @@ void pyqsa_cuda_hc_down(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         part_of(n_embd, hc, vec),
         ggml_get_op_params_f32(dst, 1),
         ggml_get_op_params_f32(dst, 2),
+        comb,
     };
     const unsigned                       cluster = (unsigned) (hc * parts_of((int) hc));
     const unsigned                       blocks  = (unsigned) ((lr + hc + ROWS - 1) / ROWS) * cluster;
@@ -445,6 +482,50 @@ void pyqsa_cuda_hc_down(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         pyqsa_cuda_cluster_launch(hc_down<W, decltype(nt)::value, decltype(hc)::value, decltype(vec)::value>, p,
                                   cluster, a);
     });
+}
+
+bool overlap(const ggml_tensor * a, const ggml_tensor * b) {
+    const char * a0 = (const char *) a->data;
+    const char * b0 = (const char *) b->data;
+    return a0 < b0 + ggml_nbytes(b) && b0 < a0 + ggml_nbytes(a);
+}
+
+}  // namespace
+
+void pyqsa_cuda_hc_down(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    launch_down(ctx, dst, hc_combine_in{});
+}
+
+int pyqsa_cuda_hc_combine_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
+    const ggml_tensor * comb = cgraph->nodes[i];
+    if (i + 1 >= cgraph->n_nodes || pyqsa_env_switch_on("PYQSA_CUDA_HC_COMBINE_APART")) {
+        return 0;
+    }
+    ggml_tensor * down = cgraph->nodes[i + 1];
+    if (down->op != GGML_OP_PYQSA || ggml_get_op_params_i32(down, 0) != PYQSA_GGML_OP_HC_DOWN ||
+        down->src[0] != comb || !pyqsa_cuda_hc_mix_supported(down)) {
+        return 0;
+    }
+    const ggml_tensor * out = comb->src[0];
+    const ggml_tensor * residual = comb->src[1];
+    const ggml_tensor * inject   = comb->src[2];
+    // the other clusters read the combine's inputs while the first writes its result
+    if (overlap(out, comb) || overlap(residual, comb) || overlap(inject, comb)) {
+        return 0;
+    }
+    const hc_combine_in in = {
+        (const float *) out->data,
+        (const float *) residual->data,
+        (const float *) inject->data,
+        ggml_get_op_params_f32(comb, 1),
+        (int64_t) (out->nb[1] / sizeof(float)),
+        (int64_t) (residual->nb[1] / sizeof(float)),
+        (int64_t) (residual->nb[2] / sizeof(float)),
+        (int64_t) (inject->nb[0] / sizeof(float)),
+        (int64_t) (inject->nb[1] / sizeof(float)),
+    };
+    launch_down(ctx, down, in);
+    return 1;
 }
 
 void pyqsa_cuda_hc_pre(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {

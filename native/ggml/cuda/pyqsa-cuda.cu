@@ -141,10 +141,14 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op) {
 
 int pyqsa_cuda_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
     const ggml_tensor * node = cgraph->nodes[i];
-    if (ggml_get_op_params_i32(node, 0) == PYQSA_GGML_OP_SAMPLE) {
-        return pyqsa_cuda_sample_fuse(ctx, cgraph, i);
+    switch (ggml_get_op_params_i32(node, 0)) {
+        case PYQSA_GGML_OP_SAMPLE:
+            return pyqsa_cuda_sample_fuse(ctx, cgraph, i);
+        case PYQSA_GGML_OP_HC_COMBINE:
+            return pyqsa_cuda_hc_combine_fuse(ctx, cgraph, i);
+        default:
+            return 0;
     }
-    return 0;
 }
 
 bool pyqsa_cuda_strict_f32() {
