@@ -244,6 +244,7 @@ UPSTREAM_SWITCHES = {
     "PYQSA_GATES_UNFUSED": "-gatesunf",  # the linear attention's and shared expert's gates unfused
     "PYQSA_CUDA_TOPK_ONE_CTA": "-topk1",  # a decode step's top-k rows on one CTA each, no cluster
     "PYQSA_HC_MIX_UNFUSED": "-hcmixunf",  # a decode step's hyper-connection mixes as upstream's ops
+    "PYQSA_CUDA_HC_COMBINE_APART": "-combapart",  # each hyper-connection combine a launch apart
 }
 
 

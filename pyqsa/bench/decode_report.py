@@ -39,7 +39,9 @@ from .meta import RESULTS
 # the shared expert's gated join as upstream's ops, not pyqsa's gdn_gates and add_gated);
 # pyqsa-topk1: PYQSA_CUDA_TOPK_ONE_CTA=1 (a decode step's top-k rows on one CTA each, not over a
 # thread-block cluster); pyqsa-hcmixunf: PYQSA_HC_MIX_UNFUSED=1 (a decode step's hyper-connection
-# mixes as upstream's ops, not pyqsa's hc_down and hc_pre)
+# mixes as upstream's ops, not pyqsa's hc_down and hc_pre); pyqsa-combapart:
+# PYQSA_CUDA_HC_COMBINE_APART=1 (each combine of hyper-connections a launch of its own, not inside
+# the next mix's hc_down)
 VARIANTS = (
     "pyqsa",
     "upstream",
@@ -59,6 +61,7 @@ VARIANTS = (
     "pyqsa-gatesunf",
     "pyqsa-topk1",
     "pyqsa-hcmixunf",
+    "pyqsa-combapart",
 )
 SHORT = {
     "pyqsa": "pyqsa",
@@ -79,6 +82,7 @@ SHORT = {
     "pyqsa-gatesunf": "gatun",
     "pyqsa-topk1": "topk1",
     "pyqsa-hcmixunf": "hcmix",
+    "pyqsa-combapart": "cmbap",
 }
 # the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)
 PAGED = (
