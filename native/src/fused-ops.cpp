@@ -7,6 +7,8 @@
 #include "pyqsa-env.h"
 #include "pyqsa-ggml.h"
 
+#include <cstdlib>
+
 bool pyqsa_hc_fused() {
     static const bool fused = !pyqsa_env_switch_on("PYQSA_HC_UNFUSED");
     return fused;
@@ -37,8 +39,12 @@ bool pyqsa_hc_mix_fused(ggml_tensor * x, ggml_tensor * w_norm, ggml_tensor * w_d
     }
     // NOTE: one token. On an H100 the two ops took an 8 x 32K step's mixes at par with upstream's
     // (test-fused perf at 8 tokens: 30.0 us against 30.4), a 1 x 32K step's 1.03 ms faster (5.54
-    // ms against 6.57, decode.py, 3 runs each)
-    const bool tokens = x->ne[2] == 1;
+    // ms against 6.57, decode.py, 3 runs each). PYQSA_HC_MIX_TOKENS=N fuses up to N (to measure).
+    static const int max_tokens = [] {
+        const char * v = std::getenv("PYQSA_HC_MIX_TOKENS");
+        return v != nullptr && *v != '\0' ? std::atoi(v) : 1;
+    }();
+    const bool tokens = x->ne[2] <= max_tokens;
     // what the ops' builders take
     const bool types  = x->type == GGML_TYPE_F32 && w_norm->type == GGML_TYPE_F32 && plain(w_down) && plain(w_up) &&
                        w_inject->type == w_down->type;

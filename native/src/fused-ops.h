@@ -23,7 +23,8 @@ struct ggml_tensor;
 // above it agrees with upstream's ops to rounding, not bit for bit; so a CPU layer keeps
 // upstream's ops, whose products round a row the same whatever the batch (a one-token chunk
 // would round otherwise than inside a wider one: the prefix cache's follow-ups are exact on the
-// CPU), and launches are a GPU's cost. Off with PYQSA_HC_MIX_UNFUSED;
+// CPU), and launches are a GPU's cost. Off with PYQSA_HC_MIX_UNFUSED; PYQSA_HC_MIX_TOKENS=N fuses
+// steps of up to N tokens;
 // PYQSA_HC_MIX_ANY_BACKEND=1 fuses on every backend (the CPU's tests of the graph).
 bool pyqsa_hc_mix_fused(ggml_tensor * x, ggml_tensor * w_norm, ggml_tensor * w_down, ggml_tensor * w_up,
                         ggml_tensor * w_inject);

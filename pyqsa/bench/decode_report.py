@@ -41,7 +41,8 @@ from .meta import RESULTS
 # thread-block cluster); pyqsa-hcmixunf: PYQSA_HC_MIX_UNFUSED=1 (a decode step's hyper-connection
 # mixes as upstream's ops, not pyqsa's hc_down and hc_pre); pyqsa-combapart:
 # PYQSA_CUDA_HC_COMBINE_APART=1 (each combine of hyper-connections a launch of its own, not inside
-# the next mix's hc_down)
+# the next mix's hc_down); pyqsa-mix8: PYQSA_HC_MIX_TOKENS=8 (the mixes of steps of up to 8 tokens
+# as hc_down and hc_pre, not only one-token steps)
 VARIANTS = (
     "pyqsa",
     "upstream",
@@ -62,6 +63,7 @@ VARIANTS = (
     "pyqsa-topk1",
     "pyqsa-hcmixunf",
     "pyqsa-combapart",
+    "pyqsa-mix8",
 )
 SHORT = {
     "pyqsa": "pyqsa",
@@ -83,6 +85,7 @@ SHORT = {
     "pyqsa-topk1": "topk1",
     "pyqsa-hcmixunf": "hcmix",
     "pyqsa-combapart": "cmbap",
+    "pyqsa-mix8": "mix8",
 }
 # the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)
 PAGED = (
