@@ -7,8 +7,8 @@
 // rows, a lane 8-element chunks of both. The cluster's first CTA adds the CTAs' sums in rank order
 // from their shared memory, each stream's RMS factor applied after the reduction (lo = sum over c
 // of f[c] * (w . x g)[c]). Needs sm_90 (pyqsa_cuda_hc_mix_supported). Where a combine made x, its
-// launch can be hc_down's (pyqsa_cuda_hc_combine_fuse): each CTA computes its part of x from the
-// combine's inputs, and the first cluster stores it as the combine's result.
+// launch can be hc_down's (pyqsa_cuda_hc_combine_fuse, opt-in): each CTA computes its part of x
+// from the combine's inputs, and the first cluster stores it as the combine's result.
 // hc_pre: a warp an embedding position, a lane chunks of its hc rows of w_up (lr wide) against
 // the tokens' low-rank inputs in shared memory (each read once for the hc rows), then the
 // sigmoid-gated mean over the streams.
@@ -498,7 +498,7 @@ void pyqsa_cuda_hc_down(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
 
 int pyqsa_cuda_hc_combine_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
     const ggml_tensor * comb = cgraph->nodes[i];
-    if (i + 1 >= cgraph->n_nodes || pyqsa_env_switch_on("PYQSA_CUDA_HC_COMBINE_APART")) {
+    if (i + 1 >= cgraph->n_nodes || !pyqsa_env_switch_on("PYQSA_CUDA_HC_COMBINE_FUSED")) {
         return 0;
     }
     ggml_tensor * down = cgraph->nodes[i + 1];
