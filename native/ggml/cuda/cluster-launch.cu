@@ -4,13 +4,19 @@
 #include <cstdlib>
 
 bool pyqsa_cuda_clusters_on(const void * kernel) {
-    const int cc = ggml_cuda_info().devices[ggml_cuda_get_device()].cc;
-    if (!GGML_CUDA_CC_IS_NVIDIA(cc) || cc < GGML_CUDA_CC_HOPPER) {
-        return false;
+    static int on[GGML_CUDA_MAX_DEVICES] = {};  // 0 unknown, 1 yes, 2 no
+    const int  device                    = ggml_cuda_get_device();
+    if (on[device] == 0) {
+        const int cc  = ggml_cuda_info().devices[device].cc;
+        bool      yes = false;
+        if (GGML_CUDA_CC_IS_NVIDIA(cc) && cc >= GGML_CUDA_CC_HOPPER) {
+            cudaFuncAttributes attr = {};
+            CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+            yes = attr.ptxVersion >= 90;
+        }
+        on[device] = yes ? 1 : 2;
     }
-    cudaFuncAttributes attr = {};
-    CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-    return attr.ptxVersion >= 90;
+    return on[device] == 1;
 }
 
 bool pyqsa_cuda_pdl_on(const void * kernel) {

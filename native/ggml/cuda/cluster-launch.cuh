@@ -5,7 +5,8 @@
 #include "ggml-cuda/common.cuh"
 
 // whether kernel runs in clusters on the current CUDA device: sm_90 or later, running code built
-// for it (not a JIT of older PTX, where the kernels' cluster code is compiled out)
+// for it (not a JIT of older PTX, where the kernels' cluster code is compiled out). Found once a
+// device: every kernel of the library is built for the same architectures.
 bool pyqsa_cuda_clusters_on(const void * kernel);
 
 // whether kernel launches programmatically (PDL) where ggml_cuda_kernel_launch would: built for

@@ -142,7 +142,7 @@ struct cols_args : gemv_args {
 };
 
 // K split over a thread-block cluster needs sm_90's distributed shared memory; elsewhere the
-// split kernels are never launched (clusters_on)
+// split kernels are never launched (pyqsa_cuda_clusters_on)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= GGML_CUDA_CC_HOPPER
 #    define PYQSA_GEMV_CLUSTERS 1
 #else
@@ -357,15 +357,6 @@ struct cols_form {
     int W, RG, S;
 };
 
-// sm_90 or later, running code built for it (not a JIT of older PTX, where the split is compiled out)
-bool clusters_on(int device) {
-    static int on[GGML_CUDA_MAX_DEVICES] = {};  // 0 unknown, 1 yes, 2 no
-    if (on[device] == 0) {
-        on[device] = pyqsa_cuda_clusters_on((const void *) gemv_f16_cols<8, 1, true>) ? 1 : 2;
-    }
-    return on[device] == 1;
-}
-
 // NOTE: about 20 warps a SM (native/dev/README.md, the cols-gemv study: every shape of an 8-
 // sequence step of both MoE sizes, H100 and H200). A grid of more gets fewer warps a CTA (dense:
 // 4; a MoE's, whose every CTA first finds its expert's pairs: 4, then 32 rows, then 2 warps, then
@@ -400,7 +391,7 @@ template <int W, int RG, bool SPLIT> void launch_form(ggml_backend_cuda_context 
 
 void launch_cols(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y) {
     const int       n_sm = ggml_cuda_info().devices[ctx.device].nsm;
-    const cols_form f    = cols_form_of(a, grid_y, n_sm, clusters_on(ctx.device));
+    const cols_form f    = cols_form_of(a, grid_y, n_sm, pyqsa_cuda_clusters_on((const void *) gemv_f16_cols<8, 1, true>));
     if (f.S > 1) {
         launch_form<8, 1, true>(ctx, a, grid_y, f.S);
     } else if (f.W == 8) {

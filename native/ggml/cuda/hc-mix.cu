@@ -428,15 +428,6 @@ template <typename F> void with_kernel(const ggml_tensor * dst, int64_t n, F && 
     });
 }
 
-// hc_down's clusters: sm_90 and code built for it, found once a device
-bool clusters_on(int device) {
-    static int on[GGML_CUDA_MAX_DEVICES] = {};  // 0 unknown, 1 yes, 2 no
-    if (on[device] == 0) {
-        on[device] = pyqsa_cuda_clusters_on((const void *) hc_down<half, 1, 4, 8>) ? 1 : 2;
-    }
-    return on[device] == 1;
-}
-
 }  // namespace
 
 bool pyqsa_cuda_hc_mix_supported(const ggml_tensor * op) {
@@ -449,7 +440,7 @@ bool pyqsa_cuda_hc_mix_supported(const ggml_tensor * op) {
         return shapes;
     }
     const int64_t xg_bytes = nt * part_of(n_embd, hc, n_embd % 8 == 0 ? 8 : 2) * (int64_t) sizeof(float);
-    return shapes && xg_bytes <= MAX_DYNAMIC_SMEM && clusters_on(ggml_cuda_get_device());
+    return shapes && xg_bytes <= MAX_DYNAMIC_SMEM && pyqsa_cuda_clusters_on((const void *) hc_down<half, 1, 4, 8>);
 }
 
 namespace {
