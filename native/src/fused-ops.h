@@ -16,16 +16,17 @@ struct ggml_tensor;
 
 // Whether a mix of hyper-connections (its grouped norm, the products down, up and inject, the
 // gate and the streams' mean: five launches) runs as pyqsa_ggml_hc_down and pyqsa_ggml_hc_pre
-// (two): for a layer whose weights live on a GPU, at a one-sequence decode step (the kernels
-// take up to PYQSA_HC_MIX_MAX_TOKENS tokens, but at 8 they lost to upstream's ops), the streams
-// contiguous and the weights F16 or F32 (a quantized model's stay with upstream's products).
+// (two): for a layer whose weights live on a GPU whose backend runs both ops for them (asked:
+// CUDA takes up to PYQSA_HC_MIX_MAX_TOKENS tokens on sm_90), at a one-sequence decode step (at 8
+// they ran at par with upstream's ops), the tensors contiguous and the weights F16 or F32 (a
+// quantized model's stay with upstream's products).
 // Its products sum other inputs in another order than upstream's do, so unlike the switches
 // above it agrees with upstream's ops to rounding, not bit for bit; so a CPU layer keeps
 // upstream's ops, whose products round a row the same whatever the batch (a one-token chunk
 // would round otherwise than inside a wider one: the prefix cache's follow-ups are exact on the
 // CPU), and launches are a GPU's cost. Off with PYQSA_HC_MIX_UNFUSED; PYQSA_HC_MIX_TOKENS=N fuses
-// steps of up to N tokens;
-// PYQSA_HC_MIX_ANY_BACKEND=1 fuses on every backend (the CPU's tests of the graph).
+// steps of up to N tokens; PYQSA_HC_MIX_ANY_BACKEND=1 fuses on every backend (the CPU's tests of
+// the graph).
 bool pyqsa_hc_mix_fused(ggml_tensor * x, ggml_tensor * w_norm, ggml_tensor * w_down, ggml_tensor * w_up,
                         ggml_tensor * w_inject);
 
