@@ -30,7 +30,7 @@
 #                 gatesunf: pyqsa's with PYQSA_GATES_UNFUSED=1, the linear attention's and shared expert's gates as upstream's ops;
 #                 topk1: pyqsa's with PYQSA_CUDA_TOPK_ONE_CTA=1, a decode step's top-k rows on one CTA each, no cluster;
 #                 hcmixunf: pyqsa's with PYQSA_HC_MIX_UNFUSED=1, a decode step's hyper-connection mixes as upstream's ops;
-#                 combfused: pyqsa's with PYQSA_CUDA_HC_COMBINE_FUSED=1, each combine of hyper-connections inside the next mix's hc_down;
+#                 combapart: pyqsa's with PYQSA_CUDA_HC_COMBINE_APART=1, each combine of hyper-connections a launch of its own;
 #                 mix8: pyqsa's with PYQSA_HC_MIX_TOKENS=8, the hyper-connection mixes of steps of up to 8 tokens as hc_down and hc_pre)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024 --repeats 3")
 #                 --serve "SERVE FLAGS" (after the decode runs: bench/serve_run.sh, the server
@@ -94,7 +94,7 @@ declare -A variant_env=([cores]=PYQSA_QSA_ATTN_MMA=0 [moesync]=PYQSA_CUDA_MOE_SY
                         [moemmf]=PYQSA_CUDA_MOE_MMF=1 [gemvup]=PYQSA_CUDA_GEMV_UPSTREAM=1
                         [hcunf]=PYQSA_HC_UNFUSED=1 [ungrp]=PYQSA_CUDA_PRODUCTS_UNGROUPED=1
                         [gatesunf]=PYQSA_GATES_UNFUSED=1 [topk1]=PYQSA_CUDA_TOPK_ONE_CTA=1
-                        [hcmixunf]=PYQSA_HC_MIX_UNFUSED=1 [combfused]=PYQSA_CUDA_HC_COMBINE_FUSED=1
+                        [hcmixunf]=PYQSA_HC_MIX_UNFUSED=1 [combapart]=PYQSA_CUDA_HC_COMBINE_APART=1
                         [mix8]=PYQSA_HC_MIX_TOKENS=8)
 declare -A variant_args=([pyqsa]="--variant pyqsa" [paged]="--variant pyqsa --hot-blocks $hot_blocks"
                          [pagedq8]="--variant pyqsa --hot-blocks $hot_blocks --kv-type q8_0"

@@ -405,11 +405,10 @@ void check_mix(const mix_case & c, const std::vector<float> & data, ggml_backend
         std::string  apart;
         size_t       n_apart = 0;
         if (c.combine) {  // the combine inside hc_down (CUDA) against its own launch: the same bits
-            setenv("PYQSA_CUDA_HC_COMBINE_FUSED", "1", 1);
+            setenv("PYQSA_CUDA_HC_COMBINE_APART", "1", 1);
             n_apart = bits_differ(f, run(be, true));
-            unsetenv("PYQSA_CUDA_HC_COMBINE_FUSED");
-            apart = "; vs the combine inside hc_down: " + std::to_string(n_apart) +
-                    " elements differ in their bits";
+            unsetenv("PYQSA_CUDA_HC_COMBINE_APART");
+            apart = "; vs the combine apart: " + std::to_string(n_apart) + " elements differ in their bits";
         }
         return std::make_pair(e < BOUND && e_up < MIX_BOUND && n_apart == 0,
                               "vs CPU: nmse " + sci(e) + "; vs upstream's ops there: nmse " + sci(e_up) + apart + " ");

@@ -244,7 +244,7 @@ UPSTREAM_SWITCHES = {
     "PYQSA_GATES_UNFUSED": "-gatesunf",  # the linear attention's and shared expert's gates unfused
     "PYQSA_CUDA_TOPK_ONE_CTA": "-topk1",  # a decode step's top-k rows on one CTA each, no cluster
     "PYQSA_HC_MIX_UNFUSED": "-hcmixunf",  # a decode step's hyper-connection mixes as upstream's ops
-    "PYQSA_CUDA_HC_COMBINE_FUSED": "-combfused",  # each hyper-connection combine in the mix
+    "PYQSA_CUDA_HC_COMBINE_APART": "-combapart",  # each hyper-connection combine a launch apart
     "PYQSA_HC_MIX_TOKENS": "-mix8",  # hyper-connection mixes fused at steps of up to 8 tokens
 }
 

@@ -39,9 +39,9 @@ from .meta import RESULTS
 # the shared expert's gated join as upstream's ops, not pyqsa's gdn_gates and add_gated);
 # pyqsa-topk1: PYQSA_CUDA_TOPK_ONE_CTA=1 (a decode step's top-k rows on one CTA each, not over a
 # thread-block cluster); pyqsa-hcmixunf: PYQSA_HC_MIX_UNFUSED=1 (a decode step's hyper-connection
-# mixes as upstream's ops, not pyqsa's hc_down and hc_pre); pyqsa-combfused:
-# PYQSA_CUDA_HC_COMBINE_FUSED=1 (each combine of hyper-connections inside the next mix's hc_down,
-# not a launch of its own); pyqsa-mix8: PYQSA_HC_MIX_TOKENS=8 (the mixes of steps of up to 8 tokens
+# mixes as upstream's ops, not pyqsa's hc_down and hc_pre); pyqsa-combapart:
+# PYQSA_CUDA_HC_COMBINE_APART=1 (each combine of hyper-connections a launch of its own, not inside
+# the next mix's hc_down); pyqsa-mix8: PYQSA_HC_MIX_TOKENS=8 (the mixes of steps of up to 8 tokens
 # as hc_down and hc_pre, not only one-token steps)
 VARIANTS = (
     "pyqsa",
@@ -62,7 +62,7 @@ VARIANTS = (
     "pyqsa-gatesunf",
     "pyqsa-topk1",
     "pyqsa-hcmixunf",
-    "pyqsa-combfused",
+    "pyqsa-combapart",
     "pyqsa-mix8",
 )
 SHORT = {
@@ -84,7 +84,7 @@ SHORT = {
     "pyqsa-gatesunf": "gatun",
     "pyqsa-topk1": "topk1",
     "pyqsa-hcmixunf": "hcmix",
-    "pyqsa-combfused": "cmbfu",
+    "pyqsa-combapart": "cmbap",
     "pyqsa-mix8": "mix8",
 }
 # the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)

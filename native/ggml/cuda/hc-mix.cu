@@ -7,8 +7,8 @@
 // rows, a lane 8-element chunks of both. The cluster's first CTA adds the CTAs' sums in rank order
 // from their shared memory, each stream's RMS factor applied after the reduction (lo = sum over c
 // of f[c] * (w . x g)[c]). Needs sm_90 (pyqsa_cuda_hc_mix_supported). Where a combine made x, its
-// launch can be hc_down's (pyqsa_cuda_hc_combine_fuse, opt-in): each CTA computes its part of x
-// from the combine's inputs, and the first cluster stores it as the combine's result.
+// launch can be hc_down's (pyqsa_cuda_hc_combine_fuse): each CTA computes its part of x from the
+// combine's inputs, and the first cluster stores it as the combine's result.
 // hc_pre: a warp an embedding position, a lane chunks of its hc rows of w_up (lr wide) against
 // the tokens' low-rank inputs in shared memory (each read once for the hc rows), then the
 // sigmoid-gated mean over the streams.
@@ -107,6 +107,55 @@ __device__ __forceinline__ void add_chunk(float (&acc)[R], const chunk<W, VEC> (
     }
 }
 
+// a lane's chunks j = base + lane + 32 i (i < L) of the R rows w[r], those below n_ch
+template <typename W, int VEC, int R, int L>
+__device__ __forceinline__ void load_chunks(chunk<W, VEC> (&wc)[R][L], const W * const (&w)[R], int base, int n_ch,
+                                            int lane) {
+#pragma unroll
+    for (int i = 0; i < L; ++i) {
+        const int j = base + lane + WARP_SIZE * i;
+        if (j < n_ch) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                wc[r][i].load(w[r] + j * VEC);
+            }
+        }
+    }
+}
+
+// acc[t][r] = the warp's sum of row w[r] (n_ch chunks) times s + t * stride (NT rows of floats in
+// shared memory), in rounds of L chunks a lane, the first round's loads (load_chunks at 0) issued
+// by the caller
+template <typename W, int VEC, int R, int L, int NT>
+__device__ __forceinline__ void warp_dot_rows(float (&acc)[NT][R], chunk<W, VEC> (&wc)[R][L], const W * const (&w)[R],
+                                              int n_ch, const float * s, int64_t stride, int lane) {
+    const int first = (lane >> 2) & 1;
+    for (int base = 0;;) {
+#pragma unroll
+        for (int i = 0; i < L; ++i) {
+            const int j = base + lane + WARP_SIZE * i;
+            if (j < n_ch) {
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    add_chunk(acc[t], wc, i, s + t * stride + j * VEC, first);
+                }
+            }
+        }
+        base += WARP_SIZE * L;
+        if (base >= n_ch) {
+            break;
+        }
+        load_chunks(wc, w, base, n_ch, lane);
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            acc[t][r] = warp_reduce_sum(acc[t][r]);
+        }
+    }
+}
+
 // the combine that made x, where hc_down computes x itself (pyqsa_cuda_hc_combine_fuse)
 struct hc_combine_in {
     const float * out;       // [n_embd, NT]: the block's output (nullptr: x is read as it is)
@@ -155,20 +204,8 @@ __global__ void __launch_bounds__(BLOCK, DOWN_CTAS) hc_down(const hc_down_args a
         w[r] = (row < a.lr ? (const W *) a.w_down + row * width : (const W *) a.w_inject + (row - a.lr) * width) +
                c * a.n_embd + k0;
     }
-    chunk_t    wc[2][DOWN_LOADS];
-    const auto load = [&](int base) {
-#pragma unroll
-        for (int i = 0; i < DOWN_LOADS; ++i) {
-            const int j = base + lane + WARP_SIZE * i;
-            if (j < n_ch) {
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    wc[r][i].load(w[r] + j * VEC);
-                }
-            }
-        }
-    };
-    load(0);
+    chunk_t wc[2][DOWN_LOADS];
+    load_chunks(wc, w, 0, n_ch, lane);
     ggml_cuda_pdl_lc();
     ggml_cuda_pdl_sync();
 
@@ -235,32 +272,14 @@ __global__ void __launch_bounds__(BLOCK, DOWN_CTAS) hc_down(const hc_down_args a
         ss[threadIdx.x] = s;
     }
 
-    float     acc[NT][2] = {};
-    const int first      = (lane >> 2) & 1;
-    for (int base = 0;;) {
+    float acc[NT][2] = {};
+    warp_dot_rows(acc, wc, w, n_ch, xg, a.part, lane);
+    if (lane == 0) {
 #pragma unroll
-        for (int i = 0; i < DOWN_LOADS; ++i) {
-            const int j = base + lane + WARP_SIZE * i;
-            if (j < n_ch) {
+        for (int t = 0; t < NT; ++t) {
 #pragma unroll
-                for (int t = 0; t < NT; ++t) {
-                    add_chunk(acc[t], wc, i, xg + t * a.part + j * VEC, first);
-                }
-            }
-        }
-        base += WARP_SIZE * DOWN_LOADS;
-        if (base >= n_ch) {
-            break;
-        }
-        load(base);
-    }
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const float s = warp_reduce_sum(acc[t][r]);
-            if (lane == 0) {
-                sums[2 * warp + r][t] = s;
+            for (int r = 0; r < 2; ++r) {
+                sums[2 * warp + r][t] = acc[t][r];
             }
         }
     }
@@ -329,20 +348,8 @@ __global__ void __launch_bounds__(BLOCK, pre_ctas(NT)) hc_pre(const hc_pre_args 
     for (int c = 0; c < HC; ++c) {
         w[c] = (const W *) a.w_up + (min(e, a.n_embd - 1) + c * a.n_embd) * a.lr;  // a repeat past the end
     }
-    chunk_t    wc[HC][PRE_LOADS];
-    const auto load = [&](int base) {
-#pragma unroll
-        for (int i = 0; i < PRE_LOADS; ++i) {
-            const int j = base + lane + WARP_SIZE * i;
-            if (j < n_ch) {
-#pragma unroll
-                for (int c = 0; c < HC; ++c) {
-                    wc[c][i].load(w[c] + j * VEC);
-                }
-            }
-        }
-    };
-    load(0);
+    chunk_t wc[HC][PRE_LOADS];
+    load_chunks(wc, w, 0, n_ch, lane);
     ggml_cuda_pdl_lc();
     ggml_cuda_pdl_sync();
 
@@ -354,32 +361,8 @@ __global__ void __launch_bounds__(BLOCK, pre_ctas(NT)) hc_pre(const hc_pre_args 
     if (e >= a.n_embd) {
         return;
     }
-    float     gate[NT][HC] = {};
-    const int first        = (lane >> 2) & 1;
-    for (int base = 0;;) {
-#pragma unroll
-        for (int i = 0; i < PRE_LOADS; ++i) {
-            const int j = base + lane + WARP_SIZE * i;
-            if (j < n_ch) {
-#pragma unroll
-                for (int t = 0; t < NT; ++t) {
-                    add_chunk(gate[t], wc, i, lo + t * a.lr + j * VEC, first);
-                }
-            }
-        }
-        base += WARP_SIZE * PRE_LOADS;
-        if (base >= n_ch) {
-            break;
-        }
-        load(base);
-    }
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-#pragma unroll
-        for (int c = 0; c < HC; ++c) {
-            gate[t][c] = warp_reduce_sum(gate[t][c]);
-        }
-    }
+    float gate[NT][HC] = {};
+    warp_dot_rows(gate, wc, w, n_ch, lo, a.lr, lane);
     if (lane < NT) {
         const int t   = lane;
         float     sum = 0.0f;
@@ -489,7 +472,7 @@ void pyqsa_cuda_hc_down(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
 
 int pyqsa_cuda_hc_combine_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
     const ggml_tensor * comb = cgraph->nodes[i];
-    if (i + 1 >= cgraph->n_nodes || !pyqsa_env_switch_on("PYQSA_CUDA_HC_COMBINE_FUSED")) {
+    if (i + 1 >= cgraph->n_nodes || pyqsa_env_switch_on("PYQSA_CUDA_HC_COMBINE_APART")) {
         return 0;
     }
     ggml_tensor * down = cgraph->nodes[i + 1];

@@ -13,7 +13,5 @@ void pyqsa_cuda_hc_pre(ggml_backend_cuda_context & ctx, ggml_tensor * dst);
 // node i of cgraph is a PYQSA_GGML_OP_HC_COMBINE and node i + 1 the HC_DOWN that reads it: runs
 // both as one launch of hc_down, which computes x from the combine's inputs (each element as the
 // combine's kernel does: the same bits) and stores it as the combine's result, and returns 1;
-// else 0, having run nothing. On (read at every call) with PYQSA_CUDA_HC_COMBINE_FUSED=1: built
-// and compiled, not yet run on a GPU, so not the default until test-fused and fast_path.py pass
-// there.
+// else 0, having run nothing. Off (read at every call) with PYQSA_CUDA_HC_COMBINE_APART=1.
 int pyqsa_cuda_hc_combine_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i);
