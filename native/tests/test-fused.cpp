@@ -285,22 +285,28 @@ op_graph make_norm(ggml_context * ctx, const norm_case & c, bool fused) {
 // [hc n_embd, lr], w_inject [hc n_embd, hc], w_up [lr, hc n_embd], the weights of type w; with
 // combine, x is the HC_COMBINE of a block's output [n_embd, n_tokens], the streams before it
 // [n_embd, hc, n_tokens] and their scatter logits [hc, n_tokens] (as in the model, where CUDA runs
-// the two as one launch)
+// the two as one launch); with gated, that block's output is the ADD_GATED of a base, an x
+// [n_embd, n_tokens] and its gate [1, n_tokens] (the MoE's join, which that launch also takes)
 struct mix_case {
     int64_t   n_embd, hc, lr, n_tokens;
     ggml_type w;
     bool      combine = false;
+    bool      gated   = false;
 
     std::string name() const {
         char buf[160];
-        std::snprintf(buf, sizeof(buf), "%sHC_DOWN+HC_PRE(n_embd=%lld,hc=%lld,lr=%lld,n_tokens=%lld,%s)",
-                      combine ? "HC_COMBINE+" : "", (long long) n_embd, (long long) hc, (long long) lr,
-                      (long long) n_tokens, ggml_type_name(w));
+        std::snprintf(buf, sizeof(buf), "%s%sHC_DOWN+HC_PRE(n_embd=%lld,hc=%lld,lr=%lld,n_tokens=%lld,%s)",
+                      gated ? "ADD_GATED+" : "", combine ? "HC_COMBINE+" : "", (long long) n_embd, (long long) hc,
+                      (long long) lr, (long long) n_tokens, ggml_type_name(w));
         return buf;
     }
 
-    // the floats of the inputs before the weights: x, or the combine's three
-    int64_t n_in() const { return n_embd * hc * n_tokens + (combine ? n_embd * n_tokens + hc * n_tokens : 0); }
+    // the floats of the inputs before the weights: x, or the combine's three (the block's output
+    // as the add_gated's three)
+    int64_t n_in() const {
+        return n_embd * hc * n_tokens + (combine ? n_embd * n_tokens + hc * n_tokens : 0) +
+               (gated ? n_embd * n_tokens + n_tokens : 0);
+    }
 };
 
 // the two ops (fused) or upstream's graph of the mix as qwen4exp's build_hc_mix makes it; the
@@ -313,7 +319,13 @@ op_graph make_mix(ggml_context * ctx, const mix_case & c, bool fused) {
         ggml_tensor * out    = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n_embd, c.n_tokens);
         ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.hc, c.n_tokens);
         inputs               = { out, x, logits };
-        x                    = pyqsa_ggml_hc_combine(ctx, out, x, logits, 1.0f / (float) c.hc);
+        if (c.gated) {
+            ggml_tensor * gated = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n_embd, c.n_tokens);
+            ggml_tensor * gate  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 1, c.n_tokens);
+            inputs              = { out, gated, gate, x, logits };
+            out                 = pyqsa_ggml_add_gated(ctx, out, gated, gate);
+        }
+        x = pyqsa_ggml_hc_combine(ctx, out, x, logits, 1.0f / (float) c.hc);
     }
     ggml_tensor * w_norm   = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n_embd, c.hc);
     ggml_tensor * w_down   = ggml_new_tensor_2d(ctx, c.w, width, c.lr);
@@ -404,11 +416,23 @@ void check_mix(const mix_case & c, const std::vector<float> & data, ggml_backend
         const double e = nmse(f, fused), e_up = nmse(f, run(be, false));
         std::string  apart;
         size_t       n_apart = 0;
-        if (c.combine) {  // the combine inside hc_down (CUDA) against its own launch: the same bits
-            setenv("PYQSA_CUDA_HC_COMBINE_APART", "1", 1);
-            n_apart = bits_differ(f, run(be, true));
-            unsetenv("PYQSA_CUDA_HC_COMBINE_APART");
-            apart = "; vs the combine apart: " + std::to_string(n_apart) + " elements differ in their bits";
+        // the combine (and the add_gated) inside hc_down (CUDA) against their own launches, and hc_down
+        // fetching nothing ahead: the same bits
+        const auto bits_without = [&](const char * var, const char * what) {
+            setenv(var, "1", 1);
+            const size_t n = bits_differ(f, run(be, true));
+            unsetenv(var);
+            n_apart += n;
+            apart += std::string("; vs ") + what + ": " + std::to_string(n) + " elements differ in their bits";
+        };
+        if (c.combine) {
+            bits_without("PYQSA_CUDA_HC_COMBINE_APART", "the combine apart");
+        }
+        if (c.gated) {
+            bits_without("PYQSA_CUDA_ADD_GATED_APART", "the add_gated apart");
+        }
+        if (c.combine) {
+            bits_without("PYQSA_CUDA_HC_NO_PREFETCH", "no prefetch");
         }
         return std::make_pair(e < BOUND && e_up < MIX_BOUND && n_apart == 0,
                               "vs CPU: nmse " + sci(e) + "; vs upstream's ops there: nmse " + sci(e_up) + apart + " ");
@@ -468,12 +492,16 @@ int cmd_test(const char * only_backend) {
         check_fused(c, v, make_norm, cpu, only_backend, n_ok, n_fail);
     }
     // Flash-Next's mix (2560 wide, 4 streams, rank 320) at 1 and 8 sequences in f16 and f32, then
-    // odd sizes, 3 streams and rank 2, then mixes of a combine's streams
+    // odd sizes, 3 streams and rank 2, then mixes of a combine's streams, then of a combine of the
+    // MoE's gated join
     const mix_case mix_cases[] = { { 2560, 4, 320, 1, GGML_TYPE_F16 }, { 2560, 4, 320, 8, GGML_TYPE_F16 },
                                    { 2560, 4, 320, 1, GGML_TYPE_F32 }, { 2560, 4, 320, 5, GGML_TYPE_F32 },
                                    { 66, 3, 18, 3, GGML_TYPE_F16 },    { 34, 2, 2, 2, GGML_TYPE_F32 },
                                    { 2560, 4, 320, 1, GGML_TYPE_F16, true }, { 2560, 4, 320, 8, GGML_TYPE_F16, true },
-                                   { 66, 3, 18, 3, GGML_TYPE_F32, true } };
+                                   { 66, 3, 18, 3, GGML_TYPE_F32, true },
+                                   { 2560, 4, 320, 1, GGML_TYPE_F16, true, true },
+                                   { 2560, 4, 320, 8, GGML_TYPE_F16, true, true },
+                                   { 66, 3, 18, 3, GGML_TYPE_F32, true, true } };
     for (const mix_case & c : mix_cases) {
         check_mix(c, make_mix_data(c, rng), cpu, only_backend, n_ok, n_fail);
     }

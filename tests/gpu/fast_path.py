@@ -4,9 +4,9 @@ and 8 slots at once, each setting in a process of its own (the library reads its
 
 The fused graph ops keep upstream's bits by construction (native/src/fused-ops.h), so their runs
 must give the same tokens and log-probabilities, bit for bit: PYQSA_HC_UNFUSED=1 and
-PYQSA_GATES_UNFUSED=1 together against the default; so must a combine of hyper-connections run
-inside the next mix's first kernel (PYQSA_CUDA_HC_COMBINE_APART=1 runs it apart, with the same
-expressions). The grouped products
+PYQSA_GATES_UNFUSED=1 together against the default; so must a combine of hyper-connections, and
+the MoE's gated join before it, run inside the next mix's first kernel
+(PYQSA_CUDA_HC_COMBINE_APART=1 runs both apart, with the same expressions). The grouped products
 (PYQSA_CUDA_PRODUCTS_UNGROUPED=1) change the sums of the narrow products that went to upstream's
 f16-summed kernel alone, and a decode step's mixes of hyper-connections as two ops
 (PYQSA_HC_MIX_UNFUSED=1 keeps upstream's) sum their products in another order, so those runs are

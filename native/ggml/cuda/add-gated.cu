@@ -1,6 +1,4 @@
-// CUDA kernel of PYQSA_GGML_OP_ADD_GATED: a thread an element, its row's gate with the formula of
-// upstream's sigmoid kernel (unary.cu, built with the same flags), the product and the sum each
-// rounded (no FMA), as upstream's mul and add kernels round them.
+// CUDA kernel of PYQSA_GGML_OP_ADD_GATED: a thread an element (add_gated_element).
 #include "add-gated.cuh"
 
 namespace {
@@ -22,8 +20,7 @@ __global__ void add_gated(const add_gated_args a) {
     }
     ggml_cuda_pdl_sync();
     const int64_t c = i % a.n, r = i / a.n;
-    const float   w = 1.0f / (1.0f + expf(-a.g[r * a.g1]));
-    a.dst[i]        = __fadd_rn(a.base[c + r * a.base1], __fmul_rn(a.x[c + r * a.x1], w));
+    a.dst[i]        = add_gated_element(a.base[c + r * a.base1], a.x[c + r * a.x1], a.g[r * a.g1]);
 }
 
 }  // namespace
