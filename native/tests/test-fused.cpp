@@ -5,8 +5,10 @@
 // (ggml_add, ggml_softplus, ggml_mul; ggml_sigmoid), PYQSA_GGML_OP_ADD_GATED (ggml_sigmoid,
 // ggml_mul, ggml_add), PYQSA_GGML_OP_CONV_STEP (ggml_concat, ggml_ssm_conv, ggml_silu and the
 // state's copy, its output and its store side by side) and PYQSA_GGML_OP_RMS_NORM_GATED
-// (ggml_rms_norm, ggml_mul by the weight, ggml_sigmoid, ggml_mul). `perf` times both ways at
-// decode and prefill shapes.
+// (ggml_rms_norm, ggml_mul by the weight, ggml_sigmoid, ggml_mul). A decode step's GDN_GATES and
+// CONV_STEP in one graph, as qwen4exp's has them, are checked the same way, and on CUDA, which runs
+// the two as one launch, against their launches apart. `perf` times both ways at decode and
+// prefill shapes.
 //
 //   test-fused [test|perf] [-b BACKEND]      exit code 0 when every case passed
 #include "op-check.h"
@@ -257,6 +259,40 @@ op_graph make_conv(ggml_context * ctx, const conv_case & c, bool fused) {
     return { { state, x, kernel, store }, ggml_concat(ctx, ggml_reshape_2d(ctx, y, c.C, c.S), stored, 0) };
 }
 
+// a decode step's two gates and its convolution, of as many sequences (gates.T = 1)
+struct gates_conv_case {
+    gates_case gates;
+    conv_case  conv;
+
+    std::string name() const { return gates.name() + "+" + conv.name(); }
+};
+
+bool upstream_runs_off_cpu(const gates_conv_case & c) {
+    return upstream_runs_off_cpu(c.conv);
+}
+
+// make_gates' data, then make_conv's
+std::vector<float> make_gates_conv_data(const gates_conv_case & c, std::mt19937 & rng) {
+    std::vector<float>              d = make_gates_data(c.gates, rng);
+    std::normal_distribution<float> wide(0.0f, 6.0f);
+    const conv_case &               v = c.conv;
+    for (int64_t i = 0; i < 2 * (v.K - 1) * v.C * v.S + v.C * v.S + v.K * v.C; ++i) {
+        d.push_back(wide(rng));
+    }
+    return d;
+}
+
+// make_gates' graph, then make_conv's, in qwen4exp's order (the gates, a reshape of them, then the
+// convolution: CUDA's one launch); the result the gates' then the convolution's
+op_graph make_gates_conv(ggml_context * ctx, const gates_conv_case & c, bool fused) {
+    op_graph       g = make_gates(ctx, c.gates, fused);
+    const op_graph v = make_conv(ctx, c.conv, fused);
+    g.inputs.insert(g.inputs.end(), v.inputs.begin(), v.inputs.end());
+    g.out = ggml_concat(ctx, ggml_reshape_1d(ctx, g.out, ggml_nelements(g.out)),
+                        ggml_reshape_1d(ctx, v.out, ggml_nelements(v.out)), 0);
+    return g;
+}
+
 // x and z [n, rows] (with pad, views), w [n]
 struct norm_case : rows_case {
     std::string name() const { return label("RMS_NORM_GATED", ",views"); }
@@ -363,11 +399,21 @@ constexpr double MIX_BOUND = 1e-6;
 // of the sum into an FMA, against the CPU's; a wrong element would give ~1
 constexpr double BOUND = 1e-10;
 
+// how many elements of f differ in their bits from run()'s with the switch `apart` set (a
+// backend's fused launch split into the ops' own)
+template <typename Run> size_t differ_apart(const char * apart, const std::vector<float> & f, Run && run) {
+    setenv(apart, "1", 1);
+    const size_t n = bits_differ(f, run());
+    unsetenv(apart);
+    return n;
+}
+
 // an op against upstream's ops: make(ctx, c, fused)'s graph over data on the CPU and on every other
-// backend, bit for bit on each, and each other backend's op against the CPU's
+// backend, bit for bit on each, and each other backend's op against the CPU's; with apart, also
+// against the ops' own launches there, bit for bit
 template <typename Case, typename Make>
 void check_fused(const Case & c, const std::vector<float> & data, Make && make, ggml_backend_t cpu,
-                 const char * only_backend, int & n_ok, int & n_fail) {
+                 const char * only_backend, int & n_ok, int & n_fail, const char * apart = nullptr) {
     const std::string name = c.name();
     const auto        run  = [&](ggml_backend_t be, bool fused) {
         return run_graph(be, data, [&](ggml_context * ctx) { return make(ctx, c, fused); });
@@ -379,13 +425,18 @@ void check_fused(const Case & c, const std::vector<float> & data, Make && make, 
     on_other_backends(only_backend, name, n_ok, n_fail, [&](ggml_backend_t be) {
         const std::vector<float> f = run(be, true);
         if (f.empty()) return std::make_pair(false, std::string("not supported "));
-        const double e = nmse(f, fused);
+        const double e       = nmse(f, fused);
+        const size_t n_apart = apart ? differ_apart(apart, f, [&] { return run(be, true); }) : 0;
+        const std::string split =
+            apart ? "; vs its launches apart: " + std::to_string(n_apart) + " elements differ in their bits" : "";
         if (!upstream_runs_off_cpu(c)) {
-            return std::make_pair(e < BOUND, "vs CPU: nmse " + sci(e) + " (upstream's ops do not take this shape there) ");
+            return std::make_pair(e < BOUND && n_apart == 0,
+                                  "vs CPU: nmse " + sci(e) + " (upstream's ops do not take this shape there)" + split + " ");
         }
         const size_t n = bits_differ(f, run(be, false));
-        return std::make_pair(n == 0 && e < BOUND, "vs upstream's ops there: " + std::to_string(n) +
-                                                       " elements differ in their bits; vs CPU: nmse " + sci(e) + " ");
+        return std::make_pair(n == 0 && e < BOUND && n_apart == 0,
+                              "vs upstream's ops there: " + std::to_string(n) + " elements differ in their bits; vs CPU: nmse " +
+                                  sci(e) + split + " ");
     });
 }
 
@@ -405,10 +456,8 @@ void check_mix(const mix_case & c, const std::vector<float> & data, ggml_backend
         std::string  apart;
         size_t       n_apart = 0;
         if (c.combine) {  // the combine inside hc_down (CUDA) against its own launch: the same bits
-            setenv("PYQSA_CUDA_HC_COMBINE_APART", "1", 1);
-            n_apart = bits_differ(f, run(be, true));
-            unsetenv("PYQSA_CUDA_HC_COMBINE_APART");
-            apart = "; vs the combine apart: " + std::to_string(n_apart) + " elements differ in their bits";
+            n_apart = differ_apart("PYQSA_CUDA_HC_COMBINE_APART", f, [&] { return run(be, true); });
+            apart   = "; vs the combine apart: " + std::to_string(n_apart) + " elements differ in their bits";
         }
         return std::make_pair(e < BOUND && e_up < MIX_BOUND && n_apart == 0,
                               "vs CPU: nmse " + sci(e) + "; vs upstream's ops there: nmse " + sci(e_up) + apart + " ");
@@ -457,6 +506,14 @@ int cmd_test(const char * only_backend) {
         std::vector<float> v(2 * (c.K - 1) * c.C * c.S + c.C * c.S + c.K * c.C);
         for (float & e : v) e = wide(rng);
         check_fused(c, v, make_conv, cpu, only_backend, n_ok, n_fail);
+    }
+    // both in one graph: Flash-Next's at 1 and 8 sequences, then views of alpha and beta and odd sizes
+    const gates_conv_case gates_conv_cases[] = { { { 32, 1, 1, 0 }, { 4, 8192, 1 } },
+                                                 { { 32, 1, 8, 0 }, { 4, 8192, 8 } },
+                                                 { { 7, 1, 3, 5 }, { 3, 37, 3 } } };
+    for (const gates_conv_case & c : gates_conv_cases) {
+        check_fused(c, make_gates_conv_data(c, rng), make_gates_conv, cpu, only_backend, n_ok, n_fail,
+                    "PYQSA_CUDA_GDN_CONV_APART");
     }
     // Flash-Next's value heads (128 wide, 32 a token) at 1 and 8 tokens, a chunk, views, a row wider
     // than upstream's one-block cut (1024) and an odd one
