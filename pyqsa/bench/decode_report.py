@@ -42,7 +42,8 @@ from .meta import RESULTS
 # mixes as upstream's ops, not pyqsa's hc_down and hc_pre); pyqsa-combapart:
 # PYQSA_CUDA_HC_COMBINE_APART=1 (each combine of hyper-connections a launch of its own, not inside
 # the next mix's hc_down); pyqsa-mix8: PYQSA_HC_MIX_TOKENS=8 (the mixes of steps of up to 8 tokens
-# as hc_down and hc_pre, not only one-token steps)
+# as hc_down and hc_pre, not only one-token steps); pyqsa-gdnconvapart: PYQSA_CUDA_GDN_CONV_APART=1
+# (a decode step's gdn_gates a launch of its own, not inside conv_step's)
 VARIANTS = (
     "pyqsa",
     "upstream",
@@ -64,6 +65,7 @@ VARIANTS = (
     "pyqsa-hcmixunf",
     "pyqsa-combapart",
     "pyqsa-mix8",
+    "pyqsa-gdnconvapart",
 )
 SHORT = {
     "pyqsa": "pyqsa",
@@ -86,6 +88,7 @@ SHORT = {
     "pyqsa-hcmixunf": "hcmix",
     "pyqsa-combapart": "cmbap",
     "pyqsa-mix8": "mix8",
+    "pyqsa-gdnconvapart": "gcvap",
 }
 # the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)
 PAGED = (
