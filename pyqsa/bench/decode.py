@@ -245,9 +245,8 @@ UPSTREAM_SWITCHES = {
     "PYQSA_CUDA_TOPK_ONE_CTA": "-topk1",  # a decode step's top-k rows on one CTA each, no cluster
     "PYQSA_HC_MIX_UNFUSED": "-hcmixunf",  # a decode step's hyper-connection mixes as upstream's ops
     "PYQSA_CUDA_HC_COMBINE_APART": "-combapart",  # each hyper-connection combine a launch apart
-    "PYQSA_CUDA_ADD_GATED_APART": "-addgapart",  # the MoE's gated join a launch apart
-    "PYQSA_CUDA_HC_NO_PREFETCH": "-noprefetch",  # hc_down fetching nothing of hc_pre into L2
     "PYQSA_HC_MIX_TOKENS": "-mix8",  # hyper-connection mixes fused at steps of up to 8 tokens
+    "PYQSA_CUDA_GDN_CONV_APART": "-gdnconvapart",  # a decode step's gates a launch apart
 }
 
 

@@ -41,11 +41,9 @@ from .meta import RESULTS
 # thread-block cluster); pyqsa-hcmixunf: PYQSA_HC_MIX_UNFUSED=1 (a decode step's hyper-connection
 # mixes as upstream's ops, not pyqsa's hc_down and hc_pre); pyqsa-combapart:
 # PYQSA_CUDA_HC_COMBINE_APART=1 (each combine of hyper-connections a launch of its own, not inside
-# the next mix's hc_down); pyqsa-addgapart: PYQSA_CUDA_ADD_GATED_APART=1 (the MoE's gated join a
-# launch of its own, not inside the next mix's hc_down); pyqsa-noprefetch:
-# PYQSA_CUDA_HC_NO_PREFETCH=1 (hc_down fetching nothing of hc_pre's weights into L2); pyqsa-mix8:
-# PYQSA_HC_MIX_TOKENS=8 (the mixes of steps of up to 8 tokens as hc_down and hc_pre, not only
-# one-token steps)
+# the next mix's hc_down); pyqsa-mix8: PYQSA_HC_MIX_TOKENS=8 (the mixes of steps of up to 8 tokens
+# as hc_down and hc_pre, not only one-token steps); pyqsa-gdnconvapart: PYQSA_CUDA_GDN_CONV_APART=1
+# (a decode step's gdn_gates a launch of its own, not inside conv_step's)
 VARIANTS = (
     "pyqsa",
     "upstream",
@@ -66,9 +64,8 @@ VARIANTS = (
     "pyqsa-topk1",
     "pyqsa-hcmixunf",
     "pyqsa-combapart",
-    "pyqsa-addgapart",
-    "pyqsa-noprefetch",
     "pyqsa-mix8",
+    "pyqsa-gdnconvapart",
 )
 SHORT = {
     "pyqsa": "pyqsa",
@@ -90,9 +87,8 @@ SHORT = {
     "pyqsa-topk1": "topk1",
     "pyqsa-hcmixunf": "hcmix",
     "pyqsa-combapart": "cmbap",
-    "pyqsa-addgapart": "addga",
-    "pyqsa-noprefetch": "nopf",
     "pyqsa-mix8": "mix8",
+    "pyqsa-gdnconvapart": "gcvap",
 }
 # the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)
 PAGED = (

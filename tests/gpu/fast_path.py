@@ -4,9 +4,10 @@ and 8 slots at once, each setting in a process of its own (the library reads its
 
 The fused graph ops keep upstream's bits by construction (native/src/fused-ops.h), so their runs
 must give the same tokens and log-probabilities, bit for bit: PYQSA_HC_UNFUSED=1 and
-PYQSA_GATES_UNFUSED=1 together against the default; so must a combine of hyper-connections, and
-the MoE's gated join before it, run inside the next mix's first kernel
-(PYQSA_CUDA_HC_COMBINE_APART=1 runs both apart, with the same expressions). The grouped products
+PYQSA_GATES_UNFUSED=1 together against the default; so must a combine of hyper-connections run
+inside the next mix's first kernel (PYQSA_CUDA_HC_COMBINE_APART=1 runs it apart, with the same
+expressions), and a decode step's linear-attention gates inside its convolution's launch
+(PYQSA_CUDA_GDN_CONV_APART=1 runs them apart, likewise). The grouped products
 (PYQSA_CUDA_PRODUCTS_UNGROUPED=1) change the sums of the narrow products that went to upstream's
 f16-summed kernel alone, and a decode step's mixes of hyper-connections as two ops
 (PYQSA_HC_MIX_UNFUSED=1 keeps upstream's) sum their products in another order, so those runs are
@@ -30,7 +31,8 @@ UNFUSED = {"PYQSA_HC_UNFUSED": "1", "PYQSA_GATES_UNFUSED": "1"}
 UNGROUPED = {"PYQSA_CUDA_PRODUCTS_UNGROUPED": "1"}
 MIX_UNFUSED = {"PYQSA_HC_MIX_UNFUSED": "1"}
 COMBINE_APART = {"PYQSA_CUDA_HC_COMBINE_APART": "1"}
-SWITCHES = (*UNFUSED, *UNGROUPED, *MIX_UNFUSED, *COMBINE_APART)
+GATES_APART = {"PYQSA_CUDA_GDN_CONV_APART": "1"}
+SWITCHES = (*UNFUSED, *UNGROUPED, *MIX_UNFUSED, *COMBINE_APART, *GATES_APART)
 
 
 def prompts(n: int) -> list[list[int]]:
@@ -153,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, env, gated in (
             ("unfused", UNFUSED, True),
             ("combine apart", COMBINE_APART, True),
+            ("gates apart", GATES_APART, True),
             ("ungrouped", UNGROUPED, False),
             ("mix unfused", MIX_UNFUSED, False),
         ):

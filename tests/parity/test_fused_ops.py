@@ -131,11 +131,12 @@ def test_greedy_outputs_of_eight_slots_through_the_engine_keep_their_bits_unfuse
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 4 and "[16, 16, 16, 16, 16, 16, 16, 16] tokens each" in lines[0]
+    assert len(lines) == 5 and "[16, 16, 16, 16, 16, 16, 16, 16] tokens each" in lines[0]
     assert "vs unfused" in lines[0] and "identical True" in lines[0] and lines[0].endswith("OK")
-    # the combine inside the mix's first kernel is CUDA's: on the CPU the switch changes nothing
-    combine = lines[1]
-    assert "vs combine apart" in combine and "identical True" in combine and combine.endswith("OK")
+    # the combine inside the mix's first kernel and the gates inside the convolution's are CUDA's
+    # launches: on the CPU their switches change nothing
+    for line, label in ((lines[1], "vs combine apart"), (lines[2], "vs gates apart")):
+        assert label in line and "identical True" in line and line.endswith("OK")
 
 
 def test_the_two_gpu_check_needs_two_gpus():

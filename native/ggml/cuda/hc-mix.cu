@@ -7,15 +7,11 @@
 // rows, a lane 8-element chunks of both. The cluster's first CTA adds the CTAs' sums in rank order
 // from their shared memory, each stream's RMS factor applied after the reduction (lo = sum over c
 // of f[c] * (w . x g)[c]). Needs sm_90 (pyqsa_cuda_hc_mix_supported). Where a combine made x, its
-// launch can be hc_down's (pyqsa_cuda_hc_down_fuse): each CTA computes its part of x from the
-// combine's inputs, and the first cluster stores it as the combine's result; where the block's
-// output was the shared expert's gated join (add_gated, read by the combine alone), from that
-// join's inputs too. Launched from the graph, hc_down also fetches the next hc_pre's w_up into L2
-// (each CTA a share, issued before it waits), so that hc_pre's loads, a round trip each, hit L2.
+// launch can be hc_down's (pyqsa_cuda_hc_combine_fuse): each CTA computes its part of x from the
+// combine's inputs, and the first cluster stores it as the combine's result.
 // hc_pre: a warp an embedding position, a lane chunks of its hc rows of w_up (lr wide) against
 // the tokens' low-rank inputs in shared memory (each read once for the hc rows), then the
 // sigmoid-gated mean over the streams.
-#include "add-gated.cuh"
 #include "cluster-launch.cuh"
 #include "hc-combine.cuh"
 #include "hc-mix.cuh"
@@ -160,38 +156,14 @@ __device__ __forceinline__ void warp_dot_rows(float (&acc)[NT][R], chunk<W, VEC>
     }
 }
 
-// the combine that made x, where hc_down computes x itself (pyqsa_cuda_hc_down_fuse)
+// the combine that made x, where hc_down computes x itself (pyqsa_cuda_hc_combine_fuse)
 struct hc_combine_in {
-    const float * out;       // [n_embd, NT]: the block's output (nullptr: x is read as it is), or
-                             // with `gated` set the base of the add_gated that made it
-    const float * gated;     // [n_embd, NT]: that add_gated's x, else nullptr
-    const float * gate;      // [1, NT]: that add_gated's g
+    const float * out;       // [n_embd, NT]: the block's output (nullptr: x is read as it is)
     const float * residual;  // [n_embd, hc, NT]
     const float * inject;    // [hc, NT]
     float         scale;
-    int64_t       so1, sx1, sg1, sr1, sr2, si0, si1;  // strides in floats
+    int64_t       so1, sr1, sr2, si0, si1;  // strides in floats
 };
-
-// the block's output at element e of token t
-__device__ __forceinline__ float block_output(const hc_combine_in & in, int64_t e, int t) {
-    const float o = in.out[e + t * in.so1];
-    return in.gated ? add_gated_element(o, in.gated[e + t * in.sx1], in.gate[t * in.sg1]) : o;
-}
-
-// this CTA's share of bytes at p fetched into L2 (a hint: the tail past 16-byte multiples is left)
-__device__ __forceinline__ void prefetch_l2_share(const char * p, int64_t bytes) {
-#if PYQSA_HC_CLUSTERS
-    const int64_t share = (bytes / gridDim.x + 15) / 16 * 16;
-    const int64_t start = blockIdx.x * share;
-    const int64_t n     = min(share, bytes - start) / 16 * 16;
-    if (n > 0) {
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + start), "r"((unsigned) n) : "memory");
-    }
-#else
-    GGML_UNUSED(p);
-    GGML_UNUSED(bytes);
-#endif
-}
 
 struct hc_down_args {
     float *       x;       // [n_embd, hc, NT], contiguous (with a combine, written by the first cluster)
@@ -203,8 +175,6 @@ struct hc_down_args {
     int64_t       part;  // columns of a stream a CTA takes (the last CTA of a stream fewer)
     float         eps, scale;
     hc_combine_in comb;
-    const char *  prefetch;  // the next hc_pre's w_up (nullptr: none)
-    int64_t       prefetch_bytes;
 };
 
 // a stream's part a CTA: n_embd over parts_of(hc), rounded up to whole chunks
@@ -236,9 +206,6 @@ __global__ void __launch_bounds__(BLOCK, DOWN_CTAS) hc_down(const hc_down_args a
     }
     chunk_t wc[2][DOWN_LOADS];
     load_chunks(wc, w, 0, n_ch, lane);
-    if (a.prefetch != nullptr && threadIdx.x == 0) {
-        prefetch_l2_share(a.prefetch, a.prefetch_bytes);
-    }
     ggml_cuda_pdl_lc();
     ggml_cuda_pdl_sync();
 
@@ -263,7 +230,7 @@ __global__ void __launch_bounds__(BLOCK, DOWN_CTAS) hc_down(const hc_down_args a
                     const float   in = a.comb.inject[c * a.comb.si0 + t * a.comb.si1];
 #pragma unroll
                     for (int v = 0; v < VEC; ++v) {
-                        xv[t].v[v] = hc_combine_element(block_output(a.comb, e0 + v, t),
+                        xv[t].v[v] = hc_combine_element(a.comb.out[e0 + v + t * a.comb.so1],
                                                         a.comb.residual[e0 + v + c * a.comb.sr1 + t * a.comb.sr2],
                                                         in, a.comb.scale);
                     }
@@ -461,10 +428,8 @@ bool pyqsa_cuda_hc_mix_supported(const ggml_tensor * op) {
 
 namespace {
 
-// hc_down for node dst, x computed from the combine `comb` where comb.out is set, w_up (if any)
-// fetched into L2
-void launch_down(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const hc_combine_in & comb,
-                 const ggml_tensor * w_up) {
+// hc_down for node dst, x computed from the combine `comb` where comb.out is set
+void launch_down(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const hc_combine_in & comb) {
     const ggml_tensor * x = dst->src[0];
     GGML_ASSERT(ggml_is_contiguous(dst) && ggml_is_contiguous(x));
     const int64_t n_embd = x->ne[0], hc = x->ne[1], nt = x->ne[2], lr = dst->src[2]->ne[1];
@@ -482,8 +447,6 @@ void launch_down(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const hc_co
         ggml_get_op_params_f32(dst, 1),
         ggml_get_op_params_f32(dst, 2),
         comb,
-        w_up ? (const char *) w_up->data : nullptr,
-        w_up ? (int64_t) ggml_nbytes(w_up) : 0,
     };
     const unsigned                       cluster = (unsigned) (hc * parts_of((int) hc));
     const unsigned                       blocks  = (unsigned) ((lr + hc + ROWS - 1) / ROWS) * cluster;
@@ -501,91 +464,42 @@ bool overlap(const ggml_tensor * a, const ggml_tensor * b) {
     return a0 < b0 + ggml_nbytes(b) && b0 < a0 + ggml_nbytes(a);
 }
 
-bool is_op(const ggml_tensor * t, int op) {
-    return t->op == GGML_OP_PYQSA && ggml_get_op_params_i32(t, 0) == op;
-}
-
-// the w_up of the HC_PRE that reads node i's result within the next few nodes, or nullptr
-const ggml_tensor * next_w_up(const ggml_cgraph * g, int i) {
-    if (pyqsa_env_switch_on("PYQSA_CUDA_HC_NO_PREFETCH")) {
-        return nullptr;
-    }
-    for (int k = i + 1; k < g->n_nodes && k <= i + 3; ++k) {
-        if (is_op(g->nodes[k], PYQSA_GGML_OP_HC_PRE) && g->nodes[k]->src[3] == g->nodes[i]) {
-            return g->nodes[k]->src[2];
-        }
-    }
-    return nullptr;
-}
-
-// where node j's add_gated can run inside the combine at j + 1: read by it alone, not an output,
-// each token's row of its inputs contiguous
-bool add_gated_foldable(const ggml_cgraph * g, int j) {
-    const ggml_tensor * add = g->nodes[j];
-    return !pyqsa_env_switch_on("PYQSA_CUDA_ADD_GATED_APART") && ggml_node_get_use_count(g, j) == 1 &&
-           (add->flags & GGML_TENSOR_FLAG_OUTPUT) == 0 && add->src[0]->nb[0] == sizeof(float) &&
-           add->src[1]->nb[0] == sizeof(float) && ggml_nrows(add) == add->ne[1];
-}
-
 }  // namespace
 
 void pyqsa_cuda_hc_down(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
-    launch_down(ctx, dst, hc_combine_in{}, nullptr);
+    launch_down(ctx, dst, hc_combine_in{});
 }
 
-int pyqsa_cuda_hc_down_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
-    const bool folds_add = is_op(cgraph->nodes[i], PYQSA_GGML_OP_ADD_GATED);
-    const int  ic        = folds_add ? i + 1 : i;  // the combine
-    if (ic + 1 >= cgraph->n_nodes || !is_op(cgraph->nodes[ic], PYQSA_GGML_OP_HC_COMBINE)) {
+int pyqsa_cuda_hc_combine_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i) {
+    const ggml_tensor * comb = cgraph->nodes[i];
+    if (i + 1 >= cgraph->n_nodes || pyqsa_env_switch_on("PYQSA_CUDA_HC_COMBINE_APART")) {
         return 0;
     }
-    ggml_tensor * comb = cgraph->nodes[ic];
-    ggml_tensor * down = cgraph->nodes[ic + 1];
-    if (!is_op(down, PYQSA_GGML_OP_HC_DOWN) || down->src[0] != comb || !pyqsa_cuda_hc_mix_supported(down)) {
+    ggml_tensor * down = cgraph->nodes[i + 1];
+    if (down->op != GGML_OP_PYQSA || ggml_get_op_params_i32(down, 0) != PYQSA_GGML_OP_HC_DOWN ||
+        down->src[0] != comb || !pyqsa_cuda_hc_mix_supported(down)) {
         return 0;
     }
-    const ggml_tensor * w_up = next_w_up(cgraph, ic + 1);
-    if (pyqsa_env_switch_on("PYQSA_CUDA_HC_COMBINE_APART")) {
-        if (folds_add) {
-            return 0;
-        }
-        pyqsa_cuda_hc_combine(ctx, comb);
-        launch_down(ctx, down, hc_combine_in{}, w_up);
-        return 1;
-    }
-    const ggml_tensor * add      = folds_add ? cgraph->nodes[i] : nullptr;
-    const ggml_tensor * out      = comb->src[0];
+    const ggml_tensor * out = comb->src[0];
     const ggml_tensor * residual = comb->src[1];
     const ggml_tensor * inject   = comb->src[2];
-    if (folds_add && (out != add || !add_gated_foldable(cgraph, i))) {
+    // the other clusters read the combine's inputs while the first writes its result
+    if (overlap(out, comb) || overlap(residual, comb) || overlap(inject, comb)) {
         return 0;
     }
-    const ggml_tensor * base  = folds_add ? add->src[0] : out;
-    const ggml_tensor * gated = folds_add ? add->src[1] : nullptr;
-    const ggml_tensor * gate  = folds_add ? add->src[2] : nullptr;
-    // the other clusters read the combine's inputs while the first writes its result
-    for (const ggml_tensor * in : { base, gated, gate, residual, inject }) {
-        if (in != nullptr && overlap(in, comb)) {
-            return 0;
-        }
-    }
     const hc_combine_in in = {
-        (const float *) base->data,
-        gated ? (const float *) gated->data : nullptr,
-        gate ? (const float *) gate->data : nullptr,
+        (const float *) out->data,
         (const float *) residual->data,
         (const float *) inject->data,
         ggml_get_op_params_f32(comb, 1),
-        (int64_t) (base->nb[1] / sizeof(float)),
-        gated ? (int64_t) (gated->nb[1] / sizeof(float)) : 0,
-        gate ? (int64_t) (gate->nb[1] / sizeof(float)) : 0,
+        (int64_t) (out->nb[1] / sizeof(float)),
         (int64_t) (residual->nb[1] / sizeof(float)),
         (int64_t) (residual->nb[2] / sizeof(float)),
         (int64_t) (inject->nb[0] / sizeof(float)),
         (int64_t) (inject->nb[1] / sizeof(float)),
     };
-    launch_down(ctx, down, in, w_up);
-    return ic + 1 - i;
+    launch_down(ctx, down, in);
+    return 1;
 }
 
 void pyqsa_cuda_hc_pre(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {

@@ -144,9 +144,10 @@ int pyqsa_cuda_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgr
     switch (ggml_get_op_params_i32(node, 0)) {
         case PYQSA_GGML_OP_SAMPLE:
             return pyqsa_cuda_sample_fuse(ctx, cgraph, i);
-        case PYQSA_GGML_OP_ADD_GATED:
         case PYQSA_GGML_OP_HC_COMBINE:
-            return pyqsa_cuda_hc_down_fuse(ctx, cgraph, i);
+            return pyqsa_cuda_hc_combine_fuse(ctx, cgraph, i);
+        case PYQSA_GGML_OP_GDN_GATES:
+            return pyqsa_cuda_gdn_conv_fuse(ctx, cgraph, i);
         default:
             return 0;
     }
