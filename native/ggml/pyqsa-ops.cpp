@@ -419,6 +419,19 @@ struct ggml_tensor * pyqsa_ggml_add_gated(struct ggml_context * ctx, struct ggml
     return as_op(result, PYQSA_GGML_OP_ADD_GATED, { base, x, g });
 }
 
+struct ggml_tensor * pyqsa_ggml_hc_combine_gated(struct ggml_context * ctx, struct ggml_tensor * base,
+                                                 struct ggml_tensor * x, struct ggml_tensor * g,
+                                                 struct ggml_tensor * residual, struct ggml_tensor * inject,
+                                                 float scale) {
+    GGML_ASSERT(x->type == GGML_TYPE_F32 && x->nb[0] == sizeof(float) && ggml_are_same_shape(base, x));
+    GGML_ASSERT(g->type == GGML_TYPE_F32 && g->ne[0] == 1 && g->ne[1] == x->ne[1] && g->ne[2] == 1 && g->ne[3] == 1);
+    // src[0..2] as the plain combine's (base in the block output's place), the join's x and g after
+    struct ggml_tensor * result = pyqsa_ggml_hc_combine(ctx, base, residual, inject, scale);
+    result->src[3]              = x;
+    result->src[4]              = g;
+    return result;
+}
+
 struct ggml_tensor * pyqsa_ggml_conv_step(struct ggml_context * ctx, struct ggml_tensor * state, struct ggml_tensor * x,
                                           struct ggml_tensor * kernel, struct ggml_tensor * store) {
     for (const ggml_tensor * t : { state, x, kernel, store }) {

@@ -373,6 +373,20 @@ GGML_API struct ggml_tensor * pyqsa_ggml_add_gated(struct ggml_context * ctx,
                                                    struct ggml_tensor * x,
                                                    struct ggml_tensor * g);
 
+// The combine of hyper-connections of a block whose output is a sigmoid-gated add, in one op:
+// pyqsa_ggml_hc_combine's out with its x[e, t] the join base[e, t] + x[e, t] * sigmoid(g[0, t])
+// (qwen4exp's MoE: the routed experts' sum and the shared expert's gated output). base and x as
+// pyqsa_ggml_add_gated's, residual and inject as pyqsa_ggml_hc_combine's. Each step rounded as
+// those two ops round it, so it agrees with them (and with upstream's seven ops) bit for bit on
+// one backend; one launch where they take two, and no tensor for the join.
+GGML_API struct ggml_tensor * pyqsa_ggml_hc_combine_gated(struct ggml_context * ctx,
+                                                          struct ggml_tensor * base,
+                                                          struct ggml_tensor * x,
+                                                          struct ggml_tensor * g,
+                                                          struct ggml_tensor * residual,
+                                                          struct ggml_tensor * inject,
+                                                          float scale);
+
 // A decode step of the linear attention's causal convolution (one token a sequence), its SiLU and
 // the store of the state the next step reads, in one op:
 //   win[., c, s]  = (state[0 .. K-2, c, s], x[c, 0, s])                 (K values)

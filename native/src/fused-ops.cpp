@@ -14,6 +14,17 @@ bool pyqsa_hc_fused() {
     return fused;
 }
 
+ggml_tensor * pyqsa_hc_combine(ggml_context * ctx, ggml_tensor * block_out, ggml_tensor * residual,
+                               ggml_tensor * inject, float scale) {
+    static const bool join = !pyqsa_env_switch_on("PYQSA_HC_JOIN_UNFUSED");
+    if (join && block_out->op == GGML_OP_PYQSA &&
+        block_out->op_params[0] == PYQSA_GGML_OP_ADD_GATED) {  // the sub-op (pyqsa-ggml.h)
+        return pyqsa_ggml_hc_combine_gated(ctx, block_out->src[0], block_out->src[1], block_out->src[2], residual,
+                                           inject, scale);
+    }
+    return pyqsa_ggml_hc_combine(ctx, block_out, residual, inject, scale);
+}
+
 // whether device dev runs the mix's two ops for these tensors: the ops built aside and asked
 static bool device_runs_mix(ggml_backend_dev_t dev, ggml_tensor * x, ggml_tensor * w_norm, ggml_tensor * w_down,
                             ggml_tensor * w_up, ggml_tensor * w_inject) {

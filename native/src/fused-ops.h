@@ -12,7 +12,15 @@
 // PYQSA_HC_UNFUSED.
 bool pyqsa_hc_fused();
 
+struct ggml_context;
 struct ggml_tensor;
+
+// That combine for a block's output: pyqsa_ggml_hc_combine, or where the output is a
+// pyqsa_ggml_add_gated (the MoE's shared expert joining the routed ones)
+// pyqsa_ggml_hc_combine_gated of the join's inputs, one op for the two (one launch fewer a layer,
+// the same bits); PYQSA_HC_JOIN_UNFUSED keeps the join an op of its own.
+ggml_tensor * pyqsa_hc_combine(ggml_context * ctx, ggml_tensor * block_out, ggml_tensor * residual,
+                               ggml_tensor * inject, float scale);
 
 // Whether a mix of hyper-connections (its grouped norm, the products down, up and inject, the
 // gate and the streams' mean: five launches) runs as pyqsa_ggml_hc_down and pyqsa_ggml_hc_pre

@@ -1,7 +1,7 @@
 // qwen4exp's fused ops as pyqsa runs them, each against the graph of upstream's ops it replaces,
 // bit for bit on each backend, then every other backend's op against the CPU's:
 // PYQSA_GGML_OP_HC_COMBINE (ggml_scale, ggml_sigmoid, ggml_scale by 2, ggml_dsv4_hc_post without
-// comb), PYQSA_GGML_OP_SILU_SCALED (ggml_scale then ggml_silu), PYQSA_GGML_OP_GDN_GATES
+// comb; its gated form with ggml_sigmoid, ggml_mul and ggml_add before), PYQSA_GGML_OP_SILU_SCALED (ggml_scale then ggml_silu), PYQSA_GGML_OP_GDN_GATES
 // (ggml_add, ggml_softplus, ggml_mul; ggml_sigmoid), PYQSA_GGML_OP_ADD_GATED (ggml_sigmoid,
 // ggml_mul, ggml_add), PYQSA_GGML_OP_CONV_STEP (ggml_concat, ggml_ssm_conv, ggml_silu and the
 // state's copy, its output and its store side by side) and PYQSA_GGML_OP_RMS_NORM_GATED
@@ -64,25 +64,32 @@ std::vector<float> run_graph(ggml_backend_t be, const std::vector<float> & data,
 }
 
 // x [n_embd, n_tokens] (with x_pad, a view whose rows are x_pad floats wider), residual
-// [n_embd, hc, n_tokens], inject [hc, n_tokens] (with inject_pad, a view of a wider tensor)
+// [n_embd, hc, n_tokens], inject [hc, n_tokens] (with inject_pad, a view of a wider tensor); gated:
+// the block's output is the join x + joined * sigmoid(g), joined [n_embd, n_tokens], g [1, n_tokens]
 struct hc_case {
     int64_t n_embd, hc, n_tokens, x_pad, inject_pad;
+    bool    gated = false;
 
     std::string name() const {
         char buf[128];
-        std::snprintf(buf, sizeof(buf), "HC_COMBINE(n_embd=%lld,hc=%lld,n_tokens=%lld%s)", (long long) n_embd,
-                      (long long) hc, (long long) n_tokens, x_pad || inject_pad ? ",views" : "");
+        std::snprintf(buf, sizeof(buf), "HC_COMBINE(%sn_embd=%lld,hc=%lld,n_tokens=%lld%s)", gated ? "gated," : "",
+                      (long long) n_embd, (long long) hc, (long long) n_tokens,
+                      x_pad || inject_pad ? ",views" : "");
         return buf;
     }
 };
 
-// x, residual, then inject; inject spans the sigmoid's range, its tails saturated
+// x, residual, inject, then the join's joined and g; inject and g span the sigmoid's range, their
+// tails saturated
 std::vector<float> make_data(const hc_case & c, std::mt19937 & rng) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    const int64_t                   n_x = (c.n_embd + c.x_pad) * c.n_tokens, n_res = c.n_embd * c.hc * c.n_tokens;
-    std::vector<float>              d(n_x + n_res + (c.hc + c.inject_pad) * c.n_tokens);
+    const int64_t n_x = (c.n_embd + c.x_pad) * c.n_tokens, n_res = c.n_embd * c.hc * c.n_tokens;
+    const int64_t n_in = (c.hc + c.inject_pad) * c.n_tokens, n_joined = c.gated ? c.n_embd * c.n_tokens : 0;
+    std::vector<float> d(n_x + n_res + n_in + n_joined + (c.gated ? c.n_tokens : 0));
     for (int64_t i = 0; i < (int64_t) d.size(); ++i) {
-        d[i] = (i < n_x ? 1.0f : i < n_x + n_res ? 4.0f : 12.0f) * nd(rng);
+        const int64_t joined = n_x + n_res + n_in;
+        d[i] = (i < n_x ? 1.0f : i < n_x + n_res ? 4.0f : i < joined ? 12.0f : i < joined + n_joined ? 1.0f : 12.0f) *
+               nd(rng);
     }
     return d;
 }
@@ -95,14 +102,23 @@ op_graph make_hc(ggml_context * ctx, const hc_case & c, bool fused) {
     ggml_tensor * x          = ggml_view_2d(ctx, x_buf, c.n_embd, c.n_tokens, x_buf->nb[1], 0);
     ggml_tensor * inject     = ggml_view_2d(ctx, inject_buf, c.hc, c.n_tokens, inject_buf->nb[1], 0);
     const float   inv_hc     = 1.0f / (float) c.hc;
+    ggml_tensor * joined     = c.gated ? ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n_embd, c.n_tokens) : nullptr;
+    ggml_tensor * g          = c.gated ? ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 1, c.n_tokens) : nullptr;
     ggml_tensor * out        = nullptr;
     // (upstream's CPU scale takes only contiguous rows: a copy of a view first, which changes no bit)
     if (fused) {
-        out = pyqsa_ggml_hc_combine(ctx, x, residual, inject, inv_hc);
+        out = c.gated ? pyqsa_ggml_hc_combine_gated(ctx, x, joined, g, residual, inject, inv_hc) :
+                        pyqsa_ggml_hc_combine(ctx, x, residual, inject, inv_hc);
     } else {
+        if (c.gated) {  // qwen4exp's build_layer_ffn: the shared expert's gated join
+            x = ggml_add(ctx, ggml_cont(ctx, x), ggml_mul(ctx, joined, ggml_sigmoid(ctx, g)));
+        }
         ggml_tensor * w = ggml_sigmoid(ctx, ggml_scale(ctx, ggml_cont(ctx, inject), inv_hc));
         w               = ggml_scale(ctx, w, 2.0f);
         out             = ggml_dsv4_hc_post(ctx, x, residual, w, nullptr);
+    }
+    if (c.gated) {
+        return { { x_buf, residual, inject_buf, joined, g }, out };
     }
     return { { x_buf, residual, inject_buf }, out };
 }
@@ -326,17 +342,21 @@ struct mix_case {
     int64_t   n_embd, hc, lr, n_tokens;
     ggml_type w;
     bool      combine = false;
+    bool      gated   = false;  // the combine's block output the MoE's join (hc_combine_gated)
 
     std::string name() const {
         char buf[160];
         std::snprintf(buf, sizeof(buf), "%sHC_DOWN+HC_PRE(n_embd=%lld,hc=%lld,lr=%lld,n_tokens=%lld,%s)",
-                      combine ? "HC_COMBINE+" : "", (long long) n_embd, (long long) hc, (long long) lr,
-                      (long long) n_tokens, ggml_type_name(w));
+                      gated ? "HC_COMBINE(gated)+" : combine ? "HC_COMBINE+" : "", (long long) n_embd, (long long) hc,
+                      (long long) lr, (long long) n_tokens, ggml_type_name(w));
         return buf;
     }
 
-    // the floats of the inputs before the weights: x, or the combine's three
-    int64_t n_in() const { return n_embd * hc * n_tokens + (combine ? n_embd * n_tokens + hc * n_tokens : 0); }
+    // the floats of the inputs before the weights: x, or the combine's three (four, gated)
+    int64_t n_in() const {
+        return n_embd * hc * n_tokens + (combine ? n_embd * n_tokens + hc * n_tokens : 0) +
+               (gated ? n_embd * n_tokens + n_tokens : 0);
+    }
 };
 
 // the two ops (fused) or upstream's graph of the mix as qwen4exp's build_hc_mix makes it; the
@@ -349,7 +369,14 @@ op_graph make_mix(ggml_context * ctx, const mix_case & c, bool fused) {
         ggml_tensor * out    = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n_embd, c.n_tokens);
         ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.hc, c.n_tokens);
         inputs               = { out, x, logits };
-        x                    = pyqsa_ggml_hc_combine(ctx, out, x, logits, 1.0f / (float) c.hc);
+        if (c.gated) {
+            ggml_tensor * joined = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n_embd, c.n_tokens);
+            ggml_tensor * g      = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 1, c.n_tokens);
+            inputs.insert(inputs.end(), { joined, g });
+            x = pyqsa_ggml_hc_combine_gated(ctx, out, joined, g, x, logits, 1.0f / (float) c.hc);
+        } else {
+            x = pyqsa_ggml_hc_combine(ctx, out, x, logits, 1.0f / (float) c.hc);
+        }
     }
     ggml_tensor * w_norm   = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n_embd, c.hc);
     ggml_tensor * w_down   = ggml_new_tensor_2d(ctx, c.w, width, c.lr);
@@ -475,6 +502,10 @@ int cmd_test(const char * only_backend) {
         { 256, 4, 300, 0, 0 },   // a prefill chunk
         { 96, 2, 17, 8, 3 },     // x and inject views of wider tensors
         { 33, 3, 5, 1, 1 },      // odd sizes
+        { 2048, 4, 1, 0, 0, true },  // the MoE's join inside: one sequence, eight, a chunk, views
+        { 2048, 4, 8, 0, 0, true },
+        { 256, 4, 300, 0, 0, true },
+        { 96, 2, 17, 8, 3, true },
     };
     for (const hc_case & c : cases) {
         check_fused(c, make_data(c, rng), make_hc, cpu, only_backend, n_ok, n_fail);
@@ -525,12 +556,14 @@ int cmd_test(const char * only_backend) {
         check_fused(c, v, make_norm, cpu, only_backend, n_ok, n_fail);
     }
     // Flash-Next's mix (2560 wide, 4 streams, rank 320) at 1 and 8 sequences in f16 and f32, then
-    // odd sizes, 3 streams and rank 2, then mixes of a combine's streams
+    // odd sizes, 3 streams and rank 2, then mixes of a combine's streams (and of the gated one's)
     const mix_case mix_cases[] = { { 2560, 4, 320, 1, GGML_TYPE_F16 }, { 2560, 4, 320, 8, GGML_TYPE_F16 },
                                    { 2560, 4, 320, 1, GGML_TYPE_F32 }, { 2560, 4, 320, 5, GGML_TYPE_F32 },
                                    { 66, 3, 18, 3, GGML_TYPE_F16 },    { 34, 2, 2, 2, GGML_TYPE_F32 },
                                    { 2560, 4, 320, 1, GGML_TYPE_F16, true }, { 2560, 4, 320, 8, GGML_TYPE_F16, true },
-                                   { 66, 3, 18, 3, GGML_TYPE_F32, true } };
+                                   { 66, 3, 18, 3, GGML_TYPE_F32, true },
+                                   { 2560, 4, 320, 1, GGML_TYPE_F16, true, true },
+                                   { 66, 3, 18, 3, GGML_TYPE_F32, true, true } };
     for (const mix_case & c : mix_cases) {
         check_mix(c, make_mix_data(c, rng), cpu, only_backend, n_ok, n_fail);
     }

@@ -245,6 +245,7 @@ UPSTREAM_SWITCHES = {
     "PYQSA_CUDA_TOPK_ONE_CTA": "-topk1",  # a decode step's top-k rows on one CTA each, no cluster
     "PYQSA_HC_MIX_UNFUSED": "-hcmixunf",  # a decode step's hyper-connection mixes as upstream's ops
     "PYQSA_CUDA_HC_COMBINE_APART": "-combapart",  # each hyper-connection combine a launch apart
+    "PYQSA_HC_JOIN_UNFUSED": "-joinunf",  # the MoE's gated join an op apart from the combine
     "PYQSA_HC_MIX_TOKENS": "-mix8",  # hyper-connection mixes fused at steps of up to 8 tokens
     "PYQSA_CUDA_GDN_CONV_APART": "-gdnconvapart",  # a decode step's gates a launch apart
 }

@@ -43,7 +43,8 @@ from .meta import RESULTS
 # PYQSA_CUDA_HC_COMBINE_APART=1 (each combine of hyper-connections a launch of its own, not inside
 # the next mix's hc_down); pyqsa-mix8: PYQSA_HC_MIX_TOKENS=8 (the mixes of steps of up to 8 tokens
 # as hc_down and hc_pre, not only one-token steps); pyqsa-gdnconvapart: PYQSA_CUDA_GDN_CONV_APART=1
-# (a decode step's gdn_gates a launch of its own, not inside conv_step's)
+# (a decode step's gdn_gates a launch of its own, not inside conv_step's); pyqsa-joinunf:
+# PYQSA_HC_JOIN_UNFUSED=1 (the MoE's gated join an op of its own, not inside the combine after it)
 VARIANTS = (
     "pyqsa",
     "upstream",
@@ -66,6 +67,7 @@ VARIANTS = (
     "pyqsa-combapart",
     "pyqsa-mix8",
     "pyqsa-gdnconvapart",
+    "pyqsa-joinunf",
 )
 SHORT = {
     "pyqsa": "pyqsa",
@@ -89,6 +91,7 @@ SHORT = {
     "pyqsa-combapart": "cmbap",
     "pyqsa-mix8": "mix8",
     "pyqsa-gdnconvapart": "gcvap",
+    "pyqsa-joinunf": "joinu",
 }
 # the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)
 PAGED = (

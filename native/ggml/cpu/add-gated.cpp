@@ -5,7 +5,6 @@
 #include "ggml-impl.h"
 #include "rows.h"
 
-#include <cmath>
 
 void pyqsa_cpu_add_gated(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
     const ggml_tensor * base = dst->src[0];  // [n, rows]
@@ -15,14 +14,12 @@ void pyqsa_cpu_add_gated(const struct ggml_compute_params * params, struct ggml_
     const int64_t       rows = dst->ne[1];
 
     for (int64_t r = params->ith; r < rows; r += params->nth) {
-        const float   w   = 1.f / (1.f + expf(-*pyqsa_row_f32(g, r)));  // ggml_sigmoid's
+        const float   w   = pyqsa_gate_weight(*pyqsa_row_f32(g, r));
         const float * br  = pyqsa_row_f32(base, r);
         const float * xr  = pyqsa_row_f32(x, r);
         float *       out = pyqsa_row_f32(dst, r);
         for (int64_t i = 0; i < n; ++i) {
-            // ggml_mul then ggml_add, each rounded (the file is built without FMA contraction)
-            const float prod = xr[i] * w;
-            out[i]           = br[i] + prod;
+            out[i] = pyqsa_add_gated_element(br[i], xr[i], w);
         }
     }
 }

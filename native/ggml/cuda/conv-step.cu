@@ -4,6 +4,7 @@
 // A GDN_GATES right before it runs in the same launch (pyqsa_cuda_gdn_conv_fuse).
 #include "conv-step.cuh"
 #include "gdn-gates.cuh"
+#include "pyqsa-cuda.cuh"
 #include "pyqsa-env.h"
 #include "pyqsa-ggml.h"
 
@@ -109,16 +110,10 @@ template <typename F> void with_width(const ggml_tensor * dst, F && f) {
     }
 }
 
-bool overlap(const ggml_tensor * a, const ggml_tensor * b) {
-    const char * a0 = (const char *) a->data;
-    const char * b0 = (const char *) b->data;
-    return a0 < b0 + ggml_nbytes(b) && b0 < a0 + ggml_nbytes(a);
-}
-
 // whether one of node's inputs lies in t's bytes
 bool reads(const ggml_tensor * node, const ggml_tensor * t) {
     for (const ggml_tensor * src : node->src) {
-        if (src != nullptr && overlap(src, t)) {
+        if (pyqsa_cuda_bytes_overlap(src, t)) {
             return true;
         }
     }
@@ -161,7 +156,7 @@ int pyqsa_cuda_gdn_conv_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph 
     }
     // at once, neither may touch what the other writes (conv_step's result and store): apart,
     // conv_step came after the gates, and the allocator may give its result the gates' inputs
-    if (overlap(conv, gates) || reads(conv, gates) || reads(gates, conv) || reads(gates, conv->src[3])) {
+    if (pyqsa_cuda_bytes_overlap(conv, gates) || reads(conv, gates) || reads(gates, conv) || reads(gates, conv->src[3])) {
         return 0;
     }
     const conv_step_args                 a = args_of(conv);

@@ -153,6 +153,15 @@ int pyqsa_cuda_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgr
     }
 }
 
+bool pyqsa_cuda_bytes_overlap(const ggml_tensor * a, const ggml_tensor * b) {
+    if (a == nullptr || b == nullptr) {
+        return false;
+    }
+    const char * a0 = (const char *) a->data;
+    const char * b0 = (const char *) b->data;
+    return a0 < b0 + ggml_nbytes(b) && b0 < a0 + ggml_nbytes(a);
+}
+
 bool pyqsa_cuda_strict_f32() {
     // read once: cuBLAS handles keep the math mode they were created with
     static const bool strict = pyqsa_env_switch_on("PYQSA_CUDA_STRICT_F32");

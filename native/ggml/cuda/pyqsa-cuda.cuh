@@ -12,6 +12,10 @@ bool pyqsa_cuda_supports_op(const ggml_tensor * op);
 // the patched ggml_cuda_try_fuse)
 int pyqsa_cuda_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgraph, int i);
 
+// whether the bytes of tensors a and b overlap (false where one is nullptr): a fused launch whose CTAs write one while others
+// read the other would race
+bool pyqsa_cuda_bytes_overlap(const ggml_tensor * a, const ggml_tensor * b);
+
 // whether the GPU can read p in place: device or pinned host memory, not pageable
 bool pyqsa_cuda_host_mapped(const void * p);
 

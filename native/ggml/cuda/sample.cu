@@ -19,6 +19,7 @@
 #include "sample.cuh"
 
 #include "ordered-key.cuh"
+#include "pyqsa-cuda.cuh"
 
 #include "../sample-adjust.h"
 #include "../sample-params.h"
@@ -476,20 +477,11 @@ bool is_noop(const ggml_tensor * t) {
     return ggml_is_empty(t) || ggml_op_is_empty(t->op) || (t->flags & GGML_TENSOR_FLAG_COMPUTE) == 0;
 }
 
-bool overlaps(const ggml_tensor * a, const ggml_tensor * b) {
-    if (a == nullptr || b == nullptr) {
-        return false;
-    }
-    const char * a0 = (const char *) a->data;
-    const char * b0 = (const char *) b->data;
-    return a0 < b0 + ggml_nbytes(b) && b0 < a0 + ggml_nbytes(a);
-}
-
 // whether op's result may be written while the ops of `run` read their inputs, and the reverse
 bool independent(const ggml_tensor * op, const std::vector<const ggml_tensor *> & run) {
     for (const ggml_tensor * other : run) {
         for (int s = 0; s < 3; ++s) {
-            if (overlaps(op, other->src[s]) || overlaps(other, op->src[s])) {
+            if (pyqsa_cuda_bytes_overlap(op, other->src[s]) || pyqsa_cuda_bytes_overlap(other, op->src[s])) {
                 return false;
             }
         }
