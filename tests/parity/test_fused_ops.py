@@ -1,14 +1,16 @@
 """pyqsa's fused ops in the qwen4exp graph give the bits of the ops they replace: the tiny model's
 logits of a prompt and of decode steps with the fused ops (the default) and with one switch set
 (upstream's ops), each in a process of its own (the switches are read once), and the graph of the
-first has the nodes fewer that each fusion takes away: PYQSA_HC_UNFUSED=1, three a combine and one
-a mix's gate; PYQSA_GATES_UNFUSED=1, twelve a linear-attention layer's decode step (two of its
-gates, one of its q and k norms, six of its convolution: concat, convolution, SiLU and the state's
-store as one op, three of its output's gated norm) and two a shared expert's join, and where a
+first has the nodes fewer that each fusion takes away: PYQSA_HC_UNFUSED=1, three a combine, one
+a mix's gate and one a shared expert's join (inside the combine after it); PYQSA_GATES_UNFUSED=1,
+twelve a linear-attention layer's decode step (two of its gates, one of its q and k norms, six of
+its convolution: concat, convolution, SiLU and the state's store as one op, three of its output's
+gated norm) and three a shared expert's join (sigmoid, mul and add, inside the combine), and where a
 decode step finds the sequence's states in its cell (every step here) another twelve a
 linear-attention layer (its two states read in place: build_rs's gathers, the views and the
 zero-sized copies around them, seven nodes each, for a view each) and two a step (the views of
-s_copy that the gathers read). The prompt's logits cover the prefill's convolution, whose state's
+s_copy that the gathers read); PYQSA_HC_JOIN_UNFUSED=1, one a shared expert's join (the join's
+own op). The prompt's logits cover the prefill's convolution, whose state's
 store copies the strided tail without a cont first. A decode step's mixes of hyper-connections run
 as two ops only on a GPU (their test is below)."""
 
@@ -24,7 +26,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SWITCHES = ("PYQSA_HC_UNFUSED", "PYQSA_GATES_UNFUSED")
+SWITCHES = ("PYQSA_HC_UNFUSED", "PYQSA_GATES_UNFUSED", "PYQSA_HC_JOIN_UNFUSED")
 MIX_SWITCHES = ("PYQSA_HC_MIX_ANY_BACKEND", "PYQSA_HC_MIX_UNFUSED")
 
 RUN = r"""
@@ -89,8 +91,9 @@ def test_each_fusion_gives_the_bits_of_upstreams_ops(tiny_gguf, tmp_path, fused_
     assert f["combines"] > 0 and f["fused_mixes"] == 0 and f["mixes"] == f["combines"] + 1
     assert f["linear_layers"] > 0 and f["shared_experts"] > 0
     fewer = {
-        "PYQSA_HC_UNFUSED": 3 * f["combines"] + f["mixes"],
-        "PYQSA_GATES_UNFUSED": 24 * f["linear_layers"] + 2 * f["shared_experts"] + 2,
+        "PYQSA_HC_UNFUSED": 3 * f["combines"] + f["mixes"] + f["shared_experts"],
+        "PYQSA_GATES_UNFUSED": 24 * f["linear_layers"] + 3 * f["shared_experts"] + 2,
+        "PYQSA_HC_JOIN_UNFUSED": f["shared_experts"],
     }[switch]
     assert u["step_nodes"] - f["step_nodes"] == fewer, (f, u)
 
