@@ -1,5 +1,6 @@
 // bench/host_split.py's LD_PRELOAD library: the CUDA runtime calls of each thread, counted and
-// timed (the host's part of a step: its synchronous copies and waits). shim_snapshot() hands the
+// timed (the host's part of a step: its synchronous copies and waits), and each thread's waits
+// for the GIL (PyEval_RestoreThread, below). shim_snapshot() hands the
 // figures to a caller in the process; with $SHIM_OUT set, a snapshot is appended there each time
 // $SHIM_OUT.trigger appears (its first line the mark, the file then removed) and at exit.
 //   gcc -O2 -shared -fPIC -o /tmp/cuda_calls.so bench/cuda_calls.c -ldl -lpthread
@@ -16,11 +17,11 @@
 
 enum { MEMCPY_ASYNC, MEMCPY2D_ASYNC, MEMCPY, STREAM_SYNC, GRAPH_LAUNCH, GRAPH_EXEC_UPDATE, BEGIN_CAPTURE,
        END_CAPTURE, INSTANTIATE, EVENT_SYNC, EVENT_RECORD, WAIT_EVENT, MEMSET_ASYNC, MALLOC, FREE, DEVICE_SYNC,
-       N_CALLS };
+       GIL_TAKE, GIL_TAKE_LONG, N_CALLS };
 static const char * names[N_CALLS] = { "cudaMemcpyAsync", "cudaMemcpy2DAsync", "cudaMemcpy", "cudaStreamSynchronize",
     "cudaGraphLaunch", "cudaGraphExecUpdate", "cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaGraphInstantiate",
     "cudaEventSynchronize", "cudaEventRecord", "cudaStreamWaitEvent", "cudaMemsetAsync", "cudaMalloc", "cudaFree",
-    "cudaDeviceSynchronize" };
+    "cudaDeviceSynchronize", "GIL_wait", "GIL_wait_over_1ms" };
 
 #define MAX_THREADS 64
 typedef struct {
@@ -92,6 +93,25 @@ WRAP(MEMSET_ASYNC, cudaMemsetAsync, (void * d, int v, size_t n, void * st), (d, 
 WRAP(MALLOC, cudaMalloc, (void ** p, size_t n), (p, n))
 WRAP(FREE, cudaFree, (void * p), (p))
 WRAP(DEVICE_SYNC, cudaDeviceSynchronize, (void), ())
+
+// The GIL taken back after a call that let go of it (each ctypes and cffi call, socket I/O, a lock's
+// wait): the wait for the GIL, counted as the calls above. Only calls from extension modules into a
+// shared libpython come here; where libpython is linked into the executable nothing does (no
+// GIL_wait lines). GIL_wait_over_1ms: those waits that took more than 1 ms, apart.
+void PyEval_RestoreThread(void * tstate) {
+    static void (*f)(void *);
+    if (!f) f = (void (*)(void *)) dlsym(RTLD_NEXT, "PyEval_RestoreThread");
+    thread_calls * t  = calls();
+    double         t0 = now();
+    f(tstate);
+    const double dt = now() - t0;
+    t->seconds[GIL_TAKE] += dt;
+    t->n[GIL_TAKE]++;
+    if (dt > 1e-3) {
+        t->seconds[GIL_TAKE_LONG] += dt;
+        t->n[GIL_TAKE_LONG]++;
+    }
+}
 
 // every thread's calls so far as lines "tid name count seconds"; returns the bytes written
 int shim_snapshot(char * buf, int len) {

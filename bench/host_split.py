@@ -7,15 +7,23 @@
         inside each
     python3 bench/host_split.py serve MODEL [--prompt-tokens 32000] [-- SERVE FLAGS]
         `pyqsa serve --slots 8` under serve_load.py's 8 requests decoding together: in a window
-        of that decode, the engine's step parts (/metrics) and each thread's calls per step
+        of that decode, the wall time and the engine's step parts (/metrics) and each thread's
+        calls per step
+    python3 bench/host_split.py engine MODEL [--prompt-tokens 32000] [-- SERVE FLAGS]
+        the same engine (start_engine, the same flags) and the same 8 requests in this process,
+        without the HTTP server: its events go to plain sinks. Against `serve`, what the server
+        costs the decode; against `decode`, what the engine does
 
-The library is built with gcc into /tmp/cuda_calls.so on the first run; the script then runs
-itself again with it preloaded."""
+Each thread's calls include its waits for the GIL after every call that let go of it (GIL_wait:
+ctypes and cffi calls, socket I/O), where python's libpython is a shared library (see
+cuda_calls.c). The library is built with gcc into /tmp/cuda_calls.so on the first run; the
+script then runs itself again with it preloaded."""
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import statistics
 import subprocess
@@ -148,7 +156,10 @@ def serve(args: argparse.Namespace) -> None:
                 for mark in ("start", "end"):
                     out.with_name(out.name + ".trigger").write_text(mark + "\n")
                     time.sleep(0.05)
-                    marks.append(engine_counters(URL))
+                    t0 = time.perf_counter()
+                    counters = engine_counters(URL)
+                    marks.append((t0 + time.perf_counter()) / 2)
+                    marks.append(counters)
                     if mark == "start":
                         time.sleep(1.2)
             time.sleep(0.05)
@@ -156,25 +167,115 @@ def serve(args: argparse.Namespace) -> None:
     finally:
         server.terminate()
         server.wait(timeout=60)
-    if len(marks) < 2:
+    if len(marks) < 4:
         sys.exit("no window of 8 requests decoding together was found")
-    a, b = marks
-    steps = b["steps"] - a["steps"]
-    parts = ("forward", "launch", "host", "copy", "prefix")
-    print(
-        f"\n## serve {' '.join(args.serve_flags)}: {steps:.0f} steps in the window; per step "
-        + ", ".join(f"{k} {1e3 * (b[k] - a[k]) / steps:.3f} ms" for k in parts if k in a)
-    )
+    ta, a, tb, b = marks
     snaps: dict[str, list[str]] = {}
     for line in out.read_text().splitlines():
         if line.startswith("== "):
             snaps[line.split()[1]] = current = []
         else:
             current.append(line)
-    for tid, calls in per_step(
-        parse_snapshot(snaps["start"]), parse_snapshot(snaps["end"]), steps
-    ).items():
-        print(f"  thread {tid}: {described(calls)}")
+    window(
+        f"serve {' '.join(args.serve_flags)}",
+        (ta, a, parse_snapshot(snaps["start"])),
+        (tb, b, parse_snapshot(snaps["end"])),
+        {str(server.pid): "the event loop"},
+    )
+
+
+def window(label: str, start: tuple, end: tuple, names: dict[str, str]) -> None:
+    """The window between two (time, engine counters, shim snapshot) marks: the wall time and
+    the engine's step parts per step, then each thread's calls per step (`names`: tid -> what
+    the thread is, where known)."""
+    (ta, a, sa), (tb, b, sb) = start, end
+    steps = b["steps"] - a["steps"]
+    parts = ("forward", "launch", "host", "copy", "prefix")
+    print(
+        f"\n## {label}: {steps:.0f} steps in the window; per step wall "
+        f"{1e3 * (tb - ta) / steps:.3f} ms, "
+        + ", ".join(f"{k} {1e3 * (b[k] - a[k]) / steps:.3f} ms" for k in parts if k in a)
+    )
+    threads = per_step(sa, sb, steps)
+    for tid, calls in threads.items():
+        what = f" ({names[tid]})" if tid in names else ""
+        print(f"  thread {tid}{what}: {described(calls)}")
+    if not any("GIL_wait" in calls for calls in threads.values()):
+        print("  (no GIL waits: this python's libpython is not a shared library the shim sees)")
+
+
+def engine(args: argparse.Namespace) -> None:
+    """`serve`'s engine and load without the HTTP server: the events go to plain sinks."""
+    import random
+    import threading
+
+    import click
+    import numpy as np
+
+    sys.path.append(str(ROOT))  # the server package, where it is not installed
+
+    from pyqsa.bench.serve_load import Load, draw_prompts, together_rate
+    from pyqsa.engine import Delta, Finished, SamplingParams
+    from server.cli import _engine_options
+    from server.startup import start_engine
+
+    @click.command()
+    @_engine_options
+    def flags(engine_flags, chat_template):
+        return engine_flags
+
+    flag_args = ["--slots", "8", "--ctx", str(args.prompt_tokens + 4000), "--batch-tokens", "512"]
+    engine_flags = flags.main([*flag_args, *args.serve_flags], standalone_mode=False)
+    eng, llama_model, _ = start_engine(str(args.model), engine_flags)
+    shim = ctypes.CDLL(None)
+    buf = ctypes.create_string_buffer(1 << 16)
+
+    names: dict[str, str] = {}
+
+    def mark() -> tuple:
+        names.update((str(t.native_id), t.name) for t in threading.enumerate())
+        n = shim.shim_snapshot(buf, len(buf))
+        s = eng.stats()
+        counters = {"steps": s.steps, **s.step_seconds}
+        if s.prefix is not None:
+            counters |= {"prefix": s.prefix.engine_seconds, "copy": s.prefix.copy_seconds}
+        return time.perf_counter(), counters, parse_snapshot(buf.raw[:n].decode().splitlines())
+
+    # serve_load's first run: the same prompts, greedy, exactly 256 tokens each
+    prompts, _ = draw_prompts(Load("", prompt_tokens=args.prompt_tokens), random.Random(0))
+    runs = [{"times": [], "completion_tokens": 256} for _ in prompts]
+    done = threading.Semaphore(0)
+
+    def sink(run: dict):
+        def take(ev) -> None:  # on the engine thread
+            if isinstance(ev, Delta) and ev.token_ids:
+                run["times"].append(time.perf_counter())
+            elif isinstance(ev, Finished):
+                done.release()
+
+        return take
+
+    params = SamplingParams(max_tokens=256, temperature=0.0, ignore_eos=True)
+    try:
+        for run, prompt in zip(runs, prompts, strict=True):
+            ids = np.asarray(prompt, dtype=np.int64)
+            eng.submit(prompt, params, sink(run), ids=ids)
+        deadline = time.monotonic() + 3600
+        while not all(r["times"] for r in runs):  # every prompt in: all decode together
+            if time.monotonic() > deadline:
+                sys.exit("the 8 requests never all decoded together")
+            time.sleep(0.01)
+        time.sleep(0.3)
+        start = mark()
+        time.sleep(1.2)
+        end = mark()
+        for _ in runs:
+            done.acquire()
+    finally:
+        eng.stop()
+        llama_model.close()
+    print(json.dumps({"together_tok_s": round(together_rate(runs), 1), "at": "the sinks"}))
+    window(f"engine {' '.join(args.serve_flags)}", start, end, names)
 
 
 def main() -> None:
@@ -184,13 +285,21 @@ def main() -> None:
     d.add_argument("model")
     d.add_argument("--context", type=int, default=32768)
     d.add_argument("--steps", type=int, default=32)
-    s = sub.add_parser("serve")
-    s.add_argument("model")
-    s.add_argument("--prompt-tokens", type=int, default=32000)
-    s.add_argument("serve_flags", nargs="*")
-    args = ap.parse_args()
+    for what in ("serve", "engine"):
+        s = sub.add_parser(what)
+        s.add_argument("model")
+        s.add_argument("--prompt-tokens", type=int, default=32000)
+        s.add_argument("serve_flags", nargs="*")
+    args, extra = ap.parse_known_args()
+    if extra[:1] == ["--"] and args.what != "decode":  # python < 3.12 leaves them here
+        args.serve_flags += extra[1:]
+    elif extra:
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
     if str(SHIM) not in os.environ.get("LD_PRELOAD", ""):
-        if not SHIM.exists():
+        if (
+            not SHIM.exists()
+            or SHIM.stat().st_mtime < (ROOT / "bench/cuda_calls.c").stat().st_mtime
+        ):
             subprocess.run(
                 [
                     "gcc",
@@ -208,7 +317,7 @@ def main() -> None:
         os.execve(
             sys.executable, [sys.executable, *sys.argv], dict(os.environ, LD_PRELOAD=str(SHIM))
         )
-    decode(args) if args.what == "decode" else serve(args)
+    {"decode": decode, "serve": serve, "engine": engine}[args.what](args)
 
 
 if __name__ == "__main__":
