@@ -21,7 +21,7 @@
 #                 sampled: pyqsa's with each step's rows drawn by the sample op, --sampling device;
 #                 cores: pyqsa's with PYQSA_QSA_ATTN_MMA=0, attention on CUDA cores (prefill and decode);
 #                 moesync: pyqsa's with PYQSA_CUDA_MOE_SYNC=1, upstream's host-sorted MoE products;
-#                 f16acc: pyqsa's with PYQSA_CUDA_F16_ACCUMULATE=1, upstream's f16 sums on cuBLAS;
+#                 f16acc: pyqsa's with PYQSA_CUDA_F16_ACCUMULATE=1, upstream's f16 sums on cuBLAS and MMVF;
 #                 gdnup: pyqsa's with PYQSA_CUDA_GDN_UPSTREAM=1, upstream's gated-delta-rule kernel;
 #                 moemmf: pyqsa's with PYQSA_CUDA_MOE_MMF=1, MoE products of every batch on MMF;
 #                 gemvup: pyqsa's with PYQSA_CUDA_GEMV_UPSTREAM=1, decode products (1-8 columns) on upstream's MMVF/MMF;

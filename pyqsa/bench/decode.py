@@ -235,7 +235,7 @@ def known_prefills(meta: dict[str, Any], n_batch: int) -> list[dict[str, Any]]:
 # op, and the suffix a run under one gets on its variant
 UPSTREAM_SWITCHES = {
     "PYQSA_CUDA_MOE_SYNC": "-moesync",  # MoE products host-sorted past 128-512 tokens
-    "PYQSA_CUDA_F16_ACCUMULATE": "-f16acc",  # f16 products on cuBLAS summed in f16
+    "PYQSA_CUDA_F16_ACCUMULATE": "-f16acc",  # f16 products on cuBLAS and MMVF summed in f16
     "PYQSA_CUDA_GDN_UPSTREAM": "-gdnup",  # the gated delta rule on upstream's kernel
     "PYQSA_CUDA_MOE_MMF": "-moemmf",  # MoE products of every batch on MMF, no grouped GEMM
     "PYQSA_CUDA_GEMV_UPSTREAM": "-gemvup",  # decode products (1-8 columns) on MMVF/MMF

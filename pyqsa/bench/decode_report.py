@@ -29,9 +29,9 @@ from .meta import RESULTS
 # (ad5033e's results only: PYQSA_QSA_ATTN_MMA=1 put decode steps on tensor cores, the default
 # after); pyqsa-moesync: PYQSA_CUDA_MOE_SYNC=1 (MoE products on
 # upstream's host-sorted path); pyqsa-f16acc: PYQSA_CUDA_F16_ACCUMULATE=1 (f16 products on cuBLAS
-# summed in f16, as upstream's); pyqsa-gdnup: PYQSA_CUDA_GDN_UPSTREAM=1 (the gated delta rule on
-# upstream's kernel); pyqsa-moemmf: PYQSA_CUDA_MOE_MMF=1 (MoE products of every batch on MMF, not
-# pyqsa's grouped GEMM); pyqsa-gemvup: PYQSA_CUDA_GEMV_UPSTREAM=1 (decode products of 1-8
+# and MMVF summed in f16, as upstream's); pyqsa-gdnup: PYQSA_CUDA_GDN_UPSTREAM=1 (the gated delta
+# rule on upstream's kernel); pyqsa-moemmf: PYQSA_CUDA_MOE_MMF=1 (MoE products of every batch on
+# MMF, not pyqsa's grouped GEMM); pyqsa-gemvup: PYQSA_CUDA_GEMV_UPSTREAM=1 (decode products of 1-8
 # columns on upstream's MMVF/MMF, not pyqsa's gemv); pyqsa-hcunf: PYQSA_HC_UNFUSED=1 (the
 # hyper-connection combine and gate as upstream's ops, not pyqsa's hc_combine and silu_scaled);
 # pyqsa-ungrp: PYQSA_CUDA_PRODUCTS_UNGROUPED=1 (a decode step's products of one x a launch each,
