@@ -5,7 +5,6 @@
 #include "ggml-impl.h"
 #include "rows.h"
 
-
 void pyqsa_cpu_add_gated(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
     const ggml_tensor * base = dst->src[0];  // [n, rows]
     const ggml_tensor * x    = dst->src[1];  // [n, rows]

@@ -12,7 +12,6 @@
 // hc_pre: a warp an embedding position, a lane chunks of its hc rows of w_up (lr wide) against
 // the tokens' low-rank inputs in shared memory (each read once for the hc rows), then the
 // sigmoid-gated mean over the streams.
-#include "add-gated.cuh"
 #include "cluster-launch.cuh"
 #include "hc-combine.cuh"
 #include "hc-mix.cuh"
@@ -158,24 +157,6 @@ __device__ __forceinline__ void warp_dot_rows(float (&acc)[NT][R], chunk<W, VEC>
     }
 }
 
-// the combine that made x, where hc_down computes x itself (pyqsa_cuda_hc_combine_fuse)
-struct hc_combine_in {
-    const float * out;       // [n_embd, NT]: the block's output or the join's base (nullptr: x is
-                             // read as it is)
-    const float * residual;  // [n_embd, hc, NT]
-    const float * inject;    // [hc, NT]
-    const float * joined;    // [n_embd, NT]: the gated combine's join x (nullptr: none)
-    const float * gate;      // [1, NT]: its g
-    float         scale;
-    int64_t       so1, sr1, sr2, si0, si1, sj1, sg1;  // strides in floats
-};
-
-// the block's output at element e of token t, as hc_combine's kernel reads or computes it
-__device__ __forceinline__ float block_output(const hc_combine_in & in, int64_t e, int t) {
-    const float o = in.out[e + t * in.so1];
-    return in.joined ? add_gated_element(o, in.joined[e + t * in.sj1], in.gate[t * in.sg1]) : o;
-}
-
 struct hc_down_args {
     float *       x;       // [n_embd, hc, NT], contiguous (with a combine, written by the first cluster)
     const float * w_norm;  // [n_embd, hc]
@@ -185,7 +166,7 @@ struct hc_down_args {
     int64_t       n_embd, hc, lr;
     int64_t       part;  // columns of a stream a CTA takes (the last CTA of a stream fewer)
     float         eps, scale;
-    hc_combine_in comb;
+    hc_combine_in comb;  // the combine that made x, where hc_down computes x itself
 };
 
 // a stream's part a CTA: n_embd over parts_of(hc), rounded up to whole chunks
@@ -241,7 +222,7 @@ __global__ void __launch_bounds__(BLOCK, DOWN_CTAS) hc_down(const hc_down_args a
                     const float   in = a.comb.inject[c * a.comb.si0 + t * a.comb.si1];
 #pragma unroll
                     for (int v = 0; v < VEC; ++v) {
-                        xv[t].v[v] = hc_combine_element(block_output(a.comb, e0 + v, t),
+                        xv[t].v[v] = hc_combine_element(hc_block_output(a.comb, e0 + v, t),
                                                         a.comb.residual[e0 + v + c * a.comb.sr1 + t * a.comb.sr2],
                                                         in, a.comb.scale);
                     }
@@ -485,33 +466,13 @@ int pyqsa_cuda_hc_combine_fuse(ggml_backend_cuda_context & ctx, const ggml_cgrap
         down->src[0] != comb || !pyqsa_cuda_hc_mix_supported(down)) {
         return 0;
     }
-    const ggml_tensor * out      = comb->src[0];
-    const ggml_tensor * residual = comb->src[1];
-    const ggml_tensor * inject   = comb->src[2];
-    const ggml_tensor * joined   = comb->src[3];
-    const ggml_tensor * gate     = comb->src[4];
     // the other clusters read the combine's inputs while the first writes its result
-    for (const ggml_tensor * in : { out, residual, inject, joined, gate }) {
+    for (const ggml_tensor * in : comb->src) {
         if (pyqsa_cuda_bytes_overlap(in, comb)) {
             return 0;
         }
     }
-    const hc_combine_in in = {
-        (const float *) out->data,
-        (const float *) residual->data,
-        (const float *) inject->data,
-        joined ? (const float *) joined->data : nullptr,
-        gate ? (const float *) gate->data : nullptr,
-        ggml_get_op_params_f32(comb, 1),
-        (int64_t) (out->nb[1] / sizeof(float)),
-        (int64_t) (residual->nb[1] / sizeof(float)),
-        (int64_t) (residual->nb[2] / sizeof(float)),
-        (int64_t) (inject->nb[0] / sizeof(float)),
-        (int64_t) (inject->nb[1] / sizeof(float)),
-        joined ? (int64_t) (joined->nb[1] / sizeof(float)) : 0,
-        gate ? (int64_t) (gate->nb[1] / sizeof(float)) : 0,
-    };
-    launch_down(ctx, down, in);
+    launch_down(ctx, down, pyqsa_cuda_hc_combine_in(comb));
     return 1;
 }
 
