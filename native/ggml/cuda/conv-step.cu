@@ -120,11 +120,6 @@ bool reads(const ggml_tensor * node, const ggml_tensor * t) {
     return false;
 }
 
-bool is_view_or_noop(const ggml_tensor * t) {
-    return ggml_is_empty(t) || t->op == GGML_OP_NONE || t->op == GGML_OP_VIEW || t->op == GGML_OP_RESHAPE ||
-           t->op == GGML_OP_PERMUTE || t->op == GGML_OP_TRANSPOSE;
-}
-
 }  // namespace
 
 bool pyqsa_cuda_conv_step_supported(const ggml_tensor * op) {
@@ -142,7 +137,7 @@ int pyqsa_cuda_gdn_conv_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph 
         return 0;
     }
     int j = i + 1;
-    while (j < cgraph->n_nodes && is_view_or_noop(cgraph->nodes[j])) {
+    while (j < cgraph->n_nodes && pyqsa_cuda_node_is_noop(cgraph->nodes[j])) {
         ++j;
     }
     if (j >= cgraph->n_nodes) {

@@ -153,6 +153,10 @@ int pyqsa_cuda_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgr
     }
 }
 
+bool pyqsa_cuda_node_is_noop(const ggml_tensor * t) {
+    return ggml_is_empty(t) || ggml_op_is_empty(t->op) || (t->flags & GGML_TENSOR_FLAG_COMPUTE) == 0;
+}
+
 bool pyqsa_cuda_bytes_overlap(const ggml_tensor * a, const ggml_tensor * b) {
     if (a == nullptr || b == nullptr) {
         return false;

@@ -16,6 +16,10 @@ int pyqsa_cuda_try_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * cgr
 // read the other would race
 bool pyqsa_cuda_bytes_overlap(const ggml_tensor * a, const ggml_tensor * b);
 
+// whether graph node t launches nothing, as the CUDA backend's graph loop skips it: empty, a view,
+// reshape, permute or transpose, or not computed (a fusion may take the nodes on both sides of it)
+bool pyqsa_cuda_node_is_noop(const ggml_tensor * t);
+
 // whether the GPU can read p in place: device or pinned host memory, not pageable
 bool pyqsa_cuda_host_mapped(const void * p);
 

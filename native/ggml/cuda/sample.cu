@@ -472,11 +472,6 @@ bool is_sample_op(const ggml_tensor * t) {
     return t->op == GGML_OP_PYQSA && ggml_get_op_params_i32(t, 0) == PYQSA_GGML_OP_SAMPLE;
 }
 
-// a node the CUDA backend skips (as its graph loop does)
-bool is_noop(const ggml_tensor * t) {
-    return ggml_is_empty(t) || ggml_op_is_empty(t->op) || (t->flags & GGML_TENSOR_FLAG_COMPUTE) == 0;
-}
-
 // whether op's result may be written while the ops of `run` read their inputs, and the reverse
 bool independent(const ggml_tensor * op, const std::vector<const ggml_tensor *> & run) {
     for (const ggml_tensor * other : run) {
@@ -512,7 +507,7 @@ int pyqsa_cuda_sample_fuse(ggml_backend_cuda_context & ctx, const ggml_cgraph * 
     int last = i;
     for (int j = i; j < cgraph->n_nodes; ++j) {
         const ggml_tensor * node = cgraph->nodes[j];
-        if (j > i && is_noop(node)) {
+        if (j > i && pyqsa_cuda_node_is_noop(node)) {
             continue;
         }
         if (!is_sample_op(node) || node->src[0]->ne[0] != t.n ||
