@@ -248,6 +248,7 @@ UPSTREAM_SWITCHES = {
     "PYQSA_HC_JOIN_UNFUSED": "-joinunf",  # the MoE's gated join an op apart from the combine
     "PYQSA_HC_MIX_TOKENS": "-mix8",  # hyper-connection mixes fused at steps of up to 8 tokens
     "PYQSA_CUDA_GDN_CONV_APART": "-gdnconvapart",  # a decode step's gates a launch apart
+    "PYQSA_SCHED_INPUTS_SYNC": "-inputsync",  # each host input copied with upstream's waits
 }
 
 

@@ -44,7 +44,9 @@ from .meta import RESULTS
 # the next mix's hc_down); pyqsa-mix8: PYQSA_HC_MIX_TOKENS=8 (the mixes of steps of up to 8 tokens
 # as hc_down and hc_pre, not only one-token steps); pyqsa-gdnconvapart: PYQSA_CUDA_GDN_CONV_APART=1
 # (a decode step's gdn_gates a launch of its own, not inside conv_step's); pyqsa-joinunf:
-# PYQSA_HC_JOIN_UNFUSED=1 (the MoE's gated join an op of its own, not inside the combine after it)
+# PYQSA_HC_JOIN_UNFUSED=1 (the MoE's gated join an op of its own, not inside the combine after it);
+# pyqsa-inputsync: PYQSA_SCHED_INPUTS_SYNC=1 (each host input of a step copied by upstream's
+# synchronous set, not queued from a pinned stage)
 VARIANTS = (
     "pyqsa",
     "upstream",
@@ -68,6 +70,7 @@ VARIANTS = (
     "pyqsa-mix8",
     "pyqsa-gdnconvapart",
     "pyqsa-joinunf",
+    "pyqsa-inputsync",
 )
 SHORT = {
     "pyqsa": "pyqsa",
@@ -92,6 +95,7 @@ SHORT = {
     "pyqsa-mix8": "mix8",
     "pyqsa-gdnconvapart": "gcvap",
     "pyqsa-joinunf": "joinu",
+    "pyqsa-inputsync": "insyn",
 }
 # the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)
 PAGED = (

@@ -7,7 +7,9 @@ must give the same tokens and log-probabilities, bit for bit: PYQSA_HC_UNFUSED=1
 PYQSA_GATES_UNFUSED=1 together against the default; so must a combine of hyper-connections run
 inside the next mix's first kernel (PYQSA_CUDA_HC_COMBINE_APART=1 runs it apart, with the same
 expressions), and a decode step's linear-attention gates inside its convolution's launch
-(PYQSA_CUDA_GDN_CONV_APART=1 runs them apart, likewise). The grouped products
+(PYQSA_CUDA_GDN_CONV_APART=1 runs them apart, likewise), and a step's host inputs copied from
+the scheduler's pinned stage, queued on the stream (PYQSA_SCHED_INPUTS_SYNC=1 copies each with
+upstream's waits: the same bytes arrive before the same graph). The grouped products
 (PYQSA_CUDA_PRODUCTS_UNGROUPED=1) change the sums of the narrow products that went to upstream's
 f16-summed kernel alone, and a decode step's mixes of hyper-connections as two ops
 (PYQSA_HC_MIX_UNFUSED=1 keeps upstream's) sum their products in another order, so those runs are
@@ -32,7 +34,8 @@ UNGROUPED = {"PYQSA_CUDA_PRODUCTS_UNGROUPED": "1"}
 MIX_UNFUSED = {"PYQSA_HC_MIX_UNFUSED": "1"}
 COMBINE_APART = {"PYQSA_CUDA_HC_COMBINE_APART": "1"}
 GATES_APART = {"PYQSA_CUDA_GDN_CONV_APART": "1"}
-SWITCHES = (*UNFUSED, *UNGROUPED, *MIX_UNFUSED, *COMBINE_APART, *GATES_APART)
+INPUTS_SYNC = {"PYQSA_SCHED_INPUTS_SYNC": "1"}
+SWITCHES = (*UNFUSED, *UNGROUPED, *MIX_UNFUSED, *COMBINE_APART, *GATES_APART, *INPUTS_SYNC)
 
 
 def prompts(n: int) -> list[list[int]]:
@@ -156,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             ("unfused", UNFUSED, True),
             ("combine apart", COMBINE_APART, True),
             ("gates apart", GATES_APART, True),
+            ("inputs copied with waits", INPUTS_SYNC, True),
             ("ungrouped", UNGROUPED, False),
             ("mix unfused", MIX_UNFUSED, False),
         ):
