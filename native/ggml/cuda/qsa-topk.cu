@@ -43,10 +43,6 @@ constexpr int BINS1   = 2048;   // qsa_topk_compact: the top 11 bits of a key
 constexpr int CAP     = 12288;  // candidates held in shared memory (key + index)
 constexpr int KMAX    = 1024;   // winners sorted in shared memory
 constexpr int CLUSTER = 8;      // qsa_topk_cluster: CTAs a row
-// keys a thread of the compact and cluster kernels loads before it uses the first: the loads of a
-// pass over 8192 keys (a decode row's share) wait for memory once, not once per 1024 keys (a
-// chain of eight ~1 us waits, with the warp votes between them)
-constexpr int UNROLL  = 8;
 
 struct smem_t {
     int      hist[BINS1];
@@ -106,22 +102,14 @@ __device__ void hist_pass(smem_t & s, const float * x, int vis, int i_beg, int i
         s.n_eq   = 0;
     }
     __syncthreads();
-    for (int i0 = i_beg; i0 < i_end; i0 += THREADS * UNROLL) {
-        uint32_t key[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int i = i0 + u * THREADS + tid;
-            key[u]      = i < i_end ? key_at(x, vis, i) : 0u;
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const bool     in  = i0 + u * THREADS + tid < i_end;
-            const uint32_t bin = key[u] >> 21;
-            const unsigned act = __ballot_sync(0xffffffffu, in);
-            if (in) {
-                const unsigned peers = __match_any_sync(act, bin);
-                if (lane == __ffs(peers) - 1) atomicAdd(&s.hist[bin], __popc(peers));
-            }
+    for (int i0 = i_beg; i0 < i_end; i0 += THREADS) {
+        const int      i   = i0 + tid;
+        const bool     in  = i < i_end;
+        const uint32_t bin = in ? key_at(x, vis, i) >> 21 : 0u;
+        const unsigned act = __ballot_sync(0xffffffffu, in);
+        if (in) {
+            const unsigned peers = __match_any_sync(act, bin);
+            if (lane == __ffs(peers) - 1) atomicAdd(&s.hist[bin], __popc(peers));
         }
     }
 }
@@ -145,25 +133,17 @@ __device__ void choose_bin(smem_t & s, int k) {
 // it, appended to s
 __device__ void collect_pass(smem_t & s, const float * x, int vis, int i_beg, int i_end, uint32_t bin1) {
     const int lane = threadIdx.x % 32;
-    for (int i0 = i_beg; i0 < i_end; i0 += THREADS * UNROLL) {
-        uint32_t key[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int i = i0 + u * THREADS + threadIdx.x;
-            key[u]      = i < i_end ? key_at(x, vis, i) : 0u;
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int      i    = i0 + u * THREADS + threadIdx.x;
-            const uint32_t top  = key[u] >> 21;
-            const bool     sure = i < i_end && top > bin1, cand = i < i_end && top == bin1;
-            const int      ps   = warp_append(&s.n_sel, sure, lane);
-            const int      pc   = warp_append(&s.n_cand, cand, lane);
-            if (sure) s.sel[ps] = i;
-            if (cand) {
-                s.cand_key[pc] = key[u];
-                s.cand_idx[pc] = i;
-            }
+    for (int i0 = i_beg; i0 < i_end; i0 += THREADS) {
+        const int      i    = i0 + threadIdx.x;
+        const uint32_t key  = i < i_end ? key_at(x, vis, i) : 0u;
+        const uint32_t top  = key >> 21;
+        const bool     sure = i < i_end && top > bin1, cand = i < i_end && top == bin1;
+        const int      ps   = warp_append(&s.n_sel, sure, lane);
+        const int      pc   = warp_append(&s.n_cand, cand, lane);
+        if (sure) s.sel[ps] = i;
+        if (cand) {
+            s.cand_key[pc] = key;
+            s.cand_idx[pc] = i;
         }
     }
 }
