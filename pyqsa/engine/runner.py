@@ -295,8 +295,8 @@ class LlamaRunner:
         except ContextError as e:
             raise RunnerError(str(e)) from None
         self.mem = L.llama_get_memory(self.ctx)
-        # snapshot heads' stages (native.SeqStage), made as snapshots need them; handed back
-        # by the prefix cache's copier thread once it filled their heads
+        # snapshot heads' stages (native.SeqStage), up to one a slot; handed back by the prefix
+        # cache's copier thread once it filled their heads
         self._stages: list[native.SeqStage] = []
         self._free_stages: queue.SimpleQueue[native.SeqStage] = queue.SimpleQueue()
         self.max_tokens = config.context_config().n_batch  # the larger of the two step budgets
@@ -321,6 +321,15 @@ class LlamaRunner:
             except native.NativeError as e:  # a context that cannot take a sampler
                 self.close()
                 raise RunnerError(str(e)) from None
+        # NOTE: with the prefix cache on, every slot's stage is made now. The prompts of a pass
+        # may all end in it (8 x 32K through the server: 8 snapshots right after the pass), and
+        # a stage made there (the device's pinned host memory, ~75 MB a slot at the full shape)
+        # holds up the engine thread while every slot waits for its next step: snapshots in a
+        # server window cost the engine 27 ms each (4 in 107 ms, b54706e on an H100), far more
+        # than copying their heads at the bus's speed (~3 ms)
+        if config.prefix_cache_bytes > 0:
+            while len(self._stages) < config.n_slots and (stage := self._new_stage()):
+                self._free_stages.put(stage)
 
     def _install_abort(self) -> None:
         # NOTE: the callback is pyqsa's C function reading _abort_flag, not a Python callable:
@@ -445,6 +454,9 @@ class LlamaRunner:
             pass
         if len(self._stages) == len(self._attached):
             return None
+        return self._new_stage()
+
+    def _new_stage(self) -> native.SeqStage | None:
         try:
             self._stages.append(native.SeqStage(self.ctx))
         except native.NativeError:

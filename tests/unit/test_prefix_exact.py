@@ -238,3 +238,15 @@ def test_copies_in_flight_change_no_answer(demo_llama, cold, hot_blocks):
         assert e.stats().prefix.starts == {"continue": 1, "resume": 0, "restore": 1}
     finally:
         e.stop()
+
+
+def test_the_stages_of_snapshot_heads_are_made_with_the_context(demo_llama, cold):
+    """With the prefix cache on, a new engine's runner holds a head's stage for every slot before
+    any request (the prompts of one pass may all end in it and take them at once, inside a step
+    every slot waits for); without the cache, none."""
+    e = start(demo_llama, 64 << 20)
+    try:
+        assert len(e.runner._stages) == e.config.n_slots
+    finally:
+        e.stop()
+    assert cold.runner._stages == []
