@@ -214,7 +214,7 @@ def engine(args: argparse.Namespace) -> None:
 
     sys.path.append(str(ROOT))  # the server package, where it is not installed
 
-    from pyqsa.bench.serve_load import Load, draw_prompts, together_rate
+    from pyqsa.bench.serve_load import Load, draw_prompts, together_longest_gap, together_rate
     from pyqsa.engine import Delta, Finished, SamplingParams
     from server.cli import _engine_options
     from server.startup import start_engine
@@ -274,7 +274,8 @@ def engine(args: argparse.Namespace) -> None:
     finally:
         eng.stop()
         llama_model.close()
-    print(json.dumps({"together_tok_s": round(together_rate(runs), 1), "at": "the sinks"}))
+    rate, gap = round(together_rate(runs), 1), together_longest_gap(runs)
+    print(json.dumps({"together_tok_s": rate, "longest_gap": gap, "at": "the sinks"}))
     window(f"engine {' '.join(args.serve_flags)}", start, end, names)
 
 

@@ -5,8 +5,8 @@ other users' documents). Per run: each request's time to first token, the short 
 the aggregate decode rate while every long request decodes together (tokens streamed between
 the last long request's first token and the first one's last token, over that window), with
 the engine's step time in that window split into forward pass and host work (its /metrics
-counters, read every 0.25 s). One JSON line per run, then a summary line with medians over the
-runs.
+counters, read every 0.25 s) and the window's longest wait for a token (a stall of every stream).
+One JSON line per run, then a summary line with medians over the runs.
 
     pyqsa serve MODEL --slots 8 --ctx 36000 &
     python bench/serve_load.py http://127.0.0.1:8000 --requests 8 --prompt-tokens 32000 \\
@@ -96,6 +96,20 @@ def together_rate(runs: list[dict]) -> float | None:
         per_chunk = (r["completion_tokens"] or len(r["times"])) / len(r["times"])
         n += per_chunk * sum(start < t <= end for t in r["times"])
     return n / (end - start)
+
+
+def together_longest_gap(runs: list[dict]) -> dict | None:
+    """The longest wait for a token in the together window, over all streams at once: its ms and
+    when it began (s into the window); None without a window. A step's tokens reach the streams
+    within microseconds of each other, so the gaps are the steps, and one far longer than the
+    rest is a stall of every stream (work on the engine thread between two passes)."""
+    window = together_window(runs)
+    if window is None:
+        return None
+    start, end = window
+    times = sorted({start, *(t for r in runs for t in r["times"] if start < t <= end)})
+    gap, at = max((b - a, a) for a, b in zip(times, times[1:], strict=False))
+    return {"ms": round(1e3 * gap, 2), "at_s": round(at - start, 3)}
 
 
 ENGINE_COUNTERS = {
@@ -253,6 +267,7 @@ def scenario(args: Load, model: str, rng: random.Random) -> dict:
         "ttft_s": sorted(round(t, 3) for t in ttft),
         "together_tok_s": round(rate, 1) if rate is not None else None,
         "together_engine": engine_in_window(poller.snapshots, together_window(runs)),
+        "together_longest_gap": together_longest_gap(runs),
         # 1.0: each streamed chunk was one token, so the window's count is exact
         "tokens_per_chunk": round(tokens / max(1, sum(len(r["times"]) for r in runs)), 3),
     }
@@ -304,6 +319,9 @@ def measure(load: Load, on_run: Callable[[int, dict], None] | None = None) -> tu
         "together_tok_s": median([r["together_tok_s"] for r in runs]),
         "together_spread": spread([r["together_tok_s"] for r in runs]),
         "tokens_per_chunk": max(r["tokens_per_chunk"] for r in runs),
+        "together_longest_gap_ms": median(
+            [(r["together_longest_gap"] or {}).get("ms") for r in runs]
+        ),
         **{
             f"together_{part}_ms_per_step": median(window_part(runs, part))
             for part in ("host", "forward", "launch", "prefix", "copy")

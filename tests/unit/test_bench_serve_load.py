@@ -32,6 +32,14 @@ def test_no_rate_when_the_requests_never_decode_together():
     assert serve_load.together_rate([]) is None
 
 
+def test_the_longest_gap_in_the_window_is_found_with_where_it_began():
+    a = run([1.0, 2.0, 2.01, 2.02, 2.2, 2.21, 3.0])
+    b = run([2.0, 2.01, 2.02, 2.2, 2.21, 2.22, 4.0])
+    # window (2.0, 3.0]: arrivals 2.01, 2.02, 2.2, 2.21, 2.22, 3.0; the longest wait 2.22 -> 3.0
+    assert serve_load.together_longest_gap([a, b]) == {"ms": 780.0, "at_s": 0.22}
+    assert serve_load.together_longest_gap([run([1.0]), run([2.0])]) is None
+
+
 def test_the_engine_step_split_is_taken_inside_the_window():
     def snap(t, steps, forward, host, launch):
         return (t, {"steps": steps, "forward": forward, "host": host, "launch": launch})
