@@ -39,7 +39,7 @@
 #                 --serve "SERVE FLAGS" (after the decode runs: bench/serve_run.sh, the server
 #                 benchmark, with these extra serve flags, e.g. "--sampling device"; "" for none)
 #                 --checks (after the builds: the op-check binaries (test-qsa-ops, test-qsa-page, test-sample,
-#                 test-products, test-gdn, test-fused) CUDA vs CPU and
+#                 test-products, test-gdn, test-fused, test-input-stage) CUDA vs CPU and
 #                 their timings, tests/gpu/paging.sh, tests/gpu/sampling.sh, tests/gpu/serve_paged.sh (serve --slots 8
 #                 --ctx 262144 with paging, 8 concurrent requests), then tests/gpu/parity.sh)
 #                 --op-checks (the first part of --checks only: the op-check binaries, CUDA vs CPU
@@ -227,6 +227,7 @@ if [ -n "$checks$op_checks" ]; then
     op_check test-products "matrix products" "us/run"
     op_check test-gdn "gated delta rule" "us/run"
     op_check test-fused "fused ops" "us/run"
+    op_check test-input-stage "input stage" "us"
     cat "$out/ops-perf.txt"
     # greedy tokens with the fused ops and without, 1 and 8 slots, 256 steps (the demo model)
     python3 tests/gpu/fast_path.py > "$out/fast-path.txt" 2>&1 || status=1

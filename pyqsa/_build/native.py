@@ -30,6 +30,7 @@ DEFAULT_TARGETS = [
     "test-products",
     "test-gdn",
     "test-fused",
+    "test-input-stage",
 ]
 PYTHON_LOADED = ["libllama.so", "libggml.so"]
 

@@ -49,4 +49,5 @@ op_check test-sample "pyqsa sample op"
 op_check test-products "matrix products (pyqsa's CUDA dispatch and precision)"
 op_check test-gdn "gated delta rule (pyqsa's prefill kernel)"
 op_check test-fused "qwen4exp's fused ops against upstream's"
+op_check test-input-stage "the scheduler's input stage (patch 0028)"
 exit $status

@@ -91,7 +91,7 @@ echo "built ($(( $(date +%s) - t0 )) s)"
 # the test binaries, which find the libraries through RUNPATH $ORIGIN); pip's editable install
 # there stages the libraries into .build/py as a build would
 bin=$src/.build/cmake-cuda/bin
-(cd "$bin/.." && tar -cf - bin/lib*.so* bin/test-{qsa-ops,qsa-page,sample,products,gdn,fused,backend-ops}) |
+(cd "$bin/.." && tar -cf - bin/lib*.so* bin/test-{qsa-ops,qsa-page,sample,products,gdn,fused,input-stage,backend-ops}) |
     xz -9 -T2 > .gpu-carry/prebuilt-cuda.tar.xz.tmp
 mv .gpu-carry/prebuilt-cuda.tar.xz.tmp .gpu-carry/prebuilt-cuda.tar.xz
 dirty=$(git diff --quiet HEAD -- native ggml_patches pyqsa setup.py UPSTREAM || echo " plus changes")
