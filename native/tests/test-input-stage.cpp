@@ -36,9 +36,9 @@ ggml_backend_buffer_type_t host_type(ggml_backend_dev_t) {
 
 // a backend of the CPU's memory whose set_tensor_async is queued until synchronize
 struct queued_backend {
-    queue_ctx                  q;
-    ggml_backend_device        dev{};
-    ggml_backend               be{};
+    queue_ctx           q;
+    ggml_backend_device dev{};
+    ggml_backend        be{};
     queued_backend() {
         dev.iface.get_buffer_type      = host_type;
         dev.iface.get_host_buffer_type = host_type;
@@ -49,11 +49,11 @@ struct queued_backend {
     }
 };
 
-// n tensors of the given f32 sizes in one buffer of `buft` (sources: in host memory)
+// f32 tensors of the given sizes in one buffer of `buft`
 struct tensors {
-    ggml_context *              ctx = nullptr;
-    ggml_backend_buffer_t       buf = nullptr;
-    std::vector<ggml_tensor *>  t;
+    ggml_context *             ctx = nullptr;
+    ggml_backend_buffer_t      buf = nullptr;
+    std::vector<ggml_tensor *> t;
     tensors(const std::vector<int64_t> & sizes, ggml_backend_buffer_type_t buft) {
         ctx = ggml_init({ ggml_tensor_overhead() * (sizes.size() + 4), nullptr, true });
         for (int64_t n : sizes) t.push_back(ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n));
