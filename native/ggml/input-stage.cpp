@@ -7,7 +7,7 @@
 #include <cstring>
 
 struct pyqsa_input_stage {
-    ggml_backend_buffer_t buf  = nullptr;  // the device's pinned host memory
+    ggml_backend_buffer_t buf  = nullptr;  // the device's pinned host memory (nullptr: none to be had)
     size_t                used = 0;        // bytes queued for copies since the last wait
 };
 
@@ -38,14 +38,14 @@ bool pyqsa_input_stage_copy(pyqsa_input_stage ** stage, ggml_backend_t backend, 
         return false;
     }
     pyqsa_input_stage * s = *stage;
-    if (s == nullptr) {
+    if (s == nullptr) {  // tried once: a refused allocation is not asked again at every input
         ggml_backend_dev_t         dev  = ggml_backend_get_device(backend);
         ggml_backend_buffer_type_t host = dev != nullptr ? ggml_backend_dev_host_buffer_type(dev) : nullptr;
         ggml_backend_buffer_t      buf  = host != nullptr ? ggml_backend_buft_alloc_buffer(host, STAGE_BYTES) : nullptr;
-        if (buf == nullptr) {
-            return false;
-        }
         s = *stage = new pyqsa_input_stage{ buf, 0 };
+    }
+    if (s->buf == nullptr) {
+        return false;
     }
     const size_t n = ggml_nbytes(src);
     // the stage's bytes are reused once the copies queued from them are done: at a split's first
