@@ -34,6 +34,8 @@
 #                 joinunf: pyqsa's with PYQSA_HC_JOIN_UNFUSED=1, the MoE's gated join an op of its own, not inside the combine after it;
 #                 gdnconvapart: pyqsa's with PYQSA_CUDA_GDN_CONV_APART=1, a decode step's gdn_gates a launch of its own, not conv_step's;
 #                 inputsync: pyqsa's with PYQSA_SCHED_INPUTS_SYNC=1, upstream's synchronous copy of each host input, not queued from a stage;
+#                 fastoff: pyqsa's with every switch of the decode fast path at once (gemvup, ungrp,
+#                 hcunf, gatesunf, hcmixunf, topk1, inputsync): upstream's decode path, pyqsa's attention;
 #                 mix8: pyqsa's with PYQSA_HC_MIX_TOKENS=8, the hyper-connection mixes of steps of up to 8 tokens as hc_down and hc_pre)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024 --repeats 3")
 #                 --serve "SERVE FLAGS" (after the decode runs: bench/serve_run.sh, the server
@@ -99,7 +101,10 @@ declare -A variant_env=([cores]=PYQSA_QSA_ATTN_MMA=0 [moesync]=PYQSA_CUDA_MOE_SY
                         [gatesunf]=PYQSA_GATES_UNFUSED=1 [topk1]=PYQSA_CUDA_TOPK_ONE_CTA=1
                         [hcmixunf]=PYQSA_HC_MIX_UNFUSED=1 [combapart]=PYQSA_CUDA_HC_COMBINE_APART=1
                         [mix8]=PYQSA_HC_MIX_TOKENS=8 [gdnconvapart]=PYQSA_CUDA_GDN_CONV_APART=1
-                        [joinunf]=PYQSA_HC_JOIN_UNFUSED=1 [inputsync]=PYQSA_SCHED_INPUTS_SYNC=1)
+                        [joinunf]=PYQSA_HC_JOIN_UNFUSED=1 [inputsync]=PYQSA_SCHED_INPUTS_SYNC=1
+                        [fastoff]="PYQSA_CUDA_GEMV_UPSTREAM=1 PYQSA_CUDA_PRODUCTS_UNGROUPED=1
+                                   PYQSA_HC_UNFUSED=1 PYQSA_GATES_UNFUSED=1 PYQSA_HC_MIX_UNFUSED=1
+                                   PYQSA_CUDA_TOPK_ONE_CTA=1 PYQSA_SCHED_INPUTS_SYNC=1")
 declare -A variant_args=([pyqsa]="--variant pyqsa" [paged]="--variant pyqsa --hot-blocks $hot_blocks"
                          [pagedq8]="--variant pyqsa --hot-blocks $hot_blocks --kv-type q8_0"
                          [pagedq8f16]="--variant pyqsa --hot-blocks $hot_blocks --kv-type q8_0 --kv-hot-type f16"

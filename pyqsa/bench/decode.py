@@ -252,6 +252,21 @@ UPSTREAM_SWITCHES = {
 }
 
 
+# the switches that turn off the decode fast path together (pyqsa's decode products, their
+# grouping, the fused hyper-connection, gate and mix ops, the staged inputs, the top-k cluster): a
+# run with every one on is the variant `pyqsa-fastoff`, the step with pyqsa's sparse attention and
+# paging but upstream's decode path otherwise
+FAST_PATH_OFF = (
+    "PYQSA_CUDA_GEMV_UPSTREAM",
+    "PYQSA_CUDA_PRODUCTS_UNGROUPED",
+    "PYQSA_HC_UNFUSED",
+    "PYQSA_GATES_UNFUSED",
+    "PYQSA_HC_MIX_UNFUSED",
+    "PYQSA_CUDA_TOPK_ONE_CTA",
+    "PYQSA_SCHED_INPUTS_SYNC",
+)
+
+
 def library_switch_on(name: str) -> bool:
     """As the library reads a switch variable (native/ggml/cuda/pyqsa-cuda.cu,
     native/src/fused-ops.cpp): on when set to anything but "" or "0"."""
@@ -276,9 +291,12 @@ def run(args: argparse.Namespace) -> int:
     if args.variant == "pyqsa" and os.environ.get("PYQSA_QSA_ATTN_MMA") == "0":
         # the library keeps qsa_attn on CUDA cores (no tensor-core kernel)
         meta["variant"] += "-cores"
-    for name, suffix in UPSTREAM_SWITCHES.items():
-        if args.variant == "pyqsa" and library_switch_on(name):
-            meta["variant"] += suffix
+    if args.variant == "pyqsa":
+        on = [name for name in UPSTREAM_SWITCHES if library_switch_on(name)]
+        if set(FAST_PATH_OFF) <= set(on):
+            meta["variant"] += "-fastoff"
+            on = [name for name in on if name not in FAST_PATH_OFF]
+        meta["variant"] += "".join(UPSTREAM_SWITCHES[name] for name in on)
     if args.profile:  # its records, printed only, say so: the profiler slows the steps
         meta["profiled"] = True
     emit = Emitter([] if args.profile else args.out, meta, known_prefills(meta, args.ubatch))

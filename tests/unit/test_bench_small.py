@@ -2,6 +2,7 @@
 context (1 and 8 sequences, through LLAMA_CPP_LIB_PATH), report.py over its records."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -372,6 +373,31 @@ def test_decode_under_a_library_switch_is_a_variant_of_its_own(
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["variant"] for r in recs] == [variant] * 2
     assert f"{column} tok/s" in run(str(BENCH / "report.py"), str(out), "--no-save").stdout
+
+
+def test_decode_with_the_fast_path_off_is_the_fastoff_variant(small_gguf, tmp_path, monkeypatch):
+    """gpu_run.sh's `fastoff` sets every switch of decode.FAST_PATH_OFF at once: decode.py
+    records the run as `pyqsa-fastoff` (not a chain of the switches' suffixes) and report.py
+    gives it a column; the script's list is decode.py's."""
+    from pyqsa.bench.decode import FAST_PATH_OFF
+
+    script = (BENCH / "gpu_run.sh").read_text()
+    listed = re.search(r'\[fastoff\]="([^"]*)"', script)
+    assert listed and sorted(listed.group(1).split()) == sorted(f"{n}=1" for n in FAST_PATH_OFF)
+    for name in FAST_PATH_OFF:
+        monkeypatch.setenv(name, "1")
+    out = tmp_path / "decode.jsonl"
+    run(
+        str(BENCH / "decode.py"),
+        str(small_gguf),
+        "--variant",
+        "pyqsa",
+        *("--contexts", "256", "--seqs", "1", "--steps", "2", "--warmup", "1"),
+        *("--threads", "1", "--no-extra-bufts", "--lib", str(LIB), "--out", str(out)),
+    )
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["variant"] for r in recs] == ["pyqsa-fastoff"] * 2
+    assert "fstof tok/s" in run(str(BENCH / "report.py"), str(out), "--no-save").stdout
 
 
 @pytest.mark.parametrize("n_seqs", [1, 8])
