@@ -1,8 +1,10 @@
 """Read, validate and normalise an HF Qwen4-Exp config.json into a frozen dataclass.
 
 Normalisation follows transformers' own defaults (configuration_qwen4_exp.py, 5.23): missing
-`layer_types` come from `full_attention_interval` (default 4), `full_attention` means
-`indexed_attention`, `partial_rotary_factor` defaults to 1.0, and the GDN output gate is
+`layer_types` come from `full_attention_interval` (default 4), `full_attention` (what the
+checkpoint writes) and `qwen_sparse_attention` (what other transformers releases rename it to on
+load, so every checkpoint saved through one carries it) mean `indexed_attention`,
+`partial_rotary_factor` defaults to 1.0, and the GDN output gate is
 `output_gate_type or hidden_act`. Everything the pinned upstream graph hard-codes (silu
 activations, normalised top-k routing, no attention bias, equal GDN head dims) is checked too,
 so a file that would silently compute something else is refused instead.
@@ -27,6 +29,8 @@ QSA_FIELDS = (
     "indexer_compress_ratio",
 )
 LINEAR, INDEXED = "linear_attention", "indexed_attention"
+# the other names of a QSA layer in `layer_types` (see the top of the file)
+INDEXED_ALIASES = ("full_attention", "qwen_sparse_attention")
 
 # Qwen4ExpTextConfig class defaults for the fields the conversion reads
 _DEFAULTS: dict[str, Any] = {
@@ -171,7 +175,7 @@ def _layer_types(hp: dict[str, Any], n_layer: int) -> tuple[str, ...]:
         if not isinstance(interval, int) or interval <= 0:
             raise ConvertError(f"config: full_attention_interval must be > 0, got {interval!r}")
         return tuple(LINEAR if (i + 1) % interval else INDEXED for i in range(n_layer))
-    types = tuple(INDEXED if t == "full_attention" else t for t in types)
+    types = tuple(INDEXED if t in INDEXED_ALIASES else t for t in types)
     if len(types) != n_layer:
         raise ConvertError(
             f"config: layer_types has {len(types)} entries, num_hidden_layers is {n_layer}"

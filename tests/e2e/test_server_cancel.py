@@ -95,6 +95,8 @@ def device_sampling_server(demo_gguf, cache_dir):
     stop_server(s)
 
 
+# the ledger's categories that are caches holding their high-water mark (docs/serve.md)
+HIGH_WATER = ("device.pool", "device.stack")
 PROBE = "probe " * 48  # longer than a paged hot cache holds (32 tokens)
 
 
@@ -123,10 +125,19 @@ def test_cancellation_storm_leaves_no_trace(which, request):
     ):
         assert end[gauge] == start[gauge] == 0, gauge
     # the memory ledger, where the backend keeps one (with paging: the hot cache and host
-    # store too)
+    # store too): back at its start, but for CUDA's memory pools and thread stacks, which keep
+    # their high-water mark (the storm's batch shapes need bigger temporaries than PROBE's):
+    # those may grow once, and a second storm must not grow them again (a leak would)
     ledger = [name for name in start.keys() | end.keys() if name.startswith("pyqsa_ledger_bytes")]
+    high_water = [name for name in ledger if any(f'"{c}"' in name for c in HIGH_WATER)]
     for name in ledger:
-        assert end.get(name) == start.get(name), name
+        if name not in high_water:
+            assert end.get(name) == start.get(name), name
+    if any(end.get(name) != start.get(name) for name in high_water):
+        asyncio.run(storm(server))
+        again = wait_idle(server, timeout=60)
+        for name in ledger:
+            assert again.get(name) == end.get(name), name
     cancelled = 'pyqsa_requests_finished_total{reason="cancelled"}'
     assert end[cancelled] - start[cancelled] > 20  # disconnects really cancelled work
     errors = 'pyqsa_requests_finished_total{reason="error"}'

@@ -23,6 +23,15 @@ demo=$(python3 -c "from pyqsa.demo_model import demo_model_path; print(demo_mode
 PYQSA_CUDA_STRICT_F32=1 python3 tests/gpu/model_cuda_vs_cpu.py "$demo" 256 > "$out/model_cuda_vs_cpu.log" 2>&1 || status=1
 grep -E "CUDA vs CPU|Error|error" "$out/model_cuda_vs_cpu.log" | tail -n 6
 echo "demo model CUDA vs CPU: $([ $status = 0 ] && echo PASS || echo FAIL) ($(( $(date +%s) - t0 )) s)"
+# HF's side is the pinned transformers (its wheel in .gpu-carry): another release's qwen4_exp is
+# another reference. The carry has no room for it beside .gpu-carry/upstream-cuda.tar.xz (64 MiB
+# in all): a parity call leaves that out (gpu_run.sh then builds upstream there)
+pin=$(sed -n 's/^transformers==//p' constraints.txt)
+have=$(python3 -c "import transformers; print(transformers.__version__)" 2> /dev/null || echo none)
+if [ "$have" != "$pin" ]; then
+    echo "HF parity on CUDA: FAIL (transformers $have here, the pin is $pin: carry its wheel, tests/gpu/pack.sh)"
+    exit 1
+fi
 # Upstream runs f32 matrix products in TF32 (cuBLAS math mode, ggml's f32 mma kernels), about
 # 1e-3 relative error each. The gate: the tests with those products held to f32
 # (PYQSA_CUDA_STRICT_F32, ggml_patches/0008), at the CPU's tolerance. Then the same tests at

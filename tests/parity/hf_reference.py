@@ -13,6 +13,8 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from convert.hf_config import INDEXED, INDEXED_ALIASES
+
 
 @contextmanager
 def _lower_index_wins_topk():
@@ -50,7 +52,9 @@ class HFReference:
 
     @property
     def qsa_layers(self) -> list[int]:
-        return [i for i, t in enumerate(self.model.config.layer_types) if t == "indexed_attention"]
+        # transformers' name for a QSA layer is its release's (convert/hf_config.py)
+        qsa = (INDEXED, *INDEXED_ALIASES)
+        return [i for i, t in enumerate(self.model.config.layer_types) if t in qsa]
 
     def _enter(self, module, args):
         if not self.hf_tie_order:

@@ -123,11 +123,12 @@ def test_config_defaults_like_hf():
     assert cfg.rope_dim == 64
     assert cfg.output_gate == "silu"
     assert cfg.compress_ratios == [0, 0, 0, 4, 0, 0, 0, 4]
+    # the checkpoint's name of a QSA layer, and the one some transformers releases save
     full = parse_config(
         {
             "architectures": ["Qwen4ExpForCausalLM"],
-            "num_hidden_layers": 2,
-            "layer_types": ["linear_attention", "full_attention"],
+            "num_hidden_layers": 3,
+            "layer_types": ["linear_attention", "full_attention", "qwen_sparse_attention"],
             **{
                 k: 4 if k != "indexer_kv_heads" else 1
                 for k in (
@@ -141,7 +142,7 @@ def test_config_defaults_like_hf():
             "head_dim": 4,
         }
     )
-    assert full.qsa_layers == [1]  # full_attention means indexed_attention
+    assert full.qsa_layers == [1, 2]  # both mean indexed_attention
 
 
 def test_calibrate_on_convert_then_refresh(tiny_ple_hf_dir, tmp_path):
