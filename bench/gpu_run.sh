@@ -2,7 +2,9 @@
 # GPU machine: decode benchmark, pyqsa (sparse QSA) against unpatched upstream (masked dense QSA),
 # same GPU, same synthetic Flash-Next-shaped model, same flags, one call.
 #   here first:   bench/pack.sh (and tests/gpu/prebuild.sh: pyqsa's CUDA build made here, carried)
-#   device run:   carry [".gpu-carry"], command: bench/gpu_run.sh --commit <sha> [options]
+#   device run:   carry [".gpu-carry", ".gpu-carry-upstream"] (the second, upstream's prebuilt library,
+#                 only where the upstream variant runs: without it the machine builds upstream),
+#                 command: bench/gpu_run.sh --commit <sha> [options]
 #   options:      --commit SHA (recorded as the commit when the tree there has no .git)
 #                 --budget S (default 540: seconds from start until no new run may begin)
 #                 --contexts 8192,32768,131072,262144  --seqs 1,8  --steps 32  --warmup 4

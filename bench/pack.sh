@@ -4,8 +4,8 @@
 # commands to send. The machine's image has gguf's and tqdm's dependencies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# (the server's wheels and the openai client came later: a carry without them is made again)
-[ -f .gpu-carry/upstream-extract.tar.gz ] && [ -f .gpu-carry/ggml-vocab-qwen35.gguf ] &&
+# (the server's wheels, the openai client and .gpu-carry-hf came later: a carry without them is made again)
+[ -f .gpu-carry/upstream-extract.tar.gz ] && [ -f .gpu-carry/ggml-vocab-qwen35.gguf ] && [ -d .gpu-carry-hf ] &&
     compgen -G ".gpu-carry/openai-*.whl" > /dev/null || tests/gpu/pack.sh
 du -sh .gpu-carry
 . tests/gpu/prebuilt.sh
@@ -14,8 +14,8 @@ if grep -q "^inputs=$(prebuilt_inputs .) " .gpu-carry/prebuilt-cuda.stamp 2> /de
 else
     echo "NOTE: no prebuilt CUDA build of this tree: tests/gpu/prebuild.sh here saves the device pyqsa's CUDA build (~325 s)"
 fi
-if grep -q "^upstream=$(sed -n 's/^llama_cpp_commit *= *//p' UPSTREAM) " .gpu-carry/upstream-cuda.stamp 2> /dev/null; then
-    echo "the carry's prebuilt upstream library is this pin's: the device skips upstream's build"
+if grep -q "^upstream=$(sed -n 's/^llama_cpp_commit *= *//p' UPSTREAM) " .gpu-carry-upstream/upstream-cuda.stamp 2> /dev/null; then
+    echo "the prebuilt upstream library (.gpu-carry-upstream) is this pin's: a call carrying it skips upstream's build"
 fi
 carry_room
 head=$(git rev-parse HEAD)

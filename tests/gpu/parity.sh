@@ -3,9 +3,9 @@
 # (0) no library exports a copy of the C++ runtime; (1) the demo model with every layer on CUDA
 # against the CPU backend, in one process, on the positional and sparse paths; (2) the HF parity
 # tests with every layer on the GPU (HF itself runs on the CPU), with f32 products (the gate)
-# and with upstream's TF32 ones (numbers only). Needs .gpu-carry from tests/gpu/pack.sh
-# (transformers wheel, Qwen vocab).
-#   device run: carry [".gpu-carry"], command: tests/gpu/backend_ops.sh && tests/gpu/parity.sh
+# and with upstream's TF32 ones (numbers only). Needs .gpu-carry and .gpu-carry-hf from
+# tests/gpu/pack.sh (Qwen vocab; the pinned transformers wheel).
+#   device run: carry [".gpu-carry", ".gpu-carry-hf"], command: tests/gpu/backend_ops.sh && tests/gpu/parity.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/pyqsa-gpu-out}
@@ -23,13 +23,14 @@ demo=$(python3 -c "from pyqsa.demo_model import demo_model_path; print(demo_mode
 PYQSA_CUDA_STRICT_F32=1 python3 tests/gpu/model_cuda_vs_cpu.py "$demo" 256 > "$out/model_cuda_vs_cpu.log" 2>&1 || status=1
 grep -E "CUDA vs CPU|Error|error" "$out/model_cuda_vs_cpu.log" | tail -n 6
 echo "demo model CUDA vs CPU: $([ $status = 0 ] && echo PASS || echo FAIL) ($(( $(date +%s) - t0 )) s)"
-# HF's side is the pinned transformers (its wheel in .gpu-carry): another release's qwen4_exp is
-# another reference. The carry has no room for it beside .gpu-carry/upstream-cuda.tar.xz (64 MiB
-# in all): a parity call leaves that out (gpu_run.sh then builds upstream there)
+# HF's side is the pinned transformers (its wheel in .gpu-carry-hf, a carry of its own): another
+# release's qwen4_exp is another reference
 pin=$(sed -n 's/^transformers==//p' constraints.txt)
+compgen -G ".gpu-carry-hf/transformers-$pin-*.whl" > /dev/null &&
+    python3 -m pip install -q --upgrade --no-index --no-deps --target /tmp/pyqsa-site .gpu-carry-hf/transformers-"$pin"-*.whl
 have=$(python3 -c "import transformers; print(transformers.__version__)" 2> /dev/null || echo none)
 if [ "$have" != "$pin" ]; then
-    echo "HF parity on CUDA: FAIL (transformers $have here, the pin is $pin: carry its wheel, tests/gpu/pack.sh)"
+    echo "HF parity on CUDA: FAIL (transformers $have here, the pin is $pin: carry .gpu-carry-hf, tests/gpu/pack.sh)"
     exit 1
 fi
 # Upstream runs f32 matrix products in TF32 (cuBLAS math mode, ggml's f32 mma kernels), about

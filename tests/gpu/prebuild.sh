@@ -13,7 +13,7 @@
 # run or the CPU variant's pip build beside it); after a change to native/ minutes (the changed
 # objects, the links); downloads the cuBLAS wheel once (423 MB). The archive: 15.7 MB (libggml-cuda
 # 160 MB unpacked). Then upstream's library for the comparisons, once per pin
-# (.gpu-carry/upstream-cuda.tar.xz); with PREBUILD_QUANTIZE=1 upstream's llama-quantize
+# (.gpu-carry-upstream/upstream-cuda.tar.xz, a carry of its own: a call that runs upstream carries it); with PREBUILD_QUANTIZE=1 upstream's llama-quantize
 # (.gpu-carry/llama-quantize, for bench/quant_run.sh; 7 min at -j2).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,7 +22,7 @@ cuda=${CUDA_HOME:-/usr/local/cuda-13.0}
 work=.build/prebuild-cuda
 src=$work/src
 kit=$PWD/$work/cuda
-mkdir -p "$src/.build/upstream" "$kit" .gpu-carry
+mkdir -p "$src/.build/upstream" "$kit" .gpu-carry .gpu-carry-upstream
 t0=$(date +%s)
 
 # the verified upstream extract (as pack.sh makes it), linked into the snapshot's .build
@@ -110,8 +110,8 @@ du -h .gpu-carry/prebuilt-cuda.tar.xz
 # again only when the pin changes; PREBUILD_UPSTREAM=0 skips it. The same kit and choices as
 # above, upstream's flags as the GPU machine's build has them (upstream_configure).
 pin="upstream=$(sed -n 's/^llama_cpp_commit *= *//p' UPSTREAM) archs=90a"
-if [ "${PREBUILD_UPSTREAM:-1}" = 1 ] && { [ ! -f .gpu-carry/upstream-cuda.tar.xz ] ||
-    [ "$(grep -E '^upstream=' .gpu-carry/upstream-cuda.stamp 2> /dev/null)" != "$pin" ]; }; then
+if [ "${PREBUILD_UPSTREAM:-1}" = 1 ] && { [ ! -f .gpu-carry-upstream/upstream-cuda.tar.xz ] ||
+    [ "$(grep -E '^upstream=' .gpu-carry-upstream/upstream-cuda.stamp 2> /dev/null)" != "$pin" ]; }; then
     up=$work/upstream-cuda
     echo "building upstream's CUDA library ($pin) in $up (log: $work/build-upstream.log)"
     # shellcheck disable=SC2086 # kit_args: one cmake argument per word
@@ -119,20 +119,20 @@ if [ "${PREBUILD_UPSTREAM:-1}" = 1 ] && { [ ! -f .gpu-carry/upstream-cuda.tar.xz
         -DCMAKE_CUDA_COMPILER="$cuda/bin/nvcc" &&
         nice -n 15 cmake --build "$up" -j "${PREBUILD_JOBS:-2}" --target llama) \
         > "$work/build-upstream.log" 2>&1 || { tail -n 30 "$work/build-upstream.log"; exit 1; }
-    (cd "$up" && tar -cf - bin/lib*.so*) | xz -9 -T2 > .gpu-carry/upstream-cuda.tar.xz.tmp
-    mv .gpu-carry/upstream-cuda.tar.xz.tmp .gpu-carry/upstream-cuda.tar.xz
+    (cd "$up" && tar -cf - bin/lib*.so*) | xz -9 -T2 > .gpu-carry-upstream/upstream-cuda.tar.xz.tmp
+    mv .gpu-carry-upstream/upstream-cuda.tar.xz.tmp .gpu-carry-upstream/upstream-cuda.tar.xz
     {
         echo "$pin"
         echo "built=$(date -u +%FT%TZ), archs 90a-real, $("$cuda/bin/nvcc" --version |
             sed -n 's/.*release \([0-9.]*\), \(V[0-9.]*\)/nvcc \2/p')"
-    } > .gpu-carry/upstream-cuda.stamp
+    } > .gpu-carry-upstream/upstream-cuda.stamp
     echo "built upstream ($(( $(date +%s) - t0 )) s)"
 fi
-[ -f .gpu-carry/upstream-cuda.stamp ] && cat .gpu-carry/upstream-cuda.stamp
+[ -f .gpu-carry-upstream/upstream-cuda.stamp ] && cat .gpu-carry-upstream/upstream-cuda.stamp
 
 # upstream's llama-quantize for bench/quant_run.sh (no build on the GPU machine), only when asked:
 # PREBUILD_QUANTIZE=1 (6 MB stripped: with every other file of .gpu-carry it passes the 64 MiB
-# limit; move .gpu-carry/transformers-*.whl aside for a quant_run.sh call, which needs none).
+# limit with .gpu-carry-upstream or .gpu-carry-hf: a quant_run.sh call carries neither).
 # CPU only, static, x86-64-v3 (GGML_NATIVE=OFF), built again when the pin changes.
 if [ "${PREBUILD_QUANTIZE:-0}" = 1 ] &&
     [ "$(head -n 1 .gpu-carry/llama-quantize.stamp 2> /dev/null)" != "$(quantize_pin)" ]; then

@@ -119,14 +119,14 @@ quantize_pin() {
     echo "upstream=$(sed -n 's/^llama_cpp_commit *= *//p' UPSTREAM) llama-quantize"
 }
 
-# GPU machine: upstream's build unpacked into DIR/bin from .gpu-carry/upstream-cuda.tar.xz when
+# GPU machine: upstream's build unpacked into DIR/bin from .gpu-carry-upstream/upstream-cuda.tar.xz when
 # its stamp names the pinned commit and it loads with the device seen, through the bindings in
 # BINDINGS (the extract's llama_cpp, not pyqsa's install, which may be under way beside it);
 # status 0, else the caller builds.
 #   upstream_prebuilt_install DIR BINDINGS
 upstream_prebuilt_install() {
-    local dir=$1 bindings=$2 tarball=.gpu-carry/upstream-cuda.tar.xz
-    local stamp=.gpu-carry/upstream-cuda.stamp want
+    local dir=$1 bindings=$2 tarball=.gpu-carry-upstream/upstream-cuda.tar.xz
+    local stamp=.gpu-carry-upstream/upstream-cuda.stamp want
     [ "${PYQSA_PREBUILT_USE:-1}" = 1 ] && [ -f "$tarball" ] && [ -f "$stamp" ] || return 1
     want="upstream=$(sed -n 's/^llama_cpp_commit *= *//p' UPSTREAM) archs=90a"
     if [ "$(grep -E '^upstream=' "$stamp")" != "$want" ]; then
@@ -148,14 +148,21 @@ assert L.llama_supports_gpu_offload()'; then
 }
 
 # What a device run carries, the working tree (tracked and untracked files, not ignored) and
-# .gpu-carry, against the device tool's 64 MiB limit: one line, "over" when it does not fit.
+# .gpu-carry, with each of the optional carries (.gpu-carry-upstream: upstream's prebuilt library,
+# for calls that run upstream; .gpu-carry-hf: the pinned transformers, for tests/gpu/parity.sh),
+# against the device tool's 64 MiB limit: a line each, "over" when it does not fit.
 carry_room() {
-    local tree carry limit=$((64 << 20))
+    local tree base extra total limit=$((64 << 20)) with
     tree=$(git ls-files -co --exclude-standard -z | du --files0-from=- -cb 2> /dev/null | tail -n 1 | cut -f1)
-    carry=$(du -sb .gpu-carry | cut -f1)
-    if [ $((tree + carry)) -le "$limit" ]; then
-        echo "carry: $((tree + carry)) bytes (tree $tree, .gpu-carry $carry), $((limit - tree - carry)) under the 64 MiB limit"
-    else
-        echo "carry: over the 64 MiB limit by $((tree + carry - limit)) bytes (tree $tree, .gpu-carry $carry): drop .gpu-carry/upstream-cuda.tar.xz (gpu_run.sh then builds upstream there)"
-    fi
+    base=$(du -sb .gpu-carry | cut -f1)
+    for with in "" .gpu-carry-upstream .gpu-carry-hf; do
+        extra=0
+        [ -n "$with" ] && { [ -d "$with" ] || continue; extra=$(du -sb "$with" | cut -f1); }
+        total=$((tree + base + extra))
+        if [ "$total" -le "$limit" ]; then
+            echo "carry .gpu-carry${with:+ + $with}: $total bytes (tree $tree), $((limit - total)) under the 64 MiB limit"
+        else
+            echo "carry .gpu-carry${with:+ + $with}: over the 64 MiB limit by $((total - limit)) bytes (tree $tree)"
+        fi
+    done
 }
