@@ -123,6 +123,12 @@ ENGINE_COUNTERS = {
     "pyqsa_prefix_cache_snapshots_staged_total": "staged",
     # the copier thread's, beside the passes
     "pyqsa_prefix_cache_copy_seconds_total": "copy",
+    # passes that kept the last one's graph; on CUDA, graph computes kernel by kernel, captured
+    # into a CUDA graph or replayed from one (a window of steady steps replays every pass)
+    "pyqsa_graph_reuses_total": "reused",
+    'pyqsa_cuda_graph_computes_total{how="direct"}': "direct",
+    'pyqsa_cuda_graph_computes_total{how="captured"}': "captured",
+    'pyqsa_cuda_graph_computes_total{how="replayed"}': "replayed",
 }
 
 
@@ -203,7 +209,7 @@ def engine_between(a: dict[str, float], b: dict[str, float]):
     for part in ("prefix", "copy"):
         if part in a and part in b:
             out[f"{part}_ms_per_step"] = round(1e3 * (b[part] - a[part]) / steps, 3)
-    for count in ("snapshots", "staged"):
+    for count in ("snapshots", "staged", "reused", "direct", "captured", "replayed"):
         if count in a and count in b:
             out[count] = int(b[count] - a[count])
     return out

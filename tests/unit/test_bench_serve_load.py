@@ -79,6 +79,23 @@ def test_the_prefix_caches_share_of_host_time_where_the_server_has_the_cache():
     assert not {"prefix_ms_per_step", "snapshots", "staged", "copy_ms_per_step"} & got.keys()
 
 
+def test_the_window_counts_graph_reuses_and_cuda_graph_computes_where_the_server_has_them():
+    before = {"steps": 10, "forward": 1.0, "host": 0.1, "launch": 0.0, "reused": 5}
+    after = {"steps": 20, "forward": 2.0, "host": 0.2, "launch": 0.1, "reused": 14}
+    cuda = {"direct": 3, "captured": 2, "replayed": 5}
+    got = serve_load.engine_between(
+        before | cuda, after | {"direct": 3, "captured": 3, "replayed": 14}
+    )
+    assert (got["reused"], got["direct"], got["captured"], got["replayed"]) == (9, 0, 1, 9)
+    got = serve_load.engine_between(before, after)  # a CPU server: no CUDA graph counts
+    assert got["reused"] == 9 and not {"direct", "captured", "replayed"} & got.keys()
+    samples = {
+        "pyqsa_graph_reuses_total": 7.0,
+        'pyqsa_cuda_graph_computes_total{how="replayed"}': 3.0,
+    }
+    assert serve_load.engine_of(samples) == {"reused": 7.0, "replayed": 3.0}
+
+
 def test_loads_of_other_seeds_draw_other_prompts():
     load = serve_load.Load("http://x", requests=3, prompt_tokens=50, short_prompt_tokens=8)
     runs = [serve_load.draw_prompts(load, random.Random(0)) for _ in range(2)]
