@@ -49,10 +49,12 @@ target_compile_features(test-gdn PRIVATE cxx_std_17)
 add_executable(test-fused ${CMAKE_CURRENT_LIST_DIR}/tests/test-fused.cpp)
 target_link_libraries(test-fused PRIVATE ggml)
 target_compile_features(test-fused PRIVATE cxx_std_17)
-# the scheduler's input stage on a backend whose copies are queued: test-input-stage [test|perf] [-b BACKEND]
+# the scheduler's input stage and a snapshot head's (src/seq-stage.h) on a backend whose copies are
+# queued: test-input-stage [test|perf] [-b BACKEND]
 add_executable(test-input-stage ${CMAKE_CURRENT_LIST_DIR}/tests/test-input-stage.cpp)
 target_link_libraries(test-input-stage PRIVATE ggml)
-target_include_directories(test-input-stage PRIVATE $<TARGET_PROPERTY:ggml-base,SOURCE_DIR>)  # ggml-backend-impl.h: a stand-in backend
+target_include_directories(test-input-stage PRIVATE $<TARGET_PROPERTY:ggml-base,SOURCE_DIR>  # ggml-backend-impl.h: a stand-in backend
+                                                    ${CMAKE_CURRENT_LIST_DIR}/src)
 target_compile_features(test-input-stage PRIVATE cxx_std_17)
 # the sample op: test-sample [test|perf] [-b BACKEND]
 add_executable(test-sample ${CMAKE_CURRENT_LIST_DIR}/tests/test-sample.cpp)

@@ -127,19 +127,37 @@ size_t head_estimate(const llama_memory_hybrid & mem, const std::set<const ggml_
     return (1u << 20) + recurrent_bytes(mem, recurrent) + (size_t) n * 64;
 }
 
-// the buffer type of a stage for ctx's recurrent tensors: their device's pinned host memory,
-// else (a CPU device, a device without it) host memory
-ggml_backend_buffer_type_t stage_type(const llama_memory_hybrid & mem) {
+// the device of ctx's recurrent tensors that has pinned host memory, or none (a CPU device)
+ggml_backend_dev_t stage_device(const llama_memory_hybrid & mem) {
     for (const ggml_tensor * t : recurrent_tensors(mem)) {
         if (t->buffer == nullptr || ggml_backend_buffer_is_host(t->buffer)) {
             continue;
         }
         ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
-        if (ggml_backend_buffer_type_t host = dev ? ggml_backend_dev_host_buffer_type(dev) : nullptr) {
-            return host;
+        if (dev != nullptr && ggml_backend_dev_host_buffer_type(dev) != nullptr) {
+            return dev;
         }
     }
-    return ggml_backend_cpu_buffer_type();
+    return nullptr;
+}
+
+// ctx's backend of device dev (the stream its passes run on) where dev queues reads and records
+// events, or none
+ggml_backend_t stage_queue(llama_context & ctx, ggml_backend_dev_t dev) {
+    ggml_backend_dev_props props = {};
+    if (dev != nullptr) {
+        ggml_backend_dev_get_props(dev, &props);
+    }
+    if (!props.caps.async || !props.caps.events) {
+        return nullptr;
+    }
+    ggml_backend_sched_t sched = ctx.get_sched();
+    for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); ++i) {
+        if (ggml_backend_t be = ggml_backend_sched_get_backend(sched, i); ggml_backend_get_device(be) == dev) {
+            return be;
+        }
+    }
+    return nullptr;
 }
 
 void save(llama_context * ctx, int32_t seq_id, stage * staged, uint8_t ** out, size_t * out_size,
@@ -349,6 +367,8 @@ int32_t pyqsa_seq_state_save(void * ctx_v, int32_t seq_id, pyqsa_seq_stage * sta
     if (staged != nullptr && (rc != PYQSA_OK || staged->s.empty())) {  // nothing to fill
         staged->s.clear();
         staged->busy = false;
+    } else if (staged != nullptr) {
+        staged->s.close();  // its reads queued ahead of the next pass; fill waits for them
     }
     return rc;
 }
@@ -361,12 +381,17 @@ int32_t pyqsa_seq_stage_new(void * ctx_v, pyqsa_seq_stage ** out) {
     if (mem == nullptr) {
         return PYQSA_ERR_UNSUPPORTED;
     }
-    const size_t          bytes = recurrent_bytes(*mem, recurrent_tensors(*mem));
-    ggml_backend_buffer_t buf   = ggml_backend_buft_alloc_buffer(stage_type(*mem), std::max<size_t>(bytes, 1));
+    // the states' device's pinned host memory, else (a CPU device, a device without it) host memory
+    const size_t               bytes = recurrent_bytes(*mem, recurrent_tensors(*mem));
+    ggml_backend_dev_t         dev   = stage_device(*mem);
+    ggml_backend_buffer_type_t buft  = dev != nullptr ? ggml_backend_dev_host_buffer_type(dev) : ggml_backend_cpu_buffer_type();
+    ggml_backend_buffer_t      buf   = ggml_backend_buft_alloc_buffer(buft, std::max<size_t>(bytes, 1));
     if (buf == nullptr) {
         return PYQSA_ERR_OUT_OF_MEMORY;
     }
-    *out = new pyqsa_seq_stage{ stage(buf) };
+    ggml_backend_t       queue = stage_queue(*static_cast<llama_context *>(ctx_v), dev);
+    ggml_backend_event_t done  = queue != nullptr ? ggml_backend_event_new(dev) : nullptr;
+    *out                       = new pyqsa_seq_stage{ stage(buf, queue, done) };
     return PYQSA_OK;
 }
 

@@ -11,6 +11,7 @@
 #include "llama-memory-hybrid.h"
 #include "llama-model.h"
 #include "pyqsa-lazy-host.h"
+#include "seq-stage.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -112,63 +113,6 @@ inline std::set<const ggml_tensor *> recurrent_tensors(const llama_memory_hybrid
     }
     return out;
 }
-
-// Where a head's recurrent and conv states go on the thread that saves, for another thread to
-// copy them into the head (fill): a buffer of one sequence's states in the device's pinned host
-// memory (host memory on a CPU device). Out of device memory, a straight copy into the head is
-// pageable: a slot's ~80 MB at the full shape took the engine thread ~100 ms a snapshot, while
-// every slot waited; into pinned memory it is one copy at the bus's speed, and the memcpy into the
-// head's fresh pages is the other thread's.
-class stage {
-public:
-    explicit stage(ggml_backend_buffer_t buf) : buf(buf) {}
-
-    ~stage() { ggml_backend_buffer_free(buf); }
-
-    stage(const stage &)             = delete;
-    stage & operator=(const stage &) = delete;
-
-    // size bytes of t from byte offset, for the head's bytes [at, at + size); false (nothing
-    // copied) when the stage has no room left for them
-    bool put(ggml_tensor * t, size_t offset, size_t size, size_t at) {
-        if (used + size > ggml_backend_buffer_get_size(buf)) {
-            return false;
-        }
-        ggml_backend_tensor_get(t, base() + used, offset, size);
-        parts.push_back({ used, at, size });
-        used += size;
-        return true;
-    }
-
-    // the staged bytes into the head they were put for; the stage is empty again
-    void fill(uint8_t * head, size_t head_size) {
-        for (const part & p : parts) {
-            if (p.at + p.size > head_size) {
-                throw std::runtime_error("sequence state: not the head staged");
-            }
-            std::memcpy(head + p.at, base() + p.from, p.size);
-        }
-        clear();
-    }
-
-    void clear() {
-        parts.clear();
-        used = 0;
-    }
-
-    bool empty() const { return parts.empty(); }
-
-private:
-    struct part {
-        size_t from, at, size;  // the stage's bytes [from, from + size) are the head's [at, at + size)
-    };
-
-    uint8_t * base() { return static_cast<uint8_t *>(ggml_backend_buffer_get_base(buf)); }
-
-    ggml_backend_buffer_t buf;
-    std::vector<part>     parts;
-    size_t                used = 0;
-};
 
 // writes the head into a buffer of its own, grown as it goes (take() hands it over), or only
 // counts (`count`); collects the series. One pass: a head's cell metadata is most of its CPU

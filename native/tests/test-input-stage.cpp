@@ -3,11 +3,15 @@
 // when copied (the caller may overwrite its inputs at once), the backend is waited for once a
 // split and where the stage is full, and what the stage does not take is left to upstream's copy.
 // On a machine with other backends, the same split through each of them; `perf` times a decode
-// step's split there, staged and as upstream copies it.
+// step's split there, staged and as upstream copies it. Then the stage of a snapshot's head
+// (native/src/seq-stage.h) on the same stand-in: its reads of the states are queued ahead of the
+// next pass's writes and the saving thread waits for none; the head gets the states as the save
+// found them.
 //     test-input-stage [test|perf] [-b BACKEND]
 #include "ggml-backend-impl.h"
 #include "op-check.h"
 #include "pyqsa-input-stage.h"
+#include "seq-stage.h"
 
 #include <functional>
 #include <tuple>
@@ -23,6 +27,10 @@ void queued_set(ggml_backend_t be, ggml_tensor * t, const void * data, size_t of
     static_cast<queue_ctx *>(be->context)->copies.emplace_back(static_cast<char *>(t->data) + offset, data, size);
 }
 
+void queued_get(ggml_backend_t be, const ggml_tensor * t, void * data, size_t offset, size_t size) {
+    static_cast<queue_ctx *>(be->context)->copies.emplace_back(data, static_cast<const char *>(t->data) + offset, size);
+}
+
 void wait_queue(ggml_backend_t be) {
     auto * q = static_cast<queue_ctx *>(be->context);
     for (const auto & [to, from, n] : q->copies) std::memcpy(to, from, n);
@@ -34,7 +42,25 @@ ggml_backend_buffer_type_t host_type(ggml_backend_dev_t) {
     return ggml_backend_cpu_buffer_type();
 }
 
-// a backend of the CPU's memory whose set_tensor_async is queued until synchronize
+// an event of the stand-in: recorded, it waits for the whole queue (what came before it and after)
+ggml_backend_event_t new_event(ggml_backend_dev_t dev) {
+    return new ggml_backend_event{ dev, nullptr };
+}
+
+void free_event(ggml_backend_dev_t, ggml_backend_event_t e) {
+    delete e;
+}
+
+void record_event(ggml_backend_t be, ggml_backend_event_t e) {
+    e->context = be;
+}
+
+void wait_event(ggml_backend_dev_t, ggml_backend_event_t e) {
+    if (e->context != nullptr) wait_queue(static_cast<ggml_backend_t>(e->context));
+}
+
+// a backend of the CPU's memory whose set_tensor_async and get_tensor_async are queued until
+// synchronize (or an event recorded after them is waited for)
 struct queued_backend {
     queue_ctx           q;
     ggml_backend_device dev{};
@@ -42,8 +68,13 @@ struct queued_backend {
     queued_backend() {
         dev.iface.get_buffer_type      = host_type;
         dev.iface.get_host_buffer_type = host_type;
+        dev.iface.event_new            = new_event;
+        dev.iface.event_free           = free_event;
+        dev.iface.event_synchronize    = wait_event;
         be.iface.set_tensor_async      = queued_set;
+        be.iface.get_tensor_async      = queued_get;
         be.iface.synchronize           = wait_queue;
+        be.iface.event_record          = record_event;
         be.device                      = &dev;
         be.context                     = &q;
     }
@@ -98,6 +129,80 @@ bool split_arrives(ggml_backend_t be, const std::vector<int64_t> & sizes, int * 
     return same;
 }
 
+// a snapshot's head staged from two states of `be`'s memory (a conv state and a recurrent one, as a
+// save puts them; `be` null: the CPU's), the next pass then writing both on `be`'s stream, the head
+// filled: whether it holds the states as the save found them. `queued`: the stage queues its
+// reads on `be` (else reads each at once); `q`, the stand-in's queue: its waits during the save
+// and the reads the save left queued, in `in_save`.
+bool head_gets_the_saved_states(ggml_backend_t be, bool queued, queue_ctx * q = nullptr,
+                                std::pair<int, size_t> * in_save = nullptr) {
+    using pyqsa_seq_state::stage;
+    ggml_backend_dev_t         dev   = be ? ggml_backend_get_device(be) : nullptr;
+    ggml_backend_buffer_type_t pin   = dev ? ggml_backend_dev_host_buffer_type(dev) : nullptr;
+    tensors                    states({ 3000, 5000 }, be ? ggml_backend_get_default_buffer_type(be) : ggml_backend_cpu_buffer_type());
+    std::vector<float>         saved[2] = { values(states.t[0], 1.0f), values(states.t[1], 2.0f) };
+    std::vector<float>         next[2]  = { values(states.t[0], -7.0f), values(states.t[1], -9.0f) };
+    for (int i = 0; i < 2; ++i) ggml_backend_tensor_set(states.t[i], saved[i].data(), 0, ggml_nbytes(states.t[i]));
+    const size_t n0 = ggml_nbytes(states.t[0]), n1 = ggml_nbytes(states.t[1]);
+    stage        staged(ggml_backend_buft_alloc_buffer(pin ? pin : ggml_backend_cpu_buffer_type(), n0 + n1),
+                        queued ? be : nullptr, queued ? ggml_backend_event_new(dev) : nullptr);
+    std::vector<uint8_t> head(16 + n0 + n1, 0);  // the states' bytes in the head after 16 of its own
+    const int            before = q ? q->waits : 0;
+    bool ok = staged.put(states.t[0], 0, n0, 16) && staged.put(states.t[1], 0, n1, 16 + n0) && !staged.put(states.t[0], 0, 4, 0);
+    staged.close();
+    if (in_save) *in_save = { q->waits - before, q->copies.size() };
+    for (int i = 0; i < 2; ++i) {  // the next pass, after the reads on the stream
+        if (be) {
+            ggml_backend_tensor_set_async(be, states.t[i], next[i].data(), 0, ggml_nbytes(states.t[i]));
+        } else {
+            ggml_backend_tensor_set(states.t[i], next[i].data(), 0, ggml_nbytes(states.t[i]));
+        }
+    }
+    staged.fill(head.data(), head.size());
+    ok = ok && staged.empty() && std::memcmp(head.data() + 16, saved[0].data(), n0) == 0 &&
+         std::memcmp(head.data() + 16 + n0, saved[1].data(), n1) == 0;
+    if (be) ggml_backend_synchronize(be);
+    for (int i = 0; i < 2; ++i) {
+        std::vector<float> now(next[i].size());
+        ggml_backend_tensor_get(states.t[i], now.data(), 0, ggml_nbytes(states.t[i]));
+        ok = ok && std::memcmp(now.data(), next[i].data(), ggml_nbytes(states.t[i])) == 0;
+    }
+    return ok;
+}
+
+void head_stage_checks(const char * only_backend, int & n_ok, int & n_fail) {
+    queued_backend         qb;
+    std::pair<int, size_t> save;
+    const bool             ok = head_gets_the_saved_states(&qb.be, true, &qb.q, &save);
+    report("a snapshot head's states, the next pass queued after the save", "queued",
+           "waits in the save " + std::to_string(save.first) + ", reads queued " + std::to_string(save.second) + " ",
+           ok && save.first == 0 && save.second == 2, n_ok, n_fail);
+    report("the same read at once (no queue)", "CPU", "", head_gets_the_saved_states(nullptr, false), n_ok, n_fail);
+
+    // a save that failed before its close: clearing the stage waits for what it queued
+    tensors            state({ 256 }, ggml_backend_cpu_buffer_type());
+    std::vector<float> saved = values(state.t[0], 3.0f);
+    std::memcpy(state.t[0]->data, saved.data(), ggml_nbytes(state.t[0]));
+    pyqsa_seq_state::stage staged(ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(), ggml_nbytes(state.t[0])),
+                                  &qb.be, ggml_backend_event_new(&qb.dev));
+    const bool put     = staged.put(state.t[0], 0, ggml_nbytes(state.t[0]), 0);
+    const bool pending = !qb.q.copies.empty();
+    staged.clear();
+    report("a stage cleared after a failed save", "queued",
+           "pending " + std::to_string(pending) + ", after clear " + std::to_string(qb.q.copies.size()) + " ",
+           put && pending && qb.q.copies.empty() && staged.empty(), n_ok, n_fail);
+
+    // a device's own stream, where the device queues reads and records events (as the save asks)
+    on_other_backends(only_backend, "a snapshot head's states, the next pass queued after the save", n_ok, n_fail,
+                      [&](ggml_backend_t other) {
+                          ggml_backend_dev_props props = {};
+                          ggml_backend_dev_get_props(ggml_backend_get_device(other), &props);
+                          const bool queued = props.caps.async && props.caps.events;
+                          return std::make_pair(head_gets_the_saved_states(other, queued),
+                                                std::string(queued ? "queued " : "read at once "));
+                      });
+}
+
 int run_tests(const char * only_backend) {
     int            n_ok = 0, n_fail = 0;
     const int64_t  MiB  = (1 << 20) / sizeof(float);  // f32 elements of 1 MiB
@@ -135,6 +240,7 @@ int run_tests(const char * only_backend) {
     on_other_backends(only_backend, "a split's 3 inputs, overwritten once copied", n_ok, n_fail, [&](ggml_backend_t other) {
         return std::make_pair(split_arrives(other, { 1000, 37, 4096 }), std::string());
     });
+    head_stage_checks(only_backend, n_ok, n_fail);
     std::printf("%d/%d checks passed\n", n_ok, n_ok + n_fail);
     return n_fail == 0 ? 0 : 1;
 }

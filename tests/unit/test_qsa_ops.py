@@ -11,8 +11,9 @@ recurrence, native/tests/test-gdn.cpp) and test-fused (qwen4exp's fused ops: the
 combine and gate, the linear attention's gates, convolution step and gated norm, and the shared
 expert's gated join, against the
 graphs of upstream's ops they replace, bit for bit, native/tests/test-fused.cpp) and
-test-input-stage (the scheduler's queued copies of host inputs, patch 0028, on a stand-in backend
-whose copies land only when waited for, native/tests/test-input-stage.cpp).
+test-input-stage (the scheduler's queued copies of host inputs, patch 0028, and a snapshot head's
+queued reads of the states, native/src/seq-stage.h, on a stand-in backend whose copies land only
+when waited for, native/tests/test-input-stage.cpp).
 
 On a CPU-only machine this checks the CPU kernels; on the GPU machine the same binaries also
 check CUDA against CPU (tests/gpu/backend_ops.sh)."""
@@ -34,7 +35,7 @@ from pyqsa._build.native import BuildConfig
         ("test-products", 42),
         ("test-gdn", 9),
         ("test-fused", 29),
-        ("test-input-stage", 3),
+        ("test-input-stage", 6),
     ],
 )
 def test_ops_match_their_references(binary, min_checks):

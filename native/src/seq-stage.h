@@ -1,0 +1,120 @@
+// pyqsa: the stage of a snapshot's head (pyqsa-seq-state.cpp): where a sequence's recurrent and
+// conv states go on the thread that saves the head, for another thread to copy into the head
+// (fill). ggml alone, so that native/tests/test-input-stage.cpp checks it on a stand-in backend.
+#pragma once
+
+#include "ggml-backend.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+namespace pyqsa_seq_state {
+
+// A buffer of one sequence's states in the device's pinned host memory (host memory on a CPU
+// device). Out of device memory, a straight copy into the head is pageable: a slot's ~80 MB at the
+// full shape took the engine thread ~100 ms a snapshot while every slot waited; into pinned memory
+// it is one copy at the bus's speed, and the memcpy into the head's fresh pages is the other
+// thread's. With a queue (the backend of the states' device, which queues reads and records
+// events), the reads are queued on its stream ahead of the passes that change the states, and the
+// saving thread waits for none of them (each read made at once, as without a queue, is a copy
+// and a wait: ~72 of them a head at the full shape); fill waits for the event recorded after
+// them. On the CPU, and for a tensor of another device, each read is made at once.
+class stage {
+public:
+    stage(ggml_backend_buffer_t buf, ggml_backend_t queue = nullptr, ggml_backend_event_t done = nullptr) :
+        buf(buf),
+        queue(done != nullptr ? queue : nullptr),
+        done(done) {}
+
+    ~stage() {
+        wait();
+        ggml_backend_event_free(done);
+        ggml_backend_buffer_free(buf);
+    }
+
+    stage(const stage &)             = delete;
+    stage & operator=(const stage &) = delete;
+
+    // size bytes of t from byte offset, for the head's bytes [at, at + size); false (nothing
+    // copied) when the stage has no room left for them
+    bool put(ggml_tensor * t, size_t offset, size_t size, size_t at) {
+        if (used + size > ggml_backend_buffer_get_size(buf)) {
+            return false;
+        }
+        if (queues(t)) {
+            ggml_backend_tensor_get_async(queue, t, base() + used, offset, size);
+            queued = true;
+        } else {
+            ggml_backend_tensor_get(t, base() + used, offset, size);
+        }
+        parts.push_back({ used, at, size });
+        used += size;
+        return true;
+    }
+
+    // on the saving thread, after its last put: the event the queued reads end at
+    void close() {
+        if (queued && !recorded) {
+            ggml_backend_event_record(done, queue);
+            recorded = true;
+        }
+    }
+
+    // the staged bytes into the head they were put for, once they are here; the stage is empty
+    // again
+    void fill(uint8_t * head, size_t head_size) {
+        wait();
+        for (const part & p : parts) {
+            if (p.at + p.size > head_size) {
+                throw std::runtime_error("sequence state: not the head staged");
+            }
+            std::memcpy(head + p.at, base() + p.from, p.size);
+        }
+        clear();
+    }
+
+    // empty, with no read still landing in it
+    void clear() {
+        wait();
+        parts.clear();
+        used = 0;
+    }
+
+    bool empty() const { return parts.empty(); }
+
+private:
+    struct part {
+        size_t from, at, size;  // the stage's bytes [from, from + size) are the head's [at, at + size)
+    };
+
+    uint8_t * base() { return static_cast<uint8_t *>(ggml_backend_buffer_get_base(buf)); }
+
+    // whether t's reads go on the queue: the buffers of its device, which its queued reads take
+    bool queues(const ggml_tensor * t) const {
+        return queue != nullptr && t->buffer != nullptr &&
+               ggml_backend_buffer_get_type(t->buffer) == ggml_backend_dev_buffer_type(ggml_backend_get_device(queue));
+    }
+
+    // the queued reads done (a save that failed before close: recorded here, on its thread)
+    void wait() {
+        if (!queued) {
+            return;
+        }
+        close();
+        ggml_backend_event_synchronize(done);
+        queued = recorded = false;
+    }
+
+    ggml_backend_buffer_t buf;
+    ggml_backend_t        queue;
+    ggml_backend_event_t  done;
+    std::vector<part>     parts;
+    size_t                used     = 0;
+    bool                  queued   = false;  // reads queued since the last wait
+    bool                  recorded = false;  // and the event after them
+};
+
+}  // namespace pyqsa_seq_state
