@@ -361,18 +361,7 @@ def test_decode_under_a_library_switch_is_a_variant_of_its_own(
     library with one switch flipped, so decode.py records each as a variant and report.py
     gives it a column."""
     monkeypatch.setenv(env, value)
-    out = tmp_path / "decode.jsonl"
-    run(
-        str(BENCH / "decode.py"),
-        str(small_gguf),
-        "--variant",
-        "pyqsa",
-        *("--contexts", "256", "--seqs", "1", "--steps", "2", "--warmup", "1"),
-        *("--threads", "1", "--no-extra-bufts", "--lib", str(LIB), "--out", str(out)),
-    )
-    recs = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["variant"] for r in recs] == [variant] * 2
-    assert f"{column} tok/s" in run(str(BENCH / "report.py"), str(out), "--no-save").stdout
+    assert_variant_with_column(small_gguf, tmp_path, variant, column)
 
 
 def test_decode_with_the_fast_path_off_is_the_fastoff_variant(small_gguf, tmp_path, monkeypatch):
@@ -386,6 +375,12 @@ def test_decode_with_the_fast_path_off_is_the_fastoff_variant(small_gguf, tmp_pa
     assert listed and sorted(listed.group(1).split()) == sorted(f"{n}=1" for n in FAST_PATH_OFF)
     for name in FAST_PATH_OFF:
         monkeypatch.setenv(name, "1")
+    assert_variant_with_column(small_gguf, tmp_path, "pyqsa-fastoff", "fstof")
+
+
+def assert_variant_with_column(small_gguf, tmp_path, variant: str, column: str) -> None:
+    """decode.py's pyqsa library under this process's switches records `variant`, and report.py
+    gives it the column `column`."""
     out = tmp_path / "decode.jsonl"
     run(
         str(BENCH / "decode.py"),
@@ -396,8 +391,8 @@ def test_decode_with_the_fast_path_off_is_the_fastoff_variant(small_gguf, tmp_pa
         *("--threads", "1", "--no-extra-bufts", "--lib", str(LIB), "--out", str(out)),
     )
     recs = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["variant"] for r in recs] == ["pyqsa-fastoff"] * 2
-    assert "fstof tok/s" in run(str(BENCH / "report.py"), str(out), "--no-save").stdout
+    assert [r["variant"] for r in recs] == [variant] * 2
+    assert f"{column} tok/s" in run(str(BENCH / "report.py"), str(out), "--no-save").stdout
 
 
 @pytest.mark.parametrize("n_seqs", [1, 8])
