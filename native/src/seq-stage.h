@@ -18,10 +18,12 @@ namespace pyqsa_seq_state {
 // full shape took the engine thread ~100 ms a snapshot while every slot waited; into pinned memory
 // it is one copy at the bus's speed, and the memcpy into the head's fresh pages is the other
 // thread's. With a queue (the backend of the states' device, which queues reads and records
-// events), the reads are queued on its stream ahead of the passes that change the states, and the
-// saving thread waits for none of them (each read made at once, as without a queue, is a copy
-// and a wait: ~72 of them a head at the full shape); fill waits for the event recorded after
-// them. On the CPU, and for a tensor of another device, each read is made at once.
+// events), the reads are queued on its stream ahead of the passes that change the states and the
+// save waits for none of them (each read made at once, as without a queue, is a copy and a wait:
+// ~72 of them a head at the full shape), so the next heads' CPU work runs while they land; the
+// next pass's first input copy (the scheduler's input stage) waits for the stream, reads included.
+// fill waits for the event recorded after them. On the CPU, and for a tensor of another device,
+// each read is made at once.
 class stage {
 public:
     stage(ggml_backend_buffer_t buf, ggml_backend_t queue = nullptr, ggml_backend_event_t done = nullptr) :
