@@ -56,14 +56,6 @@ PAGING = {
     "to_host": 'pyqsa_paging_bytes_total{direction="to_host"}',
 }
 STEPS = "pyqsa_engine_steps_total"
-# how each pass's graph ran (ggml's CUDA backend: kernel by kernel, captured, replayed)
-GRAPHS = {
-    "reused": "pyqsa_graph_reuses_total",
-    **{
-        how: f'pyqsa_cuda_graph_computes_total{{how="{how}"}}'
-        for how in ("direct", "captured", "replayed")
-    },
-}
 FORWARD = 'pyqsa_engine_step_seconds_total{part="forward"}'
 PROMPT_TOKENS = "pyqsa_prompt_tokens_total"
 LIMIT = "pyqsa_device_memory_limit_bytes"
@@ -226,23 +218,10 @@ def decode_window(runs: list[dict], snapshots: list[tuple[float, dict]]) -> dict
     if steps and pa is not None and pb is not None:
         out["to_device_per_step"] = round((pb["to_device"] - pa["to_device"]) / steps)
         out["hit_rate"] = hit_rate(pa, pb)
-    out["engine"] = engine_split(a, b)
+    # where the steps went (forward, host, launch ms a step), to set against bench/decode.py's
+    # step, and how their graphs ran
+    out["engine"] = serve_load.engine_between(serve_load.engine_of(a), serve_load.engine_of(b))
     return out
-
-
-def engine_split(a: dict[str, float], b: dict[str, float]) -> dict[str, Any] | None:
-    """Where the steps between two /metrics snapshots went (serve_load.engine_between: forward,
-    host, launch ms a step), to set against bench/decode.py's step, and how their graphs ran;
-    None without a step between them."""
-    split = serve_load.engine_between(serve_load.engine_of(a), serve_load.engine_of(b))
-    if split is not None:
-        steps = split["steps"]
-        split["graphs_per_step"] = {
-            k: round((b[name] - a[name]) / steps, 3)
-            for k, name in GRAPHS.items()
-            if name in a and name in b
-        }
-    return split
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,15 @@ def together_longest_gap(runs: list[dict]) -> dict | None:
     return {"ms": round(1e3 * gap, 2), "at_s": round(at - start, 3)}
 
 
+# passes that kept the last one's graph; on CUDA, graph computes kernel by kernel, captured into a
+# CUDA graph or replayed from one (a window of steady steps replays every pass)
+GRAPHS = {
+    "reused": "pyqsa_graph_reuses_total",
+    **{
+        how: f'pyqsa_cuda_graph_computes_total{{how="{how}"}}'
+        for how in ("direct", "captured", "replayed")
+    },
+}
 ENGINE_COUNTERS = {
     "pyqsa_engine_steps_total": "steps",
     'pyqsa_engine_step_seconds_total{part="forward"}': "forward",
@@ -123,12 +132,8 @@ ENGINE_COUNTERS = {
     "pyqsa_prefix_cache_snapshots_staged_total": "staged",
     # the copier thread's, beside the passes
     "pyqsa_prefix_cache_copy_seconds_total": "copy",
-    # passes that kept the last one's graph; on CUDA, graph computes kernel by kernel, captured
-    # into a CUDA graph or replayed from one (a window of steady steps replays every pass)
-    "pyqsa_graph_reuses_total": "reused",
-    'pyqsa_cuda_graph_computes_total{how="direct"}': "direct",
-    'pyqsa_cuda_graph_computes_total{how="captured"}': "captured",
-    'pyqsa_cuda_graph_computes_total{how="replayed"}': "replayed",
+    # how each pass's graph ran (GRAPHS)
+    **{name: short for short, name in GRAPHS.items()},
 }
 
 
@@ -209,9 +214,12 @@ def engine_between(a: dict[str, float], b: dict[str, float]):
     for part in ("prefix", "copy"):
         if part in a and part in b:
             out[f"{part}_ms_per_step"] = round(1e3 * (b[part] - a[part]) / steps, 3)
-    for count in ("snapshots", "staged", "reused", "direct", "captured", "replayed"):
+    for count in ("snapshots", "staged"):
         if count in a and count in b:
             out[count] = int(b[count] - a[count])
+    graphs = {k: round((b[k] - a[k]) / steps, 3) for k in GRAPHS if k in a and k in b}
+    if graphs:
+        out["graphs_per_step"] = graphs
     return out
 
 

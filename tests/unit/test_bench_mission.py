@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from pyqsa.bench import mission, smi
+from pyqsa.bench import mission, serve_load, smi
 from pyqsa.bench.scenarios import long
 
 FAKE_SMI = """#!/bin/sh
@@ -84,10 +84,10 @@ def test_the_decode_window_splits_its_steps_and_counts_their_graphs():
             'pyqsa_engine_step_seconds_total{part="forward"}': forward,
             'pyqsa_engine_step_seconds_total{part="host"}': host,
             'pyqsa_engine_step_seconds_total{part="launch"}': launch,
-            mission.GRAPHS["reused"]: steps,
-            mission.GRAPHS["direct"]: direct,
-            mission.GRAPHS["captured"]: 1,
-            mission.GRAPHS["replayed"]: replayed,
+            serve_load.GRAPHS["reused"]: steps,
+            serve_load.GRAPHS["direct"]: direct,
+            serve_load.GRAPHS["captured"]: 1,
+            serve_load.GRAPHS["replayed"]: replayed,
         }
 
     snapshots = [
