@@ -12,7 +12,9 @@
     python3 bench/host_split.py engine MODEL [--prompt-tokens 32000] [-- SERVE FLAGS]
         the same engine (start_engine, the same flags) and the same 8 requests in this process,
         without the HTTP server: its events go to plain sinks. Against `serve`, what the server
-        costs the decode; against `decode`, what the engine does
+        costs the decode; against `decode`, what the engine does. Then the engine thread's work
+        in the together window's longest gap and in its first steps: each pass (tokens, time, how
+        its graph ran) and each prefix snapshot, timed where they ran (`trace`)
 
 Each thread's calls include its waits for the GIL after every call that let go of it (GIL_wait:
 ctypes and cffi calls, socket I/O), where python's libpython is a shared library (see
@@ -204,6 +206,51 @@ def window(label: str, start: tuple, end: tuple, names: dict[str, str]) -> None:
         print("  (no GIL waits: this python's libpython is not a shared library the shim sees)")
 
 
+def trace(eng) -> list[dict]:
+    """Times the engine's passes and prefix snapshots on its own objects (wrapped in place, for
+    this process only): each one's start, end and what it was, in the order they ran."""
+    events: list[dict] = []
+    run, runner = eng.runner.run, eng.runner
+
+    def timed_run(chunks, *args, **kwargs):
+        before, t0 = runner.graph_stats(), time.perf_counter()
+        try:
+            return run(chunks, *args, **kwargs)
+        finally:
+            t1, after = time.perf_counter(), runner.graph_stats()
+            graphs = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+            tokens = sum(len(c.tokens) for c in chunks)
+            events.append({"what": f"pass of {tokens} tokens", "t0": t0, "t1": t1, **graphs})
+
+    def timed(what: str, call):
+        def timed_call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                events.append({"what": what, "t0": t0, "t1": time.perf_counter()})
+
+        return timed_call
+
+    eng.runner.run = timed_run
+    eng.prefix.snapshot = timed("snapshot", eng.prefix.snapshot)
+    eng.runner.snapshot = timed("  its save (Runner.snapshot)", eng.runner.snapshot)
+    return events
+
+
+def traced(events: list[dict], a: float, b: float) -> list[str]:
+    """The traced events that overlap [a, b], each with its times in ms from a."""
+    out = []
+    for e in sorted(events, key=lambda e: e["t0"]):
+        if e["t1"] > a and e["t0"] < b:
+            extra = {k: v for k, v in e.items() if k not in ("what", "t0", "t1")}
+            out.append(
+                f"    {1e3 * (e['t0'] - a):8.2f} .. {1e3 * (e['t1'] - a):8.2f} ms  "
+                f"({1e3 * (e['t1'] - e['t0']):.2f}) {e['what']}" + (f" {extra}" if extra else "")
+            )
+    return out
+
+
 def engine(args: argparse.Namespace) -> None:
     """`serve`'s engine and load without the HTTP server: the events go to plain sinks."""
     import random
@@ -227,6 +274,7 @@ def engine(args: argparse.Namespace) -> None:
     flag_args = ["--slots", "8", "--ctx", str(args.prompt_tokens + 4000), "--batch-tokens", "512"]
     engine_flags = flags.main([*flag_args, *args.serve_flags], standalone_mode=False)
     eng, llama_model, _ = start_engine(str(args.model), engine_flags)
+    events = trace(eng)
     shim = ctypes.CDLL(None)
     buf = ctypes.create_string_buffer(1 << 16)
 
@@ -277,6 +325,18 @@ def engine(args: argparse.Namespace) -> None:
     rate, gap = round(together_rate(runs), 1), together_longest_gap(runs)
     print(json.dumps({"together_tok_s": rate, "longest_gap": gap, "at": "the sinks"}))
     window(f"engine {' '.join(args.serve_flags)}", start, end, names)
+    w0 = max(r["times"][0] for r in runs)
+    g0 = w0 + gap["at_s"]
+    print(f"\n## the longest gap ({gap['ms']} ms, {gap['at_s']} s into the window): the engine's")
+    print("\n".join(traced(events, g0, g0 + gap["ms"] / 1e3)))
+    print("## the window's first 100 ms (from the last first token)")
+    print("\n".join(traced(events, w0, w0 + 0.1)))
+    snaps = [e for e in events if e["what"] == "snapshot"]
+    print(
+        f"## snapshots: {len(snaps)}, "
+        + ", ".join(f"{1e3 * (e['t1'] - e['t0']):.1f}" for e in snaps)
+        + " ms on the engine thread"
+    )
 
 
 def main() -> None:
