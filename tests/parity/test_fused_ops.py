@@ -26,6 +26,13 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# The CPU backend's graph, node counts and bits: where tests/gpu/parity.sh runs this directory
+# with the layers on a GPU, the mixes fuse there and the CUDA ops round otherwise; on a GPU the
+# same checks are test-fused's and tests/gpu/fast_path.py's (bench/gpu_run.sh --op-checks)
+pytestmark = pytest.mark.skipif(
+    int(os.environ.get("PYQSA_TEST_N_GPU_LAYERS", "0")) > 0,
+    reason="the CPU backend's fusions (on a GPU: test-fused and tests/gpu/fast_path.py)",
+)
 SWITCHES = ("PYQSA_HC_UNFUSED", "PYQSA_GATES_UNFUSED", "PYQSA_HC_JOIN_UNFUSED")
 MIX_SWITCHES = ("PYQSA_HC_MIX_ANY_BACKEND", "PYQSA_HC_MIX_UNFUSED")
 
