@@ -127,9 +127,9 @@ size_t head_estimate(const llama_memory_hybrid & mem, const std::set<const ggml_
     return (1u << 20) + recurrent_bytes(mem, recurrent) + (size_t) n * 64;
 }
 
-// the device of ctx's recurrent tensors that has pinned host memory, or none (a CPU device)
-ggml_backend_dev_t stage_device(const llama_memory_hybrid & mem) {
-    for (const ggml_tensor * t : recurrent_tensors(mem)) {
+// the device of the recurrent tensors that has pinned host memory, or none (a CPU device)
+ggml_backend_dev_t stage_device(const std::set<const ggml_tensor *> & recurrent) {
+    for (const ggml_tensor * t : recurrent) {
         if (t->buffer == nullptr || ggml_backend_buffer_is_host(t->buffer)) {
             continue;
         }
@@ -382,10 +382,11 @@ int32_t pyqsa_seq_stage_new(void * ctx_v, pyqsa_seq_stage ** out) {
         return PYQSA_ERR_UNSUPPORTED;
     }
     // the states' device's pinned host memory, else (a CPU device, a device without it) host memory
-    const size_t               bytes = recurrent_bytes(*mem, recurrent_tensors(*mem));
-    ggml_backend_dev_t         dev   = stage_device(*mem);
-    ggml_backend_buffer_type_t buft  = dev != nullptr ? ggml_backend_dev_host_buffer_type(dev) : ggml_backend_cpu_buffer_type();
-    ggml_backend_buffer_t      buf   = ggml_backend_buft_alloc_buffer(buft, std::max<size_t>(bytes, 1));
+    const std::set<const ggml_tensor *> recurrent = recurrent_tensors(*mem);
+    const size_t                        bytes     = recurrent_bytes(*mem, recurrent);
+    ggml_backend_dev_t                  dev       = stage_device(recurrent);
+    ggml_backend_buffer_type_t buft = dev ? ggml_backend_dev_host_buffer_type(dev) : ggml_backend_cpu_buffer_type();
+    ggml_backend_buffer_t      buf  = ggml_backend_buft_alloc_buffer(buft, std::max<size_t>(bytes, 1));
     if (buf == nullptr) {
         return PYQSA_ERR_OUT_OF_MEMORY;
     }
