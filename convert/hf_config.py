@@ -32,6 +32,12 @@ LINEAR, INDEXED = "linear_attention", "indexed_attention"
 # the other names of a QSA layer in `layer_types` (see the top of the file)
 INDEXED_ALIASES = ("full_attention", "qwen_sparse_attention")
 
+
+def is_indexed(layer_type: str) -> bool:
+    """Whether a `layer_types` entry names a QSA layer, by any of its names."""
+    return layer_type == INDEXED or layer_type in INDEXED_ALIASES
+
+
 # Qwen4ExpTextConfig class defaults for the fields the conversion reads
 _DEFAULTS: dict[str, Any] = {
     "vocab_size": 248320,
@@ -175,7 +181,7 @@ def _layer_types(hp: dict[str, Any], n_layer: int) -> tuple[str, ...]:
         if not isinstance(interval, int) or interval <= 0:
             raise ConvertError(f"config: full_attention_interval must be > 0, got {interval!r}")
         return tuple(LINEAR if (i + 1) % interval else INDEXED for i in range(n_layer))
-    types = tuple(INDEXED if t in INDEXED_ALIASES else t for t in types)
+    types = tuple(INDEXED if is_indexed(t) else t for t in types)
     if len(types) != n_layer:
         raise ConvertError(
             f"config: layer_types has {len(types)} entries, num_hidden_layers is {n_layer}"

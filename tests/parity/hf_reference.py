@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from convert.hf_config import INDEXED, INDEXED_ALIASES
+from convert.hf_config import is_indexed
 
 
 @contextmanager
@@ -53,8 +53,7 @@ class HFReference:
     @property
     def qsa_layers(self) -> list[int]:
         # transformers' name for a QSA layer is its release's (convert/hf_config.py)
-        qsa = (INDEXED, *INDEXED_ALIASES)
-        return [i for i, t in enumerate(self.model.config.layer_types) if t in qsa]
+        return [i for i, t in enumerate(self.model.config.layer_types) if is_indexed(t)]
 
     def _enter(self, module, args):
         if not self.hf_tie_order:
