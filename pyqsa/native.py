@@ -327,7 +327,8 @@ def seq_state_save(
     """Sequence `seq_id`'s state (pyqsa_seq_state_save in pyqsa.h): its head (uint8, in the
     native buffer it was written to, freed with the array) and the handle on its rows,
     for seq_state_load into a sequence of a context with the same settings (or
-    seq_state_resume). Waits for the device. With a `stage`, the head is whole only after
+    seq_state_resume). Waits for the device, unless a `stage` queues its reads behind the
+    passes; with a `stage`, the head is whole, and the rows may be read, only after
     `stage.fill(head)`."""
     ffi, lib = _api()
     import numpy as np

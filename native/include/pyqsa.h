@@ -225,9 +225,11 @@ typedef struct pyqsa_seq_stage pyqsa_seq_stage;  // where a head's recurrent sta
 // pyqsa_seq_head_free), *size its length; with a non-NULL rows, *rows becomes a new handle on the
 // sequence's rows as of now (free it with pyqsa_seq_rows_free). Waits for the device. With a
 // non-NULL stage, the Gated DeltaNet recurrent and conv states (most of a head: ~80 MB a
-// sequence at Flash-Next's shape) are copied into the stage instead, their bytes of the head left
-// unwritten until pyqsa_seq_stage_fill (on any thread) copies them there: the copy into the
-// head's memory leaves the thread that steps the context. Returns PYQSA_OK,
+// sequence at Flash-Next's shape) and the tail block's rows are copied into the stage instead,
+// their bytes of the head left unwritten until pyqsa_seq_stage_fill (on any thread) copies them
+// there: the copy into the head's memory leaves the thread that steps the context. Where the
+// stage's device queues reads, they follow the context's passes on its stream and the save waits
+// for nothing (the rows are then to be read after pyqsa_seq_stage_fill). Returns PYQSA_OK,
 // PYQSA_ERR_INVALID_ARG for a NULL ctx, head or size, a seq_id outside the context or a stage not
 // filled since its last save, PYQSA_ERR_OUT_OF_MEMORY when the host has no room for the head,
 // PYQSA_ERR_UNSUPPORTED for a context without a hybrid memory or cells not in position order (or

@@ -127,6 +127,26 @@ size_t head_estimate(const llama_memory_hybrid & mem, const std::set<const ggml_
     return (1u << 20) + recurrent_bytes(mem, recurrent) + (size_t) n * 64;
 }
 
+// the most bytes of rows a head copies beside its recurrent state: the tail block's raw keys of
+// each indexer layer, and with paging each paged layer's ring rows of the tail block (r - 1 rows
+// at most), so that a stage holds them too and a save reads nothing at once
+size_t tail_room(const llama_model & model, const llama_memory_hybrid_idx & mem) {
+    size_t room = 0;
+    if (const llama_kv_cache * idx = mem.get_mem_idx()) {
+        for (uint32_t il : idx->get_layer_ids()) {
+            room += (model.hparams.dsv4_compress_ratios[il] - 1) * idx->get_k_storage((int32_t) il)->nb[1];
+        }
+    }
+    if (const pyqsa_kv_pager * pager = mem.get_mem_attn()->get_pyqsa_pager()) {
+        for (int32_t il = 0; il < (int32_t) model.hparams.n_layer(); ++il) {
+            if (const pyqsa_kv_pager_layer * l = pager->layer(il)) {
+                room += (l->r - 1) * (l->keys->nb[1] + l->dev_k->nb[1] + l->dev_v->nb[1]);
+            }
+        }
+    }
+    return room;
+}
+
 // the device of the recurrent tensors that has pinned host memory, or none (a CPU device)
 ggml_backend_dev_t stage_device(const std::set<const ggml_tensor *> & recurrent) {
     for (const ggml_tensor * t : recurrent) {
@@ -160,6 +180,8 @@ ggml_backend_t stage_queue(llama_context & ctx, ggml_backend_dev_t dev) {
     return nullptr;
 }
 
+// (no wait for the device first: the writer waits before its first read made at once, and the
+// caller unless the stage queued reads)
 void save(llama_context * ctx, int32_t seq_id, stage * staged, uint8_t ** out, size_t * out_size,
           pyqsa_seq_rows ** rows_out) {
     llama_memory_hybrid_idx * mem = hybrid_of(ctx);
@@ -172,7 +194,7 @@ void save(llama_context * ctx, int32_t seq_id, stage * staged, uint8_t ** out, s
     h.n_tokens = (uint32_t) (llama_memory_seq_pos_max(mem, seq_id) + 1);
     std::set<const ggml_tensor *> recurrent = recurrent_tensors(*mem);
     const size_t                  reserve   = head_estimate(*mem, recurrent, h.n_tokens);
-    writer                        w(false, reserve, h.n_tokens, std::move(recurrent), staged);
+    writer w(false, reserve, h.n_tokens, std::move(recurrent), staged, [ctx] { llama_synchronize(ctx); });
     w.take(sizeof(h));  // written last, once its offsets are known
     // llama_memory_hybrid_idx::state_write's order, which its state_read reads
     mem->get_mem_attn()->state_write(w, seq_id, 0);
@@ -353,10 +375,15 @@ int32_t pyqsa_seq_state_save(void * ctx_v, int32_t seq_id, pyqsa_seq_stage * sta
         return PYQSA_ERR_INVALID_ARG;  // its last head not filled yet
     }
     auto * ctx = static_cast<llama_context *>(ctx_v);
-    llama_synchronize(ctx);
     int32_t rc = PYQSA_OK;
     try {
         save(ctx, seq_id, staged ? &staged->s : nullptr, reinterpret_cast<uint8_t **>(head), size, rows);
+        // NOTE: the rows are read later, on another thread: after the event of the stage's queued
+        // reads (fill comes first), else after this wait. Without the wait a save queued behind
+        // the last save's reads, ~80 MB each at the full shape, before writing a byte.
+        if (staged == nullptr || !staged->s.has_queued()) {
+            llama_synchronize(ctx);
+        }
     } catch (const unsupported &) {
         rc = PYQSA_ERR_UNSUPPORTED;
     } catch (const std::bad_alloc &) {
@@ -383,7 +410,7 @@ int32_t pyqsa_seq_stage_new(void * ctx_v, pyqsa_seq_stage ** out) {
     }
     // the states' device's pinned host memory, else (a CPU device, a device without it) host memory
     const std::set<const ggml_tensor *> recurrent = recurrent_tensors(*mem);
-    const size_t                        bytes     = recurrent_bytes(*mem, recurrent);
+    const size_t bytes = recurrent_bytes(*mem, recurrent) + tail_room(*llama_get_model(static_cast<llama_context *>(ctx_v)), *mem);
     ggml_backend_dev_t                  dev       = stage_device(recurrent);
     ggml_backend_buffer_type_t buft = dev ? ggml_backend_dev_host_buffer_type(dev) : ggml_backend_cpu_buffer_type();
     ggml_backend_buffer_t      buf  = ggml_backend_buft_alloc_buffer(buft, std::max<size_t>(bytes, 1));

@@ -87,18 +87,22 @@ public:
 
     bool empty() const { return parts.empty(); }
 
-private:
-    struct part {
-        size_t from, at, size;  // the stage's bytes [from, from + size) are the head's [at, at + size)
-    };
-
-    uint8_t * base() { return static_cast<uint8_t *>(ggml_backend_buffer_get_base(buf)); }
+    // whether reads are queued since the last wait: their event (close) follows the passes before
+    // them, so what waits for it (fill) sees those passes done
+    bool has_queued() const { return queued; }
 
     // whether t's reads go on the queue: the buffers of its device, which its queued reads take
     bool queues(const ggml_tensor * t) const {
         return queue != nullptr && t->buffer != nullptr &&
                ggml_backend_buffer_get_type(t->buffer) == ggml_backend_dev_buffer_type(ggml_backend_get_device(queue));
     }
+
+private:
+    struct part {
+        size_t from, at, size;  // the stage's bytes [from, from + size) are the head's [at, at + size)
+    };
+
+    uint8_t * base() { return static_cast<uint8_t *>(ggml_backend_buffer_get_base(buf)); }
 
     // the queued reads done (a save that failed before close: recorded here, on its thread)
     void wait() {

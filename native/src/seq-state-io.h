@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <new>
 #include <set>
 #include <stdexcept>
@@ -120,14 +121,17 @@ inline std::set<const ggml_tensor *> recurrent_tensors(const llama_memory_hybrid
 // once to size a buffer, doubled the cost of a snapshot.
 class writer : public llama_io_write_i {
 public:
-    // with a stage, the recurrent tensors' bytes go there (while it has room), their place in
-    // the head left for stage::fill
+    // with a stage, the bytes the head copies from tensors go there (while it has room), their
+    // place in the head left for stage::fill. `settle` waits for the passes that wrote the
+    // tensors: called once, before the first read made at once (a read the stage queues follows
+    // them on their stream, so a save whose reads all queue waits for nothing)
     writer(bool count, size_t reserve, uint32_t n, std::set<const ggml_tensor *> recurrent,
-           stage * staged = nullptr) :
+           stage * staged = nullptr, std::function<void()> settle = {}) :
         count(count),
         n_tokens(n),
         recurrent(std::move(recurrent)),
-        staged(staged) {
+        staged(staged),
+        settle(std::move(settle)) {
         if (!count) {
             grow(reserve);
         }
@@ -155,11 +159,7 @@ public:
             return;  // the unread indexer cache of a paging context (see the top of the file)
         }
         if (recurrent.count(t)) {
-            if (staged == nullptr || count || !staged->put(t, offset, size, n)) {
-                copy(t, offset, size);
-            } else {
-                take(size);
-            }
+            copy(t, offset, size);
             return;
         }
         // a cache's rows: one range of cells from 0, a row per position
@@ -183,10 +183,30 @@ public:
         next_ratio     = 0;
     }
 
+    // size bytes of t from offset into the head (or the stage, for stage::fill to put there)
     void copy(ggml_tensor * t, size_t offset, size_t size) {
-        if (uint8_t * p = take(size)) {
-            ggml_backend_tensor_get(t, p, offset, size);
+        const size_t at = n;
+        uint8_t *    p  = take(size);
+        if (p == nullptr) {
+            return;
         }
+        const bool queued = staged != nullptr && staged->queues(t);
+        if (!queued) {
+            settled();
+        }
+        if (staged != nullptr && staged->put(t, offset, size, at)) {
+            return;
+        }
+        settled();  // no room left in the stage
+        ggml_backend_tensor_get(t, p, offset, size);
+    }
+
+    // the passes that wrote the tensors are done (see the constructor)
+    void settled() {
+        if (!is_settled && settle) {
+            settle();
+        }
+        is_settled = true;
     }
 
     size_t n_bytes() override { return n; }
@@ -246,6 +266,8 @@ private:
     uint32_t                      n_tokens;
     std::set<const ggml_tensor *> recurrent;
     stage *                       staged;
+    std::function<void()>         settle;
+    bool                          is_settled = false;
     std::vector<uint32_t>         indexer_ratios;
     size_t                        next_ratio = 0;
 };
