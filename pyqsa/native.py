@@ -238,8 +238,8 @@ class SeqRows:
     """Where a saved sequence's rows are (pyqsa_seq_rows in pyqsa.h): `get` copies a segment on
     any thread, as long as the sequence's cells of those positions are not written meanwhile (it
     may grow, not be removed, shortened or loaded into). `close` frees the handle. A head saved
-    through a stage (`staged`) is whole after `fill_head` (any thread), which hands the stage
-    back through `release`; `close` drops an unfilled one."""
+    through a stage (`staged`) is whole, and its rows may be read, after `fill_head` (any
+    thread), which hands the stage back through `release`; `close` drops an unfilled one."""
 
     def __init__(self, ptr, n_tokens: int, head: bytes | np.ndarray) -> None:
         self._ptr = ptr
