@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <vector>
 
@@ -121,6 +122,42 @@ private:
     size_t                used     = 0;
     bool                  queued   = false;  // reads queued since the last wait
     bool                  recorded = false;  // and the event after them
+};
+
+// A save's reads of tensors into its head: through the stage (if any) while it has room, else
+// at once. `settle` waits for the passes that wrote the tensors, called once, before the first
+// read made at once: a read the stage queues follows them on their stream, so a save whose reads
+// all queue waits for nothing (without a stage, the first read waits).
+class head_reads {
+public:
+    head_reads(stage * staged, std::function<void()> settle) : staged(staged), settle(std::move(settle)) {}
+
+    // size bytes of t from offset, for the head's bytes [at, at + size) at p
+    void read(ggml_tensor * t, size_t offset, size_t size, uint8_t * p, size_t at) {
+        if (staged == nullptr || !staged->queues(t)) {
+            settled();
+        }
+        if (staged != nullptr && staged->put(t, offset, size, at)) {
+            return;
+        }
+        settled();  // no room left in the stage
+        ggml_backend_tensor_get(t, p, offset, size);
+    }
+
+    // whether a read waited for the device
+    bool waited() const { return is_settled; }
+
+private:
+    void settled() {
+        if (!is_settled && settle) {
+            settle();
+        }
+        is_settled = true;
+    }
+
+    stage *               staged;
+    std::function<void()> settle;
+    bool                  is_settled = false;
 };
 
 }  // namespace pyqsa_seq_state

@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <new>
 #include <set>
 #include <stdexcept>
@@ -122,16 +121,13 @@ inline std::set<const ggml_tensor *> recurrent_tensors(const llama_memory_hybrid
 class writer : public llama_io_write_i {
 public:
     // with a stage, the bytes the head copies from tensors go there (while it has room), their
-    // place in the head left for stage::fill. `settle` waits for the passes that wrote the
-    // tensors: called once, before the first read made at once (a read the stage queues follows
-    // them on their stream, so a save whose reads all queue waits for nothing)
+    // place in the head left for stage::fill; `settle` waits for the device (see head_reads)
     writer(bool count, size_t reserve, uint32_t n, std::set<const ggml_tensor *> recurrent,
            stage * staged = nullptr, std::function<void()> settle = {}) :
         count(count),
         n_tokens(n),
         recurrent(std::move(recurrent)),
-        staged(staged),
-        settle(std::move(settle)) {
+        reads(staged, std::move(settle)) {
         if (!count) {
             grow(reserve);
         }
@@ -183,30 +179,11 @@ public:
         next_ratio     = 0;
     }
 
-    // size bytes of t from offset into the head (or the stage, for stage::fill to put there)
     void copy(ggml_tensor * t, size_t offset, size_t size) {
         const size_t at = n;
-        uint8_t *    p  = take(size);
-        if (p == nullptr) {
-            return;
+        if (uint8_t * p = take(size)) {
+            reads.read(t, offset, size, p, at);
         }
-        const bool queued = staged != nullptr && staged->queues(t);
-        if (!queued) {
-            settled();
-        }
-        if (staged != nullptr && staged->put(t, offset, size, at)) {
-            return;
-        }
-        settled();  // no room left in the stage
-        ggml_backend_tensor_get(t, p, offset, size);
-    }
-
-    // the passes that wrote the tensors are done (see the constructor)
-    void settled() {
-        if (!is_settled && settle) {
-            settle();
-        }
-        is_settled = true;
     }
 
     size_t n_bytes() override { return n; }
@@ -265,9 +242,7 @@ private:
     size_t                        n   = 0;
     uint32_t                      n_tokens;
     std::set<const ggml_tensor *> recurrent;
-    stage *                       staged;
-    std::function<void()>         settle;
-    bool                          is_settled = false;
+    head_reads                    reads;
     std::vector<uint32_t>         indexer_ratios;
     size_t                        next_ratio = 0;
 };

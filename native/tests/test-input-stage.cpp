@@ -6,7 +6,8 @@
 // step's split there, staged and as upstream copies it. Then the stage of a snapshot's head
 // (native/src/seq-stage.h) on the same stand-in: its reads of the states are queued ahead of the
 // next pass's writes and the saving thread waits for none; the head gets the states as the save
-// found them.
+// found them; a save's reads (head_reads) wait for the device once, before the first read the
+// stage does not queue, and not at all when it queues every one.
 //     test-input-stage [test|perf] [-b BACKEND]
 #include "ggml-backend-impl.h"
 #include "op-check.h"
@@ -14,6 +15,7 @@
 #include "seq-stage.h"
 
 #include <functional>
+#include <memory>
 #include <tuple>
 
 namespace {
@@ -170,6 +172,37 @@ bool head_gets_the_saved_states(ggml_backend_t be, bool queued, queue_ctx * q = 
     return ok;
 }
 
+// a save's two reads through head_reads (seq-stage.h) on the stand-in, with a stage that has room
+// for `room` of the two states (0: no stage), the next pass queued after the save, the head filled:
+// whether it holds the states as the save found them; `settles`: the save's waits for the device
+bool head_reads_the_saved_states(queued_backend & qb, int room, int & settles) {
+    using namespace pyqsa_seq_state;
+    tensors            states({ 3000, 5000 }, ggml_backend_cpu_buffer_type());
+    std::vector<float> saved[2] = { values(states.t[0], 4.0f), values(states.t[1], 5.0f) };
+    std::vector<float> next[2]  = { values(states.t[0], -3.0f), values(states.t[1], -6.0f) };
+    for (int i = 0; i < 2; ++i) std::memcpy(states.t[i]->data, saved[i].data(), ggml_nbytes(states.t[i]));
+    const size_t           n0 = ggml_nbytes(states.t[0]), n1 = ggml_nbytes(states.t[1]);
+    std::unique_ptr<stage> staged;
+    if (room > 0) {
+        staged = std::make_unique<stage>(ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(), room == 2 ? n0 + n1 : n0),
+                                         &qb.be, ggml_backend_event_new(&qb.dev));
+    }
+    std::vector<uint8_t> head(16 + n0 + n1, 0);
+    settles = 0;
+    head_reads reads(staged.get(), [&] {
+        ++settles;
+        ggml_backend_synchronize(&qb.be);
+    });
+    reads.read(states.t[0], 0, n0, head.data() + 16, 16);
+    reads.read(states.t[1], 0, n1, head.data() + 16 + n0, 16 + n0);
+    if (staged) staged->close();
+    for (int i = 0; i < 2; ++i) ggml_backend_tensor_set_async(&qb.be, states.t[i], next[i].data(), 0, ggml_nbytes(states.t[i]));
+    if (staged) staged->fill(head.data(), head.size());
+    ggml_backend_synchronize(&qb.be);
+    return reads.waited() == (settles > 0) && std::memcmp(head.data() + 16, saved[0].data(), n0) == 0 &&
+           std::memcmp(head.data() + 16 + n0, saved[1].data(), n1) == 0;
+}
+
 void head_stage_checks(const char * only_backend, int & n_ok, int & n_fail) {
     queued_backend         qb;
     std::pair<int, size_t> save;
@@ -178,6 +211,15 @@ void head_stage_checks(const char * only_backend, int & n_ok, int & n_fail) {
            "waits in the save " + std::to_string(save.first) + ", reads queued " + std::to_string(save.second) + " ",
            ok && save.first == 0 && save.second == 2, n_ok, n_fail);
     report("the same read at once (no queue)", "CPU", "", head_gets_the_saved_states(nullptr, false), n_ok, n_fail);
+    const char * reads_of[] = { "a save's reads without a stage", "a save's reads, the stage full after the first",
+                                "a save's reads, all queued" };
+    const int    settles_of[] = { 1, 1, 0 };  // a wait before the first read made at once, none when all queue
+    for (int room = 0; room <= 2; ++room) {
+        int        settles = -1;
+        const bool same    = head_reads_the_saved_states(qb, room, settles);
+        report(reads_of[room], "queued", "waits for the device " + std::to_string(settles) + " ",
+               same && settles == settles_of[room], n_ok, n_fail);
+    }
 
     // a save that failed before its close: clearing the stage waits for what it queued
     tensors            state({ 256 }, ggml_backend_cpu_buffer_type());
