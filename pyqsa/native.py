@@ -247,6 +247,11 @@ class SeqRows:
         self._head = head
         self._stage: SeqStage | None = None
         self._release = None
+        self._reader: RowsReader | None = None
+
+    def read_through(self, reader: RowsReader) -> None:
+        """`get` copies through `reader` (the thread that calls it is then the reader's)."""
+        self._reader = reader
 
     def staged(self, stage: SeqStage, release) -> None:
         """The head was saved through `stage`, to be given to `release(stage)` once filled."""
@@ -280,7 +285,8 @@ class SeqRows:
         if self._ptr is None:
             raise NativeError("pyqsa_seq_rows_get on a closed handle")
         out = np.empty(self.size(start, end), np.uint8)  # not zeroed: every byte is written
-        rc = lib.pyqsa_seq_rows_get(self._ptr, start, end, ffi.from_buffer(out), len(out))
+        reader = self._reader._ptr if self._reader is not None else ffi.NULL
+        rc = lib.pyqsa_seq_rows_get(self._ptr, start, end, ffi.from_buffer(out), len(out), reader)
         _check(rc, "pyqsa_seq_rows_get")
         return out
 
@@ -290,6 +296,32 @@ class SeqRows:
             lib.pyqsa_seq_rows_free(self._ptr)
             self._ptr = None
         self._settle(None)  # a head never filled: what its stage holds is dropped
+
+
+class RowsReader:
+    """Copies of a context's rows on one thread (pyqsa_rows_reader in pyqsa.h): through pinned
+    memory on a stream of their own, beside the context's passes. `create` gives None where the
+    context has no such device (the CPU, several GPUs): rows are then read at once. `free`
+    before the context is freed."""
+
+    def __init__(self, ptr) -> None:
+        self._ptr = ptr
+
+    @classmethod
+    def create(cls, ctx: int) -> RowsReader | None:
+        ffi, lib = _api()
+        out = ffi.new("pyqsa_rows_reader **")
+        rc = lib.pyqsa_rows_reader_new(ffi.cast("void *", ctx), out)
+        if rc == lib.PYQSA_ERR_UNSUPPORTED:
+            return None
+        _check(rc, "pyqsa_rows_reader_new")
+        return cls(out[0])
+
+    def free(self) -> None:
+        _, lib = _api()
+        if self._ptr is not None:
+            lib.pyqsa_rows_reader_free(self._ptr)
+            self._ptr = None
 
 
 class SeqStage:

@@ -260,13 +260,27 @@ PYQSA_API void pyqsa_seq_head_free(void * head);
 PYQSA_API int32_t pyqsa_seq_rows_size(const void * head, size_t head_size, uint32_t start, uint32_t end,
                                       size_t * size);
 
+typedef struct pyqsa_rows_reader pyqsa_rows_reader;  // copies of rows on one thread
+
 // Copies the segment [start, end) into dst (cap bytes). Callable on any thread while the context
 // runs, as long as the sequence's cells of those positions are not written meanwhile: the
-// sequence may grow, but not be removed, shortened or loaded into until the copy returns.
-// Returns PYQSA_OK, PYQSA_ERR_INVALID_ARG for a NULL argument, PYQSA_ERR_OUT_OF_RANGE unless
-// start <= end <= the saved length and cap holds the segment.
+// sequence may grow, but not be removed, shortened or loaded into until the copy returns. With a
+// reader (one thread's at a time), the device's rows come through its pinned memory on its own
+// stream; NULL reads each at once. Returns PYQSA_OK, PYQSA_ERR_INVALID_ARG for a NULL rows or dst,
+// PYQSA_ERR_OUT_OF_RANGE unless start <= end <= the saved length and cap holds the segment.
 PYQSA_API int32_t pyqsa_seq_rows_get(const pyqsa_seq_rows * rows, uint32_t start, uint32_t end, void * dst,
-                                     size_t cap);
+                                     size_t cap, pyqsa_rows_reader * reader);
+
+// A reader for pyqsa_seq_rows_get of ctx's rows: a stream of its own on the device that holds
+// ctx's layers and 16 MiB of its pinned host memory, so a copy of rows moves at the bus's speed
+// beside the context's passes, not through the driver's pageable path. Returns PYQSA_OK,
+// PYQSA_ERR_INVALID_ARG for a NULL argument, PYQSA_ERR_UNSUPPORTED where the layers are on the CPU
+// or on several devices, or the device queues no reads (read at once there: a NULL reader),
+// PYQSA_ERR_OUT_OF_MEMORY.
+PYQSA_API int32_t pyqsa_rows_reader_new(void * ctx, pyqsa_rows_reader ** reader);
+
+// Frees a reader (no copy through it running); before its context is freed.
+PYQSA_API void pyqsa_rows_reader_free(pyqsa_rows_reader * reader);
 
 PYQSA_API void pyqsa_seq_rows_free(pyqsa_seq_rows * rows);
 

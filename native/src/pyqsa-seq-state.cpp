@@ -30,6 +30,7 @@
 #include <atomic>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <set>
 #include <stdexcept>
 #include <utility>
@@ -103,6 +104,11 @@ void next_generation(const llama_model & model, pyqsa_kv_pager & pager, int32_t 
 struct pyqsa_seq_rows {
     uint32_t            n_tokens;
     std::vector<series> s;
+};
+
+struct pyqsa_rows_reader {
+    std::unique_ptr<ggml_backend, decltype(&ggml_backend_free)> queue;  // freed after r
+    rows_reader                                                 r;
 };
 
 struct pyqsa_seq_stage {
@@ -468,7 +474,8 @@ int32_t pyqsa_seq_rows_size(const void * head, size_t head_size, uint32_t start,
     }
 }
 
-int32_t pyqsa_seq_rows_get(const pyqsa_seq_rows * rows, uint32_t start, uint32_t end, void * dst, size_t cap) {
+int32_t pyqsa_seq_rows_get(const pyqsa_seq_rows * rows, uint32_t start, uint32_t end, void * dst, size_t cap,
+                           pyqsa_rows_reader * reader) {
     if (rows == nullptr || dst == nullptr) {
         return PYQSA_ERR_INVALID_ARG;
     }
@@ -483,12 +490,62 @@ int32_t pyqsa_seq_rows_get(const pyqsa_seq_rows * rows, uint32_t start, uint32_t
     for (const series & s : rows->s) {
         const size_t row = start / s.d.ratio;
         const size_t cnt = end / s.d.ratio - row;
-        if (cnt > 0) {
+        if (cnt > 0 && reader != nullptr) {
+            reader->r.read(s.t, s.base + row * s.d.row_bytes, cnt * s.d.row_bytes, out);
+        } else if (cnt > 0) {
             ggml_backend_tensor_get(s.t, out, s.base + row * s.d.row_bytes, cnt * s.d.row_bytes);
         }
         out += cnt * s.d.row_bytes;
     }
+    if (reader != nullptr) {
+        reader->r.finish();
+    }
     return PYQSA_OK;
+}
+
+int32_t pyqsa_rows_reader_new(void * ctx_v, pyqsa_rows_reader ** out) {
+    if (ctx_v == nullptr || out == nullptr) {
+        return PYQSA_ERR_INVALID_ARG;
+    }
+    // the one device of the context's backends that is not the CPU
+    ggml_backend_sched_t sched = static_cast<llama_context *>(ctx_v)->get_sched();
+    ggml_backend_dev_t   dev   = nullptr;
+    for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); ++i) {
+        ggml_backend_dev_t d = ggml_backend_get_device(ggml_backend_sched_get_backend(sched, i));
+        if (ggml_backend_dev_type(d) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+            continue;
+        }
+        if (dev != nullptr && d != dev) {
+            return PYQSA_ERR_UNSUPPORTED;
+        }
+        dev = d;
+    }
+    ggml_backend_dev_props props = {};
+    if (dev != nullptr) {
+        ggml_backend_dev_get_props(dev, &props);
+    }
+    if (dev == nullptr || !props.caps.async || !props.caps.events || ggml_backend_dev_host_buffer_type(dev) == nullptr) {
+        return PYQSA_ERR_UNSUPPORTED;
+    }
+    ggml_backend_t queue = ggml_backend_dev_init(dev, nullptr);
+    if (queue == nullptr) {
+        return PYQSA_ERR_OUT_OF_MEMORY;
+    }
+    ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(ggml_backend_dev_host_buffer_type(dev), 16u << 20);
+    ggml_backend_event_t  ev0 = ggml_backend_event_new(dev), ev1 = ggml_backend_event_new(dev);
+    if (buf == nullptr || ev0 == nullptr || ev1 == nullptr) {
+        ggml_backend_event_free(ev0);
+        ggml_backend_event_free(ev1);
+        ggml_backend_buffer_free(buf);
+        ggml_backend_free(queue);
+        return PYQSA_ERR_OUT_OF_MEMORY;
+    }
+    *out = new pyqsa_rows_reader{ { queue, ggml_backend_free }, rows_reader(queue, buf, ev0, ev1) };
+    return PYQSA_OK;
+}
+
+void pyqsa_rows_reader_free(pyqsa_rows_reader * reader) {
+    delete reader;
 }
 
 void pyqsa_seq_rows_free(pyqsa_seq_rows * rows) {

@@ -7,7 +7,8 @@
 // (native/src/seq-stage.h) on the same stand-in: its reads of the states are queued ahead of the
 // next pass's writes and the saving thread waits for none; the head gets the states as the save
 // found them; a save's reads (head_reads) wait for the device once, before the first read the
-// stage does not queue, and not at all when it queues every one.
+// stage does not queue, and not at all when it queues every one; rows read through a
+// rows_reader's two halves land whole.
 //     test-input-stage [test|perf] [-b BACKEND]
 #include "ggml-backend-impl.h"
 #include "op-check.h"
@@ -203,6 +204,29 @@ bool head_reads_the_saved_states(queued_backend & qb, int room, int & settles) {
            std::memcmp(head.data() + 16 + n0, saved[1].data(), n1) == 0;
 }
 
+// rows read through a rows_reader (seq-stage.h) whose halves hold 4096 bytes: a whole tensor and a
+// range of another, each over several halves; whether every byte landed once finished, and how
+// often the reader waited for the stand-in's queue
+bool rows_read_through_halves(queued_backend & qb, int & waits) {
+    using namespace pyqsa_seq_state;
+    tensors            rows({ 3000, 5000 }, ggml_backend_cpu_buffer_type());
+    std::vector<float> want[2] = { values(rows.t[0], 6.0f), values(rows.t[1], 7.0f) };
+    for (int i = 0; i < 2; ++i) std::memcpy(rows.t[i]->data, want[i].data(), ggml_nbytes(rows.t[i]));
+    const size_t         n0 = ggml_nbytes(rows.t[0]), from = 400, n1 = 8000;
+    std::vector<uint8_t> got(n0 + n1, 0);
+    const int            before = qb.q.waits;
+    {
+        rows_reader reader(&qb.be, ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(), 2 * 4096),
+                           ggml_backend_event_new(&qb.dev), ggml_backend_event_new(&qb.dev));
+        reader.read(rows.t[0], 0, n0, got.data());
+        reader.read(rows.t[1], from, n1, got.data() + n0);
+        reader.finish();
+        waits = qb.q.waits - before;
+    }
+    return std::memcmp(got.data(), want[0].data(), n0) == 0 &&
+           std::memcmp(got.data() + n0, reinterpret_cast<const uint8_t *>(want[1].data()) + from, n1) == 0;
+}
+
 void head_stage_checks(const char * only_backend, int & n_ok, int & n_fail) {
     queued_backend         qb;
     std::pair<int, size_t> save;
@@ -220,6 +244,11 @@ void head_stage_checks(const char * only_backend, int & n_ok, int & n_fail) {
         report(reads_of[room], "queued", "waits for the device " + std::to_string(settles) + " ",
                same && settles == settles_of[room], n_ok, n_fail);
     }
+
+    int        reader_waits = 0;
+    const bool rows_same    = rows_read_through_halves(qb, reader_waits);
+    report("rows of 12000 and 8000 bytes through two halves of 4096", "queued",
+           "waits " + std::to_string(reader_waits) + " ", rows_same && reader_waits == 5, n_ok, n_fail);  // a wait a half filled
 
     // a save that failed before its close: clearing the stage waits for what it queued
     tensors            state({ 256 }, ggml_backend_cpu_buffer_type());

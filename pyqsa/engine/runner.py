@@ -330,6 +330,12 @@ class LlamaRunner:
         if config.prefix_cache_bytes > 0:
             while len(self._stages) < config.n_slots and (stage := self._new_stage()):
                 self._free_stages.put(stage)
+        # the prefix cache's copier reads snapshots' rows through it (pinned memory, a stream of
+        # its own; PYQSA_ROWS_PAGEABLE=1: each read at once into pageable memory, as before)
+        self._reader: native.RowsReader | None = None
+        pageable = os.environ.get("PYQSA_ROWS_PAGEABLE", "") not in ("", "0")
+        if config.prefix_cache_bytes > 0 and not pageable:
+            self._reader = native.RowsReader.create(self.ctx)
 
     def _install_abort(self) -> None:
         # NOTE: the callback is pyqsa's C function reading _abort_flag, not a Python callable:
@@ -443,6 +449,8 @@ class LlamaRunner:
             raise RunnerError(str(e)) from None
         if stage is not None:
             rows.staged(stage, self._free_stages.put)
+        if self._reader is not None:
+            rows.read_through(self._reader)  # (the copier's thread alone reads rows)
         return head, rows
 
     def _stage(self) -> native.SeqStage | None:
@@ -496,6 +504,8 @@ class LlamaRunner:
         if self.ctx:
             for stage in self._stages:  # the prefix cache's copier has finished with them
                 stage.free()
+            if self._reader is not None:
+                self._reader.free()
             L.llama_batch_free(self.batch)
             L.llama_free(self.ctx)
             self.ctx = None

@@ -243,3 +243,8 @@ def test_a_staged_head_is_the_head_once_filled(context):
         )
     finally:
         stage.free()
+
+
+def test_a_context_on_the_cpu_has_no_rows_reader(context):
+    # (rows are read at once there: the reader is for a device stream and its pinned memory)
+    assert native.RowsReader.create(context.ctx) is None
