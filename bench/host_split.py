@@ -30,6 +30,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -206,9 +207,10 @@ def window(label: str, start: tuple, end: tuple, names: dict[str, str]) -> None:
         print("  (no GIL waits: this python's libpython is not a shared library the shim sees)")
 
 
-def trace(eng) -> list[dict]:
+def trace(eng, calls=None) -> list[dict]:
     """Times the engine's passes and prefix snapshots on its own objects (wrapped in place, for
-    this process only): each one's start, end and what it was, in the order they ran."""
+    this process only): each one's start, end and what it was, in the order they ran; with
+    `calls` (a shim snapshot, parse_snapshot's), each save's CUDA calls on its thread too."""
     events: list[dict] = []
     run, runner = eng.runner.run, eng.runner
 
@@ -232,9 +234,24 @@ def trace(eng) -> list[dict]:
 
         return timed_call
 
+    def timed_save(*args, **kwargs):
+        before = calls() if calls else {}
+        t0 = time.perf_counter()
+        try:
+            return save(*args, **kwargs)
+        finally:
+            t1 = time.perf_counter()
+            event = {"what": "  its save (Runner.snapshot)", "t0": t0, "t1": t1}
+            if calls:
+                tid = str(threading.get_native_id())
+                own = {k: v for k, v in calls().items() if k[0] == tid}
+                event["calls"] = described(per_step(before, own, 1)[tid])
+            events.append(event)
+
+    save = eng.runner.snapshot
     eng.runner.run = timed_run
     eng.prefix.snapshot = timed("snapshot", eng.prefix.snapshot)
-    eng.runner.snapshot = timed("  its save (Runner.snapshot)", eng.runner.snapshot)
+    eng.runner.snapshot = timed_save
     return events
 
 
@@ -254,7 +271,6 @@ def traced(events: list[dict], a: float, b: float) -> list[str]:
 def engine(args: argparse.Namespace) -> None:
     """`serve`'s engine and load without the HTTP server: the events go to plain sinks."""
     import random
-    import threading
 
     import click
     import numpy as np
@@ -274,9 +290,15 @@ def engine(args: argparse.Namespace) -> None:
     flag_args = ["--slots", "8", "--ctx", str(args.prompt_tokens + 4000), "--batch-tokens", "512"]
     engine_flags = flags.main([*flag_args, *args.serve_flags], standalone_mode=False)
     eng, llama_model, _ = start_engine(str(args.model), engine_flags)
-    events = trace(eng)
     shim = ctypes.CDLL(None)
     buf = ctypes.create_string_buffer(1 << 16)
+
+    def calls() -> dict:  # (on the engine thread: a buffer of its own)
+        own = ctypes.create_string_buffer(1 << 16)
+        n = shim.shim_snapshot(own, len(own))
+        return parse_snapshot(own.raw[:n].decode().splitlines())
+
+    events = trace(eng, calls)
 
     names: dict[str, str] = {}
 
