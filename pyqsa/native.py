@@ -80,6 +80,14 @@ def _check(rc: int, what: str) -> None:
         raise NativeError(f"{what} failed with code {rc}")
 
 
+def _supported(rc: int, what: str) -> bool:
+    """False where the call answered PYQSA_ERR_UNSUPPORTED; True where it succeeded; else raises."""
+    if rc == _api()[1].PYQSA_ERR_UNSUPPORTED:
+        return False
+    _check(rc, what)
+    return True
+
+
 def version() -> str:
     ffi, lib = _api()
     return ffi.string(lib.pyqsa_version()).decode()
@@ -186,9 +194,8 @@ def paging_stats(ctx: int) -> dict[str, int] | None:
     ffi, lib = _api()
     out = ffi.new("pyqsa_paging_stats *")
     rc = lib.pyqsa_paging_stats_get(ffi.cast("void *", ctx), out)
-    if rc == lib.PYQSA_ERR_UNSUPPORTED:
+    if not _supported(rc, "pyqsa_paging_stats_get"):
         return None
-    _check(rc, "pyqsa_paging_stats_get")
     return {f: int(getattr(out, f)) for f in PAGING_FIELDS}
 
 
@@ -215,10 +222,8 @@ def cuda_graph_counts() -> dict[str, int] | None:
     in pyqsa.h): kernel by kernel, captured into a CUDA graph, replayed; None without CUDA."""
     ffi, lib = _api()
     out = ffi.new("uint64_t[3]")
-    rc = lib.pyqsa_cuda_graph_counts_get(out)
-    if rc == lib.PYQSA_ERR_UNSUPPORTED:
+    if not _supported(lib.pyqsa_cuda_graph_counts_get(out), "pyqsa_cuda_graph_counts_get"):
         return None
-    _check(rc, "pyqsa_cuda_graph_counts_get")
     return {f: int(out[i]) for i, f in enumerate(CUDA_GRAPH_FIELDS)}
 
 
@@ -228,10 +233,7 @@ def cuda_stack_reserve(device: int, min_per_thread: int) -> bool:
     pyqsa.h); False without a CUDA backend."""
     ffi, lib = _api()
     rc = lib.pyqsa_cuda_stack_reserve(device, min_per_thread)
-    if rc == lib.PYQSA_ERR_UNSUPPORTED:
-        return False
-    _check(rc, f"pyqsa_cuda_stack_reserve({device})")
-    return True
+    return _supported(rc, f"pyqsa_cuda_stack_reserve({device})")
 
 
 class SeqRows:
@@ -312,10 +314,7 @@ class RowsReader:
         ffi, lib = _api()
         out = ffi.new("pyqsa_rows_reader **")
         rc = lib.pyqsa_rows_reader_new(ffi.cast("void *", ctx), out)
-        if rc == lib.PYQSA_ERR_UNSUPPORTED:
-            return None
-        _check(rc, "pyqsa_rows_reader_new")
-        return cls(out[0])
+        return cls(out[0]) if _supported(rc, "pyqsa_rows_reader_new") else None
 
     def free(self) -> None:
         _, lib = _api()
