@@ -164,9 +164,10 @@ private:
 // Copies of saved rows on one thread (pyqsa_seq_rows_get): a device's rows are read on a stream of
 // their own through two halves of a pinned buffer, each half copied to its destination while the
 // other fills. Read at once into pageable memory, they are the driver's staged copies on the
-// stream of the reading thread, a few ms each: while the prefix cache's copier made them (7.8 of
-// every 10.6 ms step, 8 x 32K on an H100), the engine thread's launches took 1.2 ms a step and
-// each snapshot 24 ms. Rows of another device are read at once.
+// reading thread, a few ms each, which slowed the engine thread's own calls into CUDA: 8 x 32K
+// decoding on an H100 while the prefix cache's copier read rows, 9.92 ms a step (launch 0.75 ms)
+// read at once against 9.68 (0.57) through the reader, one call (ef4233e). Rows of another
+// device are read at once.
 class rows_reader {
 public:
     // queue: a backend of the device with a stream of its own, which queues reads and records
