@@ -167,14 +167,19 @@ ggml_backend_dev_t stage_device(const std::set<const ggml_tensor *> & recurrent)
     return nullptr;
 }
 
-// ctx's backend of device dev (the stream its passes run on) where dev queues reads and records
-// events, or none
-ggml_backend_t stage_queue(llama_context & ctx, ggml_backend_dev_t dev) {
+// whether dev (may be none) queues reads and records events
+bool queues_reads(ggml_backend_dev_t dev) {
     ggml_backend_dev_props props = {};
     if (dev != nullptr) {
         ggml_backend_dev_get_props(dev, &props);
     }
-    if (!props.caps.async || !props.caps.events) {
+    return props.caps.async && props.caps.events;
+}
+
+// ctx's backend of device dev (the stream its passes run on) where dev queues reads and records
+// events, or none
+ggml_backend_t stage_queue(llama_context & ctx, ggml_backend_dev_t dev) {
+    if (!queues_reads(dev)) {
         return nullptr;
     }
     ggml_backend_sched_t sched = ctx.get_sched();
@@ -521,11 +526,7 @@ int32_t pyqsa_rows_reader_new(void * ctx_v, pyqsa_rows_reader ** out) {
         }
         dev = d;
     }
-    ggml_backend_dev_props props = {};
-    if (dev != nullptr) {
-        ggml_backend_dev_get_props(dev, &props);
-    }
-    if (dev == nullptr || !props.caps.async || !props.caps.events || ggml_backend_dev_host_buffer_type(dev) == nullptr) {
+    if (!queues_reads(dev) || ggml_backend_dev_host_buffer_type(dev) == nullptr) {
         return PYQSA_ERR_UNSUPPORTED;
     }
     ggml_backend_t queue = ggml_backend_dev_init(dev, nullptr);

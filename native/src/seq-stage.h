@@ -15,6 +15,12 @@
 
 namespace pyqsa_seq_state {
 
+// whether reads of t can be queued on `queue`: t is in the buffers of queue's device
+inline bool reads_on(const ggml_tensor * t, ggml_backend_t queue) {
+    return t->buffer != nullptr &&
+           ggml_backend_buffer_get_type(t->buffer) == ggml_backend_dev_buffer_type(ggml_backend_get_device(queue));
+}
+
 // A buffer of one sequence's states in the device's pinned host memory (host memory on a CPU
 // device). Out of device memory, a straight copy into the head is pageable: a slot's ~80 MB at the
 // full shape took the engine thread ~100 ms a snapshot while every slot waited; into pinned memory
@@ -94,10 +100,7 @@ public:
     bool has_queued() const { return queued; }
 
     // whether t's reads go on the queue: the buffers of its device, which its queued reads take
-    bool queues(const ggml_tensor * t) const {
-        return queue != nullptr && t->buffer != nullptr &&
-               ggml_backend_buffer_get_type(t->buffer) == ggml_backend_dev_buffer_type(ggml_backend_get_device(queue));
-    }
+    bool queues(const ggml_tensor * t) const { return queue != nullptr && reads_on(t, queue); }
 
 private:
     struct part {
@@ -190,8 +193,7 @@ public:
 
     // size bytes of t from offset into dst (landed by finish at the latest)
     void read(ggml_tensor * t, size_t offset, size_t size, uint8_t * dst) {
-        if (t->buffer == nullptr ||
-            ggml_backend_buffer_get_type(t->buffer) != ggml_backend_dev_buffer_type(ggml_backend_get_device(queue))) {
+        if (!reads_on(t, queue)) {
             ggml_backend_tensor_get(t, dst, offset, size);
             return;
         }
