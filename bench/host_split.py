@@ -49,6 +49,19 @@ def parse_snapshot(lines: list[str]) -> dict[tuple[str, str], tuple[int, float]]
     return out
 
 
+_SHIM_THREAD = threading.local()  # per calling thread: the shim and a buffer for its snapshot
+
+
+def shim_calls() -> dict[tuple[str, str], tuple[int, float]]:
+    """The preloaded shim's counters now (parse_snapshot's), on any thread."""
+    buf = getattr(_SHIM_THREAD, "buf", None)
+    if buf is None:
+        buf = _SHIM_THREAD.buf = ctypes.create_string_buffer(1 << 16)
+        _SHIM_THREAD.shim = ctypes.CDLL(None)  # the process, which the shim is preloaded into
+    n = _SHIM_THREAD.shim.shim_snapshot(buf, len(buf))
+    return parse_snapshot(buf.raw[:n].decode().splitlines())
+
+
 def per_step(a: dict, b: dict, steps: int) -> dict[str, dict[str, tuple[float, float]]]:
     """thread -> call -> (calls, ms) per step between snapshots a and b."""
     out: dict[str, dict[str, tuple[float, float]]] = defaultdict(dict)
@@ -70,13 +83,6 @@ def decode(args: argparse.Namespace) -> None:
     from pyqsa.bench.decode import decode_tokens, parse_args
     from pyqsa.bench.decode_bench import Bench
 
-    shim = ctypes.CDLL(None)
-    buf = ctypes.create_string_buffer(1 << 16)
-
-    def snapshot() -> dict:
-        n = shim.shim_snapshot(buf, len(buf))
-        return parse_snapshot(buf.raw[:n].decode().splitlines())
-
     bench_args = [str(args.model), "--variant", "pyqsa", "--contexts", str(args.context)]
     bench_args += ["--seqs", "1,8", "--steps", str(args.steps), "--warmup", "4"]
     bench = Bench(L, Path(args.model), parse_args(bench_args))
@@ -89,11 +95,11 @@ def decode(args: argparse.Namespace) -> None:
             steps = []
 
             def timed(self, steps=steps, plain=Bench._decode) -> None:
-                a, t0 = snapshot(), time.perf_counter()
+                a, t0 = shim_calls(), time.perf_counter()
                 plain(self)
-                b, t1 = snapshot(), time.perf_counter()
+                b, t1 = shim_calls(), time.perf_counter()
                 self.L.llama_synchronize(self.ctx)
-                c, t2 = snapshot(), time.perf_counter()
+                c, t2 = shim_calls(), time.perf_counter()
                 steps.append((t1 - t0, t2 - t1, per_step(a, b, 1), per_step(b, c, 1)))
 
             Bench._decode, plain = timed, Bench._decode
@@ -290,26 +296,18 @@ def engine(args: argparse.Namespace) -> None:
     flag_args = ["--slots", "8", "--ctx", str(args.prompt_tokens + 4000), "--batch-tokens", "512"]
     engine_flags = flags.main([*flag_args, *args.serve_flags], standalone_mode=False)
     eng, llama_model, _ = start_engine(str(args.model), engine_flags)
-    shim = ctypes.CDLL(None)
-    buf = ctypes.create_string_buffer(1 << 16)
-
-    def calls() -> dict:  # (on the engine thread: a buffer of its own)
-        own = ctypes.create_string_buffer(1 << 16)
-        n = shim.shim_snapshot(own, len(own))
-        return parse_snapshot(own.raw[:n].decode().splitlines())
-
-    events = trace(eng, calls)
+    events = trace(eng, shim_calls)
 
     names: dict[str, str] = {}
 
     def mark() -> tuple:
         names.update((str(t.native_id), t.name) for t in threading.enumerate())
-        n = shim.shim_snapshot(buf, len(buf))
+        snapshot = shim_calls()
         s = eng.stats()
         counters = {"steps": s.steps, **s.step_seconds}
         if s.prefix is not None:
             counters |= {"prefix": s.prefix.engine_seconds, "copy": s.prefix.copy_seconds}
-        return time.perf_counter(), counters, parse_snapshot(buf.raw[:n].decode().splitlines())
+        return time.perf_counter(), counters, snapshot
 
     # serve_load's first run: the same prompts, greedy, exactly 256 tokens each
     prompts, _ = draw_prompts(Load("", prompt_tokens=args.prompt_tokens), random.Random(0))
