@@ -248,3 +248,8 @@ def test_a_staged_head_is_the_head_once_filled(context):
 def test_a_context_on_the_cpu_has_no_rows_reader(context):
     # (rows are read at once there: the reader is for a device stream and its pinned memory)
     assert native.RowsReader.create(context.ctx) is None
+
+
+def test_a_rows_reader_of_no_context_is_refused():
+    with pytest.raises(native.NativeError, match="pyqsa_rows_reader_new failed"):
+        native.RowsReader.create(0)
