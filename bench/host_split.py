@@ -27,6 +27,7 @@ import argparse
 import ctypes
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -242,12 +243,16 @@ def trace(eng, calls=None) -> list[dict]:
 
     def timed_save(*args, **kwargs):
         before = calls() if calls else {}
-        t0 = time.perf_counter()
+        r0, t0 = resource.getrusage(resource.RUSAGE_THREAD), time.perf_counter()
         try:
             return save(*args, **kwargs)
         finally:
-            t1 = time.perf_counter()
+            t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_THREAD)
             event = {"what": "  its save (Runner.snapshot)", "t0": t0, "t1": t1}
+            # its thread's CPU time and page faults: a save that waits shows little of either
+            event["cpu_ms"] = round(1e3 * (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime), 2)
+            event["sys_ms"] = round(1e3 * (r1.ru_stime - r0.ru_stime), 2)
+            event["faults"] = r1.ru_minflt - r0.ru_minflt
             if calls:
                 tid = str(threading.get_native_id())
                 own = {k: v for k, v in calls().items() if k[0] == tid}
