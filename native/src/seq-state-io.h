@@ -125,6 +125,7 @@ public:
     writer(bool count, size_t reserve, uint32_t n, std::set<const ggml_tensor *> recurrent,
            stage * staged = nullptr, std::function<void()> settle = {}) :
         count(count),
+        huge(staged == nullptr),
         n_tokens(n),
         recurrent(std::move(recurrent)),
         reads(staged, std::move(settle)) {
@@ -215,18 +216,22 @@ public:
 
 private:
     // NOTE: realloc, not a std::vector: glibc moves a large block's pages (mremap) instead of
-    // copying its bytes, and huge pages fault a fresh head's ~80 MB of recurrent state in a
-    // few dozen faults, not 20,000
+    // copying its bytes. Where this thread writes the recurrent state itself (no stage), huge
+    // pages fault a fresh head's ~80 MB in a few dozen faults, not 20,000. With a stage they
+    // would cost the saving thread the most: its writes there are a layer's few bytes of type
+    // and row size every ~2 MB, each faulting and zeroing a whole huge page, ~72 MB of zeros a
+    // head (8 x 32K on an H100: ~9.5 of a 13 ms save, with 36 faults), so the fill's thread
+    // takes its pages 4 KiB at a time instead
     void grow(size_t to) {
         auto * p = static_cast<uint8_t *>(std::realloc(buf, to));
         if (p == nullptr) {
             throw std::bad_alloc();
         }
 #ifdef MADV_HUGEPAGE
-        constexpr size_t huge = 2u << 20;
-        if (to >= 4 * huge) {
-            const uintptr_t a = ((uintptr_t) p + huge - 1) & ~(uintptr_t) (huge - 1);
-            const uintptr_t b = ((uintptr_t) p + to) & ~(uintptr_t) (huge - 1);
+        constexpr size_t huge_page = 2u << 20;
+        if (huge && to >= 4 * huge_page) {
+            const uintptr_t a = ((uintptr_t) p + huge_page - 1) & ~(uintptr_t) (huge_page - 1);
+            const uintptr_t b = ((uintptr_t) p + to) & ~(uintptr_t) (huge_page - 1);
             if (b > a) {
                 madvise((void *) a, b - a, MADV_HUGEPAGE);
             }
@@ -237,6 +242,7 @@ private:
     }
 
     bool                          count;
+    bool                          huge;  // the head's pages as huge pages where they can be
     uint8_t *                     buf = nullptr;
     size_t                        cap = 0;
     size_t                        n   = 0;
