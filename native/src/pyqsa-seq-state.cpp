@@ -153,6 +153,10 @@ size_t tail_room(const llama_model & model, const llama_memory_hybrid_idx & mem)
     return room;
 }
 
+// the recurrent section's own bytes (its cell, each layer's type and row sizes: a few dozen a
+// layer), which a save writes through the stage with its reads (writer::stage_writes)
+constexpr size_t section_room = 64u << 10;
+
 // the device of the recurrent tensors that has pinned host memory, or none (a CPU device)
 ggml_backend_dev_t stage_device(const std::set<const ggml_tensor *> & recurrent) {
     for (const ggml_tensor * t : recurrent) {
@@ -210,7 +214,9 @@ void save(llama_context * ctx, int32_t seq_id, stage * staged, uint8_t ** out, s
     // llama_memory_hybrid_idx::state_write's order, which its state_read reads
     mem->get_mem_attn()->state_write(w, seq_id, 0);
     h.recr_begin = w.n_bytes();
+    w.stage_writes(true);
     mem->get_mem_recr()->state_write(w, seq_id, 0);
+    w.stage_writes(false);
     h.recr_end = w.n_bytes();
     if (llama_kv_cache * idx = mem->get_mem_idx()) {
         w.indexer_section(indexer_ratios(*llama_get_model(ctx), *idx));
@@ -422,7 +428,7 @@ int32_t pyqsa_seq_stage_new(void * ctx_v, pyqsa_seq_stage ** out) {
     // the states' device's pinned host memory, else (a CPU device, a device without it) host memory
     const llama_model &                 model     = *llama_get_model(static_cast<llama_context *>(ctx_v));
     const std::set<const ggml_tensor *> recurrent = recurrent_tensors(*mem);
-    const size_t                        bytes     = recurrent_bytes(*mem, recurrent) + tail_room(model, *mem);
+    const size_t bytes = recurrent_bytes(*mem, recurrent) + tail_room(model, *mem) + section_room;
     ggml_backend_dev_t                  dev       = stage_device(recurrent);
     ggml_backend_buffer_type_t buft = dev ? ggml_backend_dev_host_buffer_type(dev) : ggml_backend_cpu_buffer_type();
     ggml_backend_buffer_t      buf  = ggml_backend_buft_alloc_buffer(buft, std::max<size_t>(bytes, 1));

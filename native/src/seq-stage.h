@@ -65,6 +65,18 @@ public:
         return true;
     }
 
+    // size bytes at src (host memory), for the head's bytes [at, at + size): copied into the
+    // stage now; false (nothing copied) when it has no room left for them
+    bool note(const void * src, size_t size, size_t at) {
+        if (used + size > ggml_backend_buffer_get_size(buf)) {
+            return false;
+        }
+        std::memcpy(base() + used, src, size);
+        parts.push_back({ used, at, size });
+        used += size;
+        return true;
+    }
+
     // on the saving thread, after its last put: the event the queued reads end at
     void close() {
         if (queued && !recorded) {
@@ -147,6 +159,9 @@ public:
         settled();  // no room left in the stage
         ggml_backend_tensor_get(t, p, offset, size);
     }
+
+    // size bytes at src for the head's bytes [at, at + size) through the stage, if any has room
+    bool note(const void * src, size_t size, size_t at) { return staged != nullptr && staged->note(src, size, at); }
 
     // whether a read waited for the device
     bool waited() const { return is_settled; }

@@ -125,7 +125,6 @@ public:
     writer(bool count, size_t reserve, uint32_t n, std::set<const ggml_tensor *> recurrent,
            stage * staged = nullptr, std::function<void()> settle = {}) :
         count(count),
-        huge(staged == nullptr),
         n_tokens(n),
         recurrent(std::move(recurrent)),
         reads(staged, std::move(settle)) {
@@ -140,8 +139,9 @@ public:
     writer & operator=(const writer &) = delete;
 
     void write(const void * src, size_t size) override {
-        uint8_t * p = take(size);
-        if (p == nullptr) {
+        const size_t at = n;
+        uint8_t *    p  = take(size);
+        if (p == nullptr || (in_stage && reads.note(src, size, at))) {
             return;
         }
         if (size == sizeof(uint32_t)) {  // a cell's position or sequence id: inlined, no call
@@ -173,6 +173,13 @@ public:
         rows.push_back({ t, 0, { row, n, r, 0 } });
         copy(t, tail * row, (n_tokens - tail) * row);
     }
+
+    // whether the small writes to come go through the stage with the reads (while it has room)
+    // rather than into the head: inside the recurrent section, whose bytes are nearly all staged,
+    // a layer's few bytes of type and row size every ~2 MB would each fault in (and zero) a huge
+    // page of the head on this thread, ~72 MB of zeros a head (8 x 32K on an H100: ~9.5 of a 13
+    // ms save, with 36 faults); through the stage the section is the fill's to write, whole
+    void stage_writes(bool on) { in_stage = on; }
 
     // the indexer cache's write_tensor calls to come: the compress ratio of each
     void indexer_section(std::vector<uint32_t> ratios) {
@@ -216,22 +223,19 @@ public:
 
 private:
     // NOTE: realloc, not a std::vector: glibc moves a large block's pages (mremap) instead of
-    // copying its bytes. Where this thread writes the recurrent state itself (no stage), huge
-    // pages fault a fresh head's ~80 MB in a few dozen faults, not 20,000. With a stage they
-    // would cost the saving thread the most: its writes there are a layer's few bytes of type
-    // and row size every ~2 MB, each faulting and zeroing a whole huge page, ~72 MB of zeros a
-    // head (8 x 32K on an H100: ~9.5 of a 13 ms save, with 36 faults), so the fill's thread
-    // takes its pages 4 KiB at a time instead
+    // copying its bytes, and huge pages fault a fresh head's ~80 MB of recurrent state in a
+    // few dozen faults, not 20,000 (on the thread that writes it: with a stage, the fill's;
+    // see stage_writes)
     void grow(size_t to) {
         auto * p = static_cast<uint8_t *>(std::realloc(buf, to));
         if (p == nullptr) {
             throw std::bad_alloc();
         }
 #ifdef MADV_HUGEPAGE
-        constexpr size_t huge_page = 2u << 20;
-        if (huge && to >= 4 * huge_page) {
-            const uintptr_t a = ((uintptr_t) p + huge_page - 1) & ~(uintptr_t) (huge_page - 1);
-            const uintptr_t b = ((uintptr_t) p + to) & ~(uintptr_t) (huge_page - 1);
+        constexpr size_t huge = 2u << 20;
+        if (to >= 4 * huge) {
+            const uintptr_t a = ((uintptr_t) p + huge - 1) & ~(uintptr_t) (huge - 1);
+            const uintptr_t b = ((uintptr_t) p + to) & ~(uintptr_t) (huge - 1);
             if (b > a) {
                 madvise((void *) a, b - a, MADV_HUGEPAGE);
             }
@@ -242,8 +246,8 @@ private:
     }
 
     bool                          count;
-    bool                          huge;  // the head's pages as huge pages where they can be
-    uint8_t *                     buf = nullptr;
+    bool                          in_stage = false;  // stage_writes
+    uint8_t *                     buf      = nullptr;
     size_t                        cap = 0;
     size_t                        n   = 0;
     uint32_t                      n_tokens;

@@ -263,6 +263,29 @@ void head_stage_checks(const char * only_backend, int & n_ok, int & n_fail) {
            "pending " + std::to_string(pending) + ", after clear " + std::to_string(qb.q.copies.size()) + " ",
            put && pending && qb.q.copies.empty() && staged.empty(), n_ok, n_fail);
 
+    // a head's own small bytes through the stage between queued reads (writer::stage_writes):
+    // each lands where it was noted once filled, and a stage with no room left refuses them
+    {
+        pyqsa_seq_state::stage mixed(ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(),
+                                                                    ggml_nbytes(state.t[0]) + 12),
+                                     &qb.be, ggml_backend_event_new(&qb.dev));
+        const uint32_t         type = 7;
+        const uint64_t         size = ggml_nbytes(state.t[0]);
+        const size_t           half = size / 2;
+        std::vector<uint8_t>   head(4 + half + 8 + (size - half), 0xee);
+        const bool             noted = mixed.note(&type, 4, 0) && mixed.put(state.t[0], 0, half, 4) &&
+                           mixed.note(&size, 8, 4 + half) && mixed.put(state.t[0], half, size - half, 12 + half);
+        const bool full = !mixed.note(&type, 1, head.size());
+        mixed.close();
+        mixed.fill(head.data(), head.size());
+        const auto * bytes = reinterpret_cast<const uint8_t *>(saved.data());
+        const bool   same  = std::memcmp(head.data(), &type, 4) == 0 && std::memcmp(head.data() + 4, bytes, half) == 0 &&
+                          std::memcmp(head.data() + 4 + half, &size, 8) == 0 &&
+                          std::memcmp(head.data() + 12 + half, bytes + half, size - half) == 0;
+        report("a head's own bytes noted between queued reads", "queued", "", noted && full && same && mixed.empty(), n_ok,
+               n_fail);
+    }
+
     // a device's own stream, where the device queues reads and records events (as the save asks)
     on_other_backends(only_backend, "a snapshot head's states, the next pass queued after the save", n_ok, n_fail,
                       [&](ggml_backend_t other) {
