@@ -250,8 +250,9 @@ def trace(eng, calls=None) -> list[dict]:
             t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_THREAD)
             event = {"what": "  its save (Runner.snapshot)", "t0": t0, "t1": t1}
             # its thread's CPU time and page faults: a save that waits shows little of either
-            event["cpu_ms"] = round(1e3 * (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime), 2)
-            event["sys_ms"] = round(1e3 * (r1.ru_stime - r0.ru_stime), 2)
+            user, sys_ = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
+            event["cpu_ms"] = round(1e3 * (user + sys_), 2)
+            event["sys_ms"] = round(1e3 * sys_, 2)
             event["faults"] = r1.ru_minflt - r0.ru_minflt
             if calls:
                 tid = str(threading.get_native_id())
