@@ -10,6 +10,7 @@ Outputs (all under .build/, git-ignored):
 from __future__ import annotations
 
 import os
+import platform
 import shlex
 import shutil
 import subprocess
@@ -99,6 +100,15 @@ def configure(cfg: BuildConfig, src: Path) -> None:
     ]
     if cfg.cuda:
         args.append(f"-DCMAKE_CUDA_ARCHITECTURES={cfg.cuda_archs}")
+    # NOTE: upstream's AMX matrix products (ggml-cpu/amx, compiled where -march=native has AMX:
+    # Xeons since Sapphire Rapids) crash on k-quant weights: a Q4_K_M file segfaulted in
+    # ggml_backend_amx_mul_mat at its first pass (ggml-org/llama.cpp#20824, open). The CPU
+    # backend is built without them; its AVX-512 kernels take those products.
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        for lang, env in (("C", "CFLAGS"), ("CXX", "CXXFLAGS")):
+            flags = f"{os.environ.get(env, '')} {no_amx}".strip()
+            args.append(f"-DCMAKE_{lang}_FLAGS={flags}")
     # where the toolkit is not in one place (tests/gpu/prebuild.sh: cuBLAS from its wheel, a
     # stand-in driver library for the link)
     try:
