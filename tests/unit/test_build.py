@@ -229,6 +229,24 @@ def test_cmake_args_from_the_environment_reach_configure(tmp_path, monkeypatch):
     assert "-DGGML_NATIVE=OFF" in seen[0] and "-DCMAKE_CUDA_FLAGS=-I/a b" in seen[0]
 
 
+@pytest.mark.parametrize("machine, amx_off", [("x86_64", True), ("aarch64", False)])
+def test_x86_builds_leave_out_upstreams_amx_products(tmp_path, monkeypatch, machine, amx_off):
+    """Upstream's AMX products segfault on k-quant weights: an x86 build turns them off, keeping
+    the compiler flags of the environment."""
+    seen = []
+    monkeypatch.setattr(native_build, "_run", seen.append)
+    monkeypatch.setattr(native_build, "BUILD", tmp_path)
+    monkeypatch.setattr(native_build.platform, "machine", lambda: machine)
+    monkeypatch.setenv("CXXFLAGS", "-g")
+    monkeypatch.delenv("PYQSA_CMAKE_ARGS", raising=False)
+    cfg = native_build.BuildConfig(cuda=False, cuda_archs="", extra_targets=(), jobs=1)
+    native_build.configure(cfg, tmp_path / "src")
+    flags = [a for a in seen[0] if a.startswith(("-DCMAKE_C_FLAGS=", "-DCMAKE_CXX_FLAGS="))]
+    no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    expected = [f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS=-g {no_amx}"]
+    assert flags == (expected if amx_off else [])
+
+
 def test_cmake_args_that_do_not_parse_are_one_line(tmp_path, monkeypatch):
     """An unclosed quote in PYQSA_CMAKE_ARGS stops the build with a line naming the variable."""
     monkeypatch.setattr(native_build, "_run", lambda *a, **k: pytest.fail(f"ran {a}"))
