@@ -428,7 +428,7 @@ int32_t pyqsa_seq_stage_new(void * ctx_v, pyqsa_seq_stage ** out) {
     // the states' device's pinned host memory, else (a CPU device, a device without it) host memory
     const llama_model &                 model     = *llama_get_model(static_cast<llama_context *>(ctx_v));
     const std::set<const ggml_tensor *> recurrent = recurrent_tensors(*mem);
-    const size_t bytes = recurrent_bytes(*mem, recurrent) + tail_room(model, *mem) + section_room;
+    const size_t                        bytes     = recurrent_bytes(*mem, recurrent) + tail_room(model, *mem) + section_room;
     ggml_backend_dev_t                  dev       = stage_device(recurrent);
     ggml_backend_buffer_type_t buft = dev ? ggml_backend_dev_host_buffer_type(dev) : ggml_backend_cpu_buffer_type();
     ggml_backend_buffer_t      buf  = ggml_backend_buft_alloc_buffer(buft, std::max<size_t>(bytes, 1));
