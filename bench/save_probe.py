@@ -62,7 +62,7 @@ def saves(runner: LlamaRunner, label: str, k: int) -> None:
     fill = statistics.median(r[4] for r in rows)
     print(
         f"{label}: save ms "
-        + " ".join(f"{r[0]:.1f}" for r in rows)
+        + " ".join(f"{r[0]:.2f}" for r in rows)
         + f" | median {statistics.median(r[0] for r in rows):.2f}; user {mean[1]:.1f} sys "
         f"{mean[2]:.1f} faults {mean[3]:.0f} a save; fill {fill:.1f} ms",
         flush=True,

@@ -24,7 +24,7 @@ def test_the_four_timings_each_time_every_save(tmp_path):
     assert list(lines) == ["alone", "alone again", "beside rows", "beside memory"], run.stdout
     for text in lines.values():
         times, summary = text.split(" | ")
-        assert len(times.split()) == 3 and all(float(t) > 0 for t in times.split())
+        assert len(times.split()) == 3 and all(float(t) >= 0 for t in times.split())
         assert re.fullmatch(
             r"median [\d.]+; user [\d.]+ sys [\d.]+ faults \d+ a save; fill [\d.]+ ms", summary
         )

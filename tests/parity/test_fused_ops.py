@@ -111,7 +111,8 @@ def test_fused_mix_agrees_with_upstreams_ops_to_rounding(tiny_gguf, tmp_path, fu
     any batch, and the prefix cache's follow-ups stay exact), and here on the CPU with
     PYQSA_HC_MIX_ANY_BACKEND=1: the prompt (64 tokens; the fused mix takes one) keeps its bits;
     the decode steps agree with PYQSA_HC_MIX_UNFUSED=1's to f32 rounding (the products' sums in
-    another order), and each fused mix takes seven nodes fewer (rms_norm, mul, the products
+    another order; the same bits where the CPU's kernels sum both in one order, as seen on an
+    AVX-512 Xeon), and each fused mix takes seven nodes fewer (rms_norm, mul, the products
     down, up and inject, the gate, the streams' mean and two reshapes, ten, for the two ops and
     the view of the scatter logits)."""
     default, d = fused_run
@@ -121,7 +122,7 @@ def test_fused_mix_agrees_with_upstreams_ops_to_rounding(tiny_gguf, tmp_path, fu
     assert fused.shape == plain.shape and np.isfinite(fused).all()
     assert np.array_equal(fused[0].view(np.uint32), plain[0].view(np.uint32))
     scale = np.abs(plain[1:]).max()
-    assert 0 < np.abs(fused[1:] - plain[1:]).max() <= 1e-5 * scale
+    assert np.abs(fused[1:] - plain[1:]).max() <= 1e-5 * scale
     assert f["fused_mixes"] == f["combines"] > 0 and f["mixes"] == 1  # the output's mix: no inject
     assert u["fused_mixes"] == 0 and u["mixes"] == f["fused_mixes"] + f["mixes"]
     assert u["step_nodes"] - f["step_nodes"] == 7 * f["fused_mixes"], (f, u)
