@@ -14,7 +14,8 @@
         without the HTTP server: its events go to plain sinks. Against `serve`, what the server
         costs the decode; against `decode`, what the engine does. Then the engine thread's work
         in the together window's longest gap and in its first steps: each pass (tokens, time, how
-        its graph ran) and each prefix snapshot, timed where they ran (`trace`)
+        its graph ran) and each prefix snapshot, timed where they ran (`trace`), each save with
+        its CUDA calls and its thread's CPU time, system time and page faults
 
 Each thread's calls include its waits for the GIL after every call that let go of it (GIL_wait:
 ctypes and cffi calls, socket I/O), where python's libpython is a shared library (see
