@@ -12,7 +12,9 @@ staged head (SeqRows.fill_head, the prefix cache's copier thread in the server),
   beside memory     another thread copies 512 MiB into fresh numpy arrays, over and over
 Per save: the wall time, the thread's user and system CPU time and page faults
 (getrusage(RUSAGE_THREAD): their resolution is the kernel's tick, 4 ms here, so they are means
-over the saves), then the fill's time."""
+over the saves), then the fill's time. Then a snapshot loaded back `--saves` times: into the slot
+that holds its rows (Runner.resume) and into another slot with its rows (Runner.restore), each
+the engine thread's in the server, where every slot waits for it."""
 
 from __future__ import annotations
 
@@ -69,6 +71,29 @@ def saves(runner: LlamaRunner, label: str, k: int) -> None:
     )
 
 
+def loads(runner: LlamaRunner, head, rows, n: int, k: int) -> None:
+    """Slot 2's snapshot loaded back: into slot 2, which holds its rows (Runner.resume), and into
+    slot 3 with its rows (Runner.restore), k times each, on the engine thread in the server."""
+    times: dict[str, list[float]] = {"resume": [], "restore": []}
+    for _ in range(k):
+        t0 = time.perf_counter()
+        runner.resume(2, head)
+        t1 = time.perf_counter()
+        runner.restore(3, head, [(0, n, rows)])
+        t2 = time.perf_counter()
+        times["resume"].append(1e3 * (t1 - t0))
+        times["restore"].append(1e3 * (t2 - t1))
+    print(
+        "; ".join(
+            f"{what} ms "
+            + " ".join(f"{t:.2f}" for t in ts)
+            + f" | median {statistics.median(ts):.2f}"
+            for what, ts in times.items()
+        ),
+        flush=True,
+    )
+
+
 def beside(runner: LlamaRunner, label: str, k: int, work) -> None:
     """saves() while another thread runs work() over and over."""
     stop = threading.Event()
@@ -113,6 +138,7 @@ def main() -> None:
         head, kept = runner.snapshot(2)
         kept.fill_head()
         beside(runner, "beside rows", args.saves, lambda: kept.get(0, n))
+        loads(runner, head, kept.get(0, n), n, args.saves)
         kept.close()
         src = np.ones(512 << 20, np.uint8)
 

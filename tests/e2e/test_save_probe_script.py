@@ -1,5 +1,5 @@
 """bench/save_probe.py on the CPU demo model: its four timings of snapshot saves, each with a
-time for every save and the copy of the staged head."""
+time for every save and the copy of the staged head, and the times of loading one back."""
 
 from __future__ import annotations
 
@@ -28,3 +28,9 @@ def test_the_four_timings_each_time_every_save(tmp_path):
         assert re.fullmatch(
             r"median [\d.]+; user [\d.]+ sys [\d.]+ faults \d+ a save; fill [\d.]+ ms", summary
         )
+    loads = re.search(
+        r"^resume ms (.*) \| median ([\d.]+); restore ms (.*) \| median ([\d.]+)$", run.stdout, re.M
+    )
+    assert loads, run.stdout
+    for times in (loads.group(1), loads.group(3)):
+        assert len(times.split()) == 3 and all(float(t) >= 0 for t in times.split())
