@@ -51,29 +51,27 @@ public:
     // size bytes of t from byte offset, for the head's bytes [at, at + size); false (nothing
     // copied) when the stage has no room left for them
     bool put(ggml_tensor * t, size_t offset, size_t size, size_t at) {
-        if (used + size > ggml_backend_buffer_get_size(buf)) {
+        uint8_t * p = claim(size, at);
+        if (p == nullptr) {
             return false;
         }
         if (queues(t)) {
-            ggml_backend_tensor_get_async(queue, t, base() + used, offset, size);
+            ggml_backend_tensor_get_async(queue, t, p, offset, size);
             queued = true;
         } else {
-            ggml_backend_tensor_get(t, base() + used, offset, size);
+            ggml_backend_tensor_get(t, p, offset, size);
         }
-        parts.push_back({ used, at, size });
-        used += size;
         return true;
     }
 
     // size bytes at src (host memory), for the head's bytes [at, at + size): copied into the
     // stage now; false (nothing copied) when it has no room left for them
     bool note(const void * src, size_t size, size_t at) {
-        if (used + size > ggml_backend_buffer_get_size(buf)) {
+        uint8_t * p = claim(size, at);
+        if (p == nullptr) {
             return false;
         }
-        std::memcpy(base() + used, src, size);
-        parts.push_back({ used, at, size });
-        used += size;
+        std::memcpy(p, src, size);
         return true;
     }
 
@@ -120,6 +118,17 @@ private:
     };
 
     uint8_t * base() { return static_cast<uint8_t *>(ggml_backend_buffer_get_base(buf)); }
+
+    // where the next size bytes of the stage go, kept for the head's bytes [at, at + size); nullptr
+    // when it has no room left for them
+    uint8_t * claim(size_t size, size_t at) {
+        if (used + size > ggml_backend_buffer_get_size(buf)) {
+            return nullptr;
+        }
+        parts.push_back({ used, at, size });
+        used += size;
+        return base() + used - size;
+    }
 
     // the queued reads done (a save that failed before close: recorded here, on its thread)
     void wait() {
