@@ -265,7 +265,29 @@ def trace(eng, calls=None) -> list[dict]:
     eng.runner.run = timed_run
     eng.prefix.snapshot = timed("snapshot", eng.prefix.snapshot)
     eng.runner.snapshot = timed_save
+    # the copier's work, on its thread: a head's fill, a segment of rows
+    from pyqsa import native
+
+    native.SeqRows.fill_head = timed("  head fill (copier)", native.SeqRows.fill_head)
+    native.SeqRows.get = timed("  rows copy (copier)", native.SeqRows.get)
     return events
+
+
+def beside_copies(events: list[dict], a: float, b: float, tokens: int) -> str:
+    """The passes of `tokens` tokens in [a, b]: the median time of those that overlapped a copy
+    of the copier's and of those that did not."""
+    copies = [e for e in events if "(copier)" in e["what"]]
+    passes = [e for e in events if e["what"] == f"pass of {tokens} tokens" and a <= e["t0"] <= b]
+
+    def overlaps(p: dict) -> bool:
+        return any(c["t0"] < p["t1"] and c["t1"] > p["t0"] for c in copies)
+
+    parts = []
+    for label, group in (("beside a copy", True), ("alone", False)):
+        ms = [1e3 * (p["t1"] - p["t0"]) for p in passes if overlaps(p) == group]
+        med = f"median {statistics.median(ms):.3f} ms" if ms else "none"
+        parts.append(f"{label}: {len(ms)} passes, {med}")
+    return f"passes of {tokens} tokens " + "; ".join(parts)
 
 
 def traced(events: list[dict], a: float, b: float) -> list[str]:
@@ -358,6 +380,7 @@ def engine(args: argparse.Namespace) -> None:
     print("\n".join(traced(events, g0, g0 + gap["ms"] / 1e3)))
     print("## the window's first 100 ms (from the last first token)")
     print("\n".join(traced(events, w0, w0 + 0.1)))
+    print("## " + beside_copies(events, w0, max(r["times"][-1] for r in runs), len(runs)))
     snaps = [e for e in events if e["what"] == "snapshot"]
     print(
         f"## snapshots: {len(snaps)}, "

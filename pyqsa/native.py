@@ -243,9 +243,8 @@ class SeqRows:
     through a stage (`staged`) is whole, and its rows may be read, after `fill_head` (any
     thread), which hands the stage back through `release`; `close` drops an unfilled one."""
 
-    def __init__(self, ptr, n_tokens: int, head: bytes | np.ndarray) -> None:
+    def __init__(self, ptr, head: bytes | np.ndarray | None = None) -> None:
         self._ptr = ptr
-        self.n_tokens = n_tokens
         self._head = head
         self._stage: SeqStage | None = None
         self._release = None
@@ -276,7 +275,13 @@ class SeqRows:
                 self._release(stage)
 
     def size(self, start: int, end: int) -> int:
-        return seq_rows_size(self._head, start, end)
+        """The bytes of the rows of positions [start, end) (pyqsa_seq_rows_bytes)."""
+        ffi, lib = _api()
+        if self._ptr is None:
+            raise NativeError("pyqsa_seq_rows_bytes on a closed handle")
+        out = ffi.new("size_t *")
+        _check(lib.pyqsa_seq_rows_bytes(self._ptr, start, end, out), "pyqsa_seq_rows_bytes")
+        return int(out[0])
 
     def get(self, start: int, end: int):
         """The rows of positions [start, end), a numpy uint8 array (pyqsa_seq_rows_get; the GIL
@@ -372,21 +377,17 @@ def seq_state_save(
     # the array keeps its buffer object, which keeps the pointer that frees it, alive
     owned = ffi.gc(ptr[0], lib.pyqsa_seq_head_free, size=size[0])
     head = np.frombuffer(ffi.buffer(owned, size[0]), np.uint8)
-    return head, SeqRows(rows[0], seq_state_length(head), head)
+    return head, SeqRows(rows[0], head)
 
 
-def seq_state_length(head) -> int:
-    """The positions a state holds, from its head."""
-    return int.from_bytes(bytes(head[8:12]), "little")
-
-
-def seq_rows_size(head: bytes | np.ndarray, start: int, end: int) -> int:
-    """The bytes of the rows of positions [start, end) of the state with this head."""
+def seq_rows_open(ctx: int, seq_id: int) -> SeqRows:
+    """A handle on sequence `seq_id`'s rows as of now, without a head (pyqsa_seq_rows_open): a
+    sequence that grows has its rows copied ahead of its next save. Waits for the device."""
     ffi, lib = _api()
-    out = ffi.new("size_t *")
-    rc = lib.pyqsa_seq_rows_size(ffi.from_buffer(head), len(head), start, end, out)
-    _check(rc, "pyqsa_seq_rows_size")
-    return int(out[0])
+    rows = ffi.new("pyqsa_seq_rows **")
+    rc = lib.pyqsa_seq_rows_open(ffi.cast("void *", ctx), seq_id, rows)
+    _check(rc, "pyqsa_seq_rows_open")
+    return SeqRows(rows[0])
 
 
 def seq_state_load(

@@ -234,6 +234,15 @@ def _engine_options(f):
             "so a prompt that diverges from a cached one midway reuses most of it.",
         ),
         click.option(
+            "--prefix-cache-copy-ahead",
+            type=click.IntRange(min=1),
+            default=4096,
+            show_default=True,
+            help="With the prefix cache: a prompt's KV rows are copied to the cache every this "
+            "many tokens while it is computed, so few are left to copy beside the decode steps "
+            "that follow its end.",
+        ),
+        click.option(
             "--chat-template",
             type=click.Path(exists=True, dir_okay=False),
             help="Jinja chat template file, instead of the model's own.",

@@ -40,6 +40,7 @@ class EngineFlags:
     sampling: str
     prefix_cache_gib: float | None
     prefix_cache_stride: int
+    prefix_cache_copy_ahead: int
 
     def paging_flags(self) -> tuple[tuple[str, object], ...]:
         """The flags that only paging reads, with their values."""
@@ -234,6 +235,7 @@ def _engine_config(path: str, flags: EngineFlags, gpus: tuple[int, ...] | None, 
             tensor_split=flags.tensor_split,
             sample_on_device=on_device,
             prefix_stride=flags.prefix_cache_stride,
+            prefix_rows_ahead=flags.prefix_cache_copy_ahead,
         )
     except ValueError as e:
         message = str(e)

@@ -254,12 +254,6 @@ PYQSA_API void pyqsa_seq_stage_free(pyqsa_seq_stage * stage);
 
 PYQSA_API void pyqsa_seq_head_free(void * head);
 
-// The bytes of the segment [start, end) of a state whose head is given. Returns PYQSA_OK,
-// PYQSA_ERR_INVALID_ARG for a NULL argument or bytes that are no head, PYQSA_ERR_OUT_OF_RANGE
-// unless start <= end <= the state's length.
-PYQSA_API int32_t pyqsa_seq_rows_size(const void * head, size_t head_size, uint32_t start, uint32_t end,
-                                      size_t * size);
-
 typedef struct pyqsa_rows_reader pyqsa_rows_reader;  // copies of rows on one thread
 
 // Copies the segment [start, end) into dst (cap bytes). Callable on any thread while the context
@@ -283,6 +277,18 @@ PYQSA_API int32_t pyqsa_rows_reader_new(void * ctx, pyqsa_rows_reader ** reader)
 PYQSA_API void pyqsa_rows_reader_free(pyqsa_rows_reader * reader);
 
 PYQSA_API void pyqsa_seq_rows_free(pyqsa_seq_rows * rows);
+
+// A handle on the rows of sequence seq_id's positions as of now, as pyqsa_seq_state_save's *rows
+// but without a head: a sequence that grows (a prompt being computed) has its rows copied ahead
+// of its next save, which then copies only the rows since. Waits for the device. Returns
+// PYQSA_OK, PYQSA_ERR_INVALID_ARG for a NULL ctx or rows or a seq_id outside the context,
+// PYQSA_ERR_UNSUPPORTED as pyqsa_seq_state_save.
+PYQSA_API int32_t pyqsa_seq_rows_open(void * ctx, int32_t seq_id, pyqsa_seq_rows ** rows);
+
+// The bytes of the segment [start, end) of rows (what pyqsa_seq_rows_get copies). Returns
+// PYQSA_OK, PYQSA_ERR_INVALID_ARG for a NULL argument, PYQSA_ERR_OUT_OF_RANGE unless
+// start <= end <= the rows' length.
+PYQSA_API int32_t pyqsa_seq_rows_bytes(const pyqsa_seq_rows * rows, uint32_t start, uint32_t end, size_t * size);
 
 // Loads a state (its head, and segments covering positions [0, n) in order) of a context with
 // the same settings into sequence seq_id, replacing what it held. Returns PYQSA_OK;

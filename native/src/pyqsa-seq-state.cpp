@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -195,6 +196,40 @@ ggml_backend_t stage_queue(llama_context & ctx, ggml_backend_dev_t dev) {
     return nullptr;
 }
 
+// llama_memory_hybrid_idx::state_write's order (which its state_read reads) of the sequence's
+// n_tokens positions into w, then with
+// paging the tail block's rows and the block keys' series; with h, the sections' offsets in it.
+// Returns the number of llama.cpp's series (the first of w.rows).
+uint32_t walk(llama_context * ctx, llama_memory_hybrid_idx & mem, int32_t seq_id, uint32_t n_tokens, writer & w,
+              header * h) {
+    mem.get_mem_attn()->state_write(w, seq_id, 0);
+    if (h != nullptr) {
+        h->recr_begin = w.n_bytes();
+        w.stage_writes(true);
+        mem.get_mem_recr()->state_write(w, seq_id, 0);
+        w.stage_writes(false);
+        h->recr_end = w.n_bytes();
+    }
+    if (llama_kv_cache * idx = mem.get_mem_idx()) {
+        w.indexer_section(indexer_ratios(*llama_get_model(ctx), *idx));
+        idx->state_write(w, seq_id, 0);
+    }
+    if (h != nullptr) {
+        h->llama_end = w.n_bytes();
+    }
+    const auto n_llama = (uint32_t) w.rows.size();
+    if (const pyqsa_kv_pager * pager = mem.get_mem_attn()->get_pyqsa_pager()) {
+        const llama_model & model = *llama_get_model(ctx);
+        for (const rows_run & run : tail_rows(model, *pager, (uint32_t) seq_id, n_tokens)) {
+            w.copy(run.t, run.offset, run.size);
+        }
+        for (const series & s : block_keys(model, *pager, (uint32_t) seq_id)) {
+            w.rows.push_back(s);
+        }
+    }
+    return n_llama;
+}
+
 // (no wait for the device first: the writer waits before its first read made at once, and the
 // caller unless the stage queued reads)
 void save(llama_context * ctx, int32_t seq_id, stage * staged, uint8_t ** out, size_t * out_size,
@@ -211,28 +246,7 @@ void save(llama_context * ctx, int32_t seq_id, stage * staged, uint8_t ** out, s
     const size_t                  reserve   = head_estimate(*mem, recurrent, h.n_tokens);
     writer w(false, reserve, h.n_tokens, std::move(recurrent), staged, [ctx] { llama_synchronize(ctx); });
     w.take(sizeof(h));  // written last, once its offsets are known
-    // llama_memory_hybrid_idx::state_write's order, which its state_read reads
-    mem->get_mem_attn()->state_write(w, seq_id, 0);
-    h.recr_begin = w.n_bytes();
-    w.stage_writes(true);
-    mem->get_mem_recr()->state_write(w, seq_id, 0);
-    w.stage_writes(false);
-    h.recr_end = w.n_bytes();
-    if (llama_kv_cache * idx = mem->get_mem_idx()) {
-        w.indexer_section(indexer_ratios(*llama_get_model(ctx), *idx));
-        idx->state_write(w, seq_id, 0);
-    }
-    h.llama_end = w.n_bytes();
-    h.n_llama   = (uint32_t) w.rows.size();
-    if (const pyqsa_kv_pager * pager = mem->get_mem_attn()->get_pyqsa_pager()) {
-        const llama_model & model = *llama_get_model(ctx);
-        for (const rows_run & run : tail_rows(model, *pager, (uint32_t) seq_id, h.n_tokens)) {
-            w.copy(run.t, run.offset, run.size);
-        }
-        for (const series & s : block_keys(model, *pager, (uint32_t) seq_id)) {
-            w.rows.push_back(s);
-        }
-    }
+    h.n_llama = walk(ctx, *mem, seq_id, h.n_tokens, w, &h);
     h.table_offset = w.n_bytes();
     h.n_series     = (uint32_t) w.rows.size();
     for (const series & s : w.rows) {
@@ -470,22 +484,6 @@ void pyqsa_seq_head_free(void * head) {
     std::free(head);
 }
 
-int32_t pyqsa_seq_rows_size(const void * head, size_t head_size, uint32_t start, uint32_t end, size_t * size) {
-    if (head == nullptr || size == nullptr) {
-        return PYQSA_ERR_INVALID_ARG;
-    }
-    try {
-        const parsed p = parse(static_cast<const uint8_t *>(head), head_size);
-        if (start > end || end > p.h.n_tokens) {
-            return PYQSA_ERR_OUT_OF_RANGE;
-        }
-        *size = segment_offset(p.table, p.table.size(), start, end);
-        return PYQSA_OK;
-    } catch (const std::exception &) {
-        return PYQSA_ERR_INVALID_ARG;
-    }
-}
-
 int32_t pyqsa_seq_rows_get(const pyqsa_seq_rows * rows, uint32_t start, uint32_t end, void * dst, size_t cap,
                            pyqsa_rows_reader * reader) {
     if (rows == nullptr || dst == nullptr) {
@@ -539,7 +537,11 @@ int32_t pyqsa_rows_reader_new(void * ctx_v, pyqsa_rows_reader ** out) {
     if (queue == nullptr) {
         return PYQSA_ERR_OUT_OF_MEMORY;
     }
-    ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(ggml_backend_dev_host_buffer_type(dev), 16u << 20);
+    size_t reader_bytes = 16u << 20;
+    if (const char * v = std::getenv("PYQSA_ROWS_READER_MIB")) {  // EXPERIMENT
+        reader_bytes = (size_t) std::max(1, std::atoi(v)) << 20;
+    }
+    ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(ggml_backend_dev_host_buffer_type(dev), reader_bytes);
     ggml_backend_event_t  ev0 = ggml_backend_event_new(dev), ev1 = ggml_backend_event_new(dev);
     if (buf == nullptr || ev0 == nullptr || ev1 == nullptr) {
         ggml_backend_event_free(ev0);
@@ -554,6 +556,45 @@ int32_t pyqsa_rows_reader_new(void * ctx_v, pyqsa_rows_reader ** out) {
 
 void pyqsa_rows_reader_free(pyqsa_rows_reader * reader) {
     delete reader;
+}
+
+int32_t pyqsa_seq_rows_open(void * ctx_v, int32_t seq_id, pyqsa_seq_rows ** out) {
+    if (!valid(ctx_v, seq_id) || out == nullptr) {
+        return PYQSA_ERR_INVALID_ARG;
+    }
+    auto *                    ctx = static_cast<llama_context *>(ctx_v);
+    llama_memory_hybrid_idx * mem = hybrid_of(ctx);
+    if (mem == nullptr) {
+        return PYQSA_ERR_UNSUPPORTED;
+    }
+    try {
+        const auto n = (uint32_t) (llama_memory_seq_pos_max(mem, seq_id) + 1);
+        writer     w(true, 0, n, {});  // counting: the series, no head
+        walk(ctx, *mem, seq_id, n, w, nullptr);
+        llama_synchronize(ctx);  // the rows are read on another thread, after the passes that wrote them
+        *out = new pyqsa_seq_rows{ n, std::move(w.rows) };
+        return PYQSA_OK;
+    } catch (const unsupported &) {
+        return PYQSA_ERR_UNSUPPORTED;
+    } catch (const std::bad_alloc &) {
+        return PYQSA_ERR_OUT_OF_MEMORY;
+    } catch (const std::exception &) {
+        return PYQSA_ERR_INVALID_ARG;
+    }
+}
+
+int32_t pyqsa_seq_rows_bytes(const pyqsa_seq_rows * rows, uint32_t start, uint32_t end, size_t * size) {
+    if (rows == nullptr || size == nullptr) {
+        return PYQSA_ERR_INVALID_ARG;
+    }
+    if (start > end || end > rows->n_tokens) {
+        return PYQSA_ERR_OUT_OF_RANGE;
+    }
+    *size = 0;
+    for (const series & s : rows->s) {
+        *size += s.d.row_bytes * (end / s.d.ratio - start / s.d.ratio);
+    }
+    return PYQSA_OK;
 }
 
 void pyqsa_seq_rows_free(pyqsa_seq_rows * rows) {

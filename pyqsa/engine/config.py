@@ -52,6 +52,9 @@ class EngineConfig:
     # with the cache on, a snapshot every this many tokens inside a prompt (besides those where
     # prompts and replies end), so a prompt that diverges from a cached one midway reuses most
     prefix_stride: int = 16384
+    # with the cache on, a prompt's rows are copied every this many tokens while it is computed,
+    # so that where it ends (most often beside other slots' decode steps) few are left to copy
+    prefix_rows_ahead: int = 4096
     # the device memory (bytes) the process may hold, `serve --gpu-memory` (device_budget.py):
     # reported in /metrics; 0: no budget (a CPU build)
     device_memory_limit: int = 0
@@ -99,6 +102,8 @@ class EngineConfig:
             raise ValueError(f"prefix_cache_bytes must be >= 0, got {self.prefix_cache_bytes}")
         if self.prefix_stride < 1:
             raise ValueError(f"prefix_stride must be >= 1, got {self.prefix_stride}")
+        if self.prefix_rows_ahead < 1:
+            raise ValueError(f"prefix_rows_ahead must be >= 1, got {self.prefix_rows_ahead}")
         self.context_config()  # raises ValueError for settings the context refuses
 
     def context_config(self) -> ContextConfig:

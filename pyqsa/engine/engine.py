@@ -121,7 +121,9 @@ class Engine:
         self.runner = runner
         self.vocab = vocab
         self.slots = SlotTable(config.n_slots, config.ctx_per_slot, self._empty_slot)
-        self.prefix = PrefixReuse(runner, config.prefix_cache_bytes, config.prefix_stride)
+        self.prefix = PrefixReuse(
+            runner, config.prefix_cache_bytes, config.prefix_stride, config.prefix_rows_ahead
+        )
         self.scheduler = Scheduler(
             self.slots,
             config.max_batch_tokens,
@@ -455,6 +457,8 @@ class Engine:
                     self.prefix.snapshot(req)
                 else:  # after its first token is out: the head's copy is not in its TTFT
                     self._snapshots_due.append(req)
+            elif row is None:  # inside its prompt
+                self.prefix.copy_ahead(req)
             if row is None:
                 continue
             generated += req.reply_of is None

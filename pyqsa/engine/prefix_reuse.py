@@ -82,10 +82,11 @@ def _leads(segments: tuple[RowSegment, ...], lineage: list[RowSegment]) -> bool:
 
 
 class PrefixReuse:
-    def __init__(self, runner: Runner, budget: int, stride: int) -> None:
+    def __init__(self, runner: Runner, budget: int, stride: int, ahead: int) -> None:
         self.runner = runner
         self.cache = PrefixCache(budget)
         self.stride = stride
+        self.ahead = ahead
         self.copier = RowCopier() if budget > 0 else None
         self._held: dict[int, _Holding] = {}  # free slots holding their sequence
         self._lineage: dict[int, list[RowSegment]] = {}  # per slot: its rows in the cache, in order
@@ -300,6 +301,28 @@ class PrefixReuse:
             source.close()
         else:
             self.copier.copy(new, source, fill)
+
+    def copy_ahead(self, req: Request) -> None:
+        """`req`'s slot computed a chunk inside its prompt: once `ahead` positions or more came
+        since its last segment, they become one, copied now, which its next snapshot holds (the
+        one where the prompt ends copies only the rest; its decode steps, and the other slots',
+        run beside fewer copies). Until then the cache does not count its bytes: at most
+        `stride` positions a slot."""
+        if not self.enabled:
+            return
+        slot, n = req.lease.slot, req.num_computed_tokens
+        lineage = self._lineage.setdefault(slot, [])
+        k = lineage[-1].end if lineage else 0
+        if n - k < self.ahead or not usable(lineage):
+            return
+        try:
+            source = self.runner.rows(slot)
+        except RunnerError:
+            log.exception("opening the rows of %s failed", req.request_id)
+            return
+        segment = RowSegment(k, n, source.size(k, n), slot)
+        lineage.append(segment)
+        self.copier.copy(segment, source)
 
     def clear(self) -> None:
         self.cache.clear()

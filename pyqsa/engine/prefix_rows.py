@@ -11,7 +11,9 @@ into pinned memory) and copied into the head by the same worker (`HeadFill`), be
 
 Rows come in segments of positions [start, end). The snapshots of one slot's sequence share them:
 a snapshot at n copies only the positions since the slot's last segment, so a prompt's stride
-snapshots hold its K/V once, not once per stride.
+snapshots hold its K/V once, not once per stride. A prompt's rows are also copied while it is
+computed, every few thousand positions (a segment of its own, `Runner.rows`: no head), so the
+snapshot where it ends, taken most often while other slots decode, has few left to copy.
 """
 
 from __future__ import annotations

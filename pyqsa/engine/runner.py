@@ -92,6 +92,11 @@ class Runner(Protocol):
         thread while the slot only grows (native.SeqRows, prefix_rows.py)."""
         ...
 
+    def rows(self, slot: int) -> RowSource:
+        """Where the rows of the slot's positions are now, without a head: a prompt's rows are
+        copied while it goes on, ahead of its next snapshot (native.SeqRows)."""
+        ...
+
     def restore(
         self, slot: int, head: bytes | np.ndarray, segments: Sequence[tuple[int, int, object]]
     ) -> None:
@@ -449,9 +454,18 @@ class LlamaRunner:
             raise RunnerError(str(e)) from None
         if stage is not None:
             rows.staged(stage, self._free_stages.put)
+        return head, self._read_through(rows)
+
+    def rows(self, slot: int) -> native.SeqRows:
+        try:
+            return self._read_through(native.seq_rows_open(self.ctx, slot))
+        except native.NativeError as e:
+            raise RunnerError(str(e)) from None
+
+    def _read_through(self, rows: native.SeqRows) -> native.SeqRows:
         if self._reader is not None:
             rows.read_through(self._reader)  # (the copier's thread alone reads rows)
-        return head, rows
+        return rows
 
     def _stage(self) -> native.SeqStage | None:
         """A free stage for a snapshot's head; a new one while there are fewer than slots (the

@@ -95,6 +95,7 @@ class FakeRunner:
         self.fill_gate = threading.Event()  # fills wait for it
         self.fill_gate.set()
         self.filled = 0
+        self.opened = 0  # rows opened without a snapshot (copied ahead)
 
     @property
     def cached(self) -> dict[int, int]:
@@ -141,6 +142,10 @@ class FakeRunner:
             return _head(tokens), FakeRows(self, slot, tokens)
         head = bytearray(HEAD_BYTES)
         return head, FakeRows(self, slot, tokens, head)
+
+    def rows(self, slot: int) -> FakeRows:
+        self.opened += 1
+        return FakeRows(self, slot, list(self.content.get(slot, [])))
 
     def restore(self, slot: int, head: bytes, segments) -> None:
         self._writes(slot, 0, "a restore")

@@ -235,6 +235,45 @@ def test_stride_snapshots_share_their_rows_and_serve_a_divergent_prompt():
     assert runner.batches[0] == [(1, 8, tuple(prompt[8:12]) + (40, 41))]
 
 
+def test_a_prompts_rows_are_copied_while_it_is_computed():
+    runner = FakeRunner()
+    runner.copy_gate.clear()  # the copies ahead are in flight while the prompt goes on
+    e = engine(runner, prefix_rows_ahead=6, max_batch_tokens=4)
+    sink = Collector()
+    prompt = list(range(1, 21))
+    e.submit(prompt, GREEDY, sink)
+    assert sink.first.wait(5)  # the prompt went on and ended, its copies waiting
+    assert runner.opened == 2  # after 8 and 16 positions, not at 4 and 12
+    runner.copy_gate.set()
+    sink.wait()
+    idle(e)
+    # the prompt's snapshot copied only [16, 20); its reply's [20, 23); each position once
+    (entry,) = [en for en in e.prefix.cache.entries() if en.n_tokens == 20]
+    assert [(s.start, s.end) for s in entry.segments] == [(0, 8), (8, 16), (16, 20)]
+    assert e.stats().prefix.bytes == entry_bytes(20) + entry_bytes(23) + 23 * BYTES_PER_TOKEN
+    run(e, [50, 51, 52, 53], ONE)  # slot 1
+    run(e, [60, 61, 62, 63], ONE)  # slot 0, the least recently used, emptied
+    fin, _ = run(e, prompt + [98, 99])  # restored from the rows copied ahead and at the end
+    assert fin.cached_tokens == 20 and runner.restored == [(1, 20)]
+
+
+def test_a_prompt_cancelled_while_its_rows_are_copied_ahead_leaves_nothing():
+    hold = threading.Event()  # passes wait for it once a copy ahead was asked for
+    runner = FakeRunner(hook=lambda chunks: runner.opened and hold.wait(5))
+    runner.copy_gate.clear()
+    e = engine(runner, n_slots=1, prefix_rows_ahead=4, max_batch_tokens=4)
+    sink = Collector()
+    rid = e.submit(list(range(1, 41)), GREEDY, sink)
+    until(lambda: runner.opened >= 1)
+    e.cancel(rid)
+    hold.set()
+    threading.Timer(0.2, runner.copy_gate.set).start()
+    fin, _ = run(e, [70, 71, 72, 73], ONE)  # its slot emptied once the copies end
+    assert fin.reason is FinishReason.LENGTH
+    assert lengths(e) == [4]
+    until(lambda: e.prefix.copier.pending() == 0)
+
+
 def test_copies_in_flight_stall_no_slot_and_end_before_their_rows_are_written():
     runner = FakeRunner()
     runner.copy_gate.clear()  # every copy of rows waits

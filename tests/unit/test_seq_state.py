@@ -79,7 +79,8 @@ def test_a_loaded_sequence_continues_bit_for_bit(context):
     c.prefill(0, PREFIX)
     head, rows = native.seq_state_save(c.ctx, 0)
     n = len(PREFIX)
-    assert rows.n_tokens == n
+    with pytest.raises(native.NativeError):
+        rows.size(0, n + 1)  # past the positions saved
     want = c.continue_(0)
     # the rows are copied only after the sequence went on (as the prefix cache's copier does):
     # by many blocks, whose keys the unpaged indexer cache keeps in rows below n
@@ -96,6 +97,30 @@ def test_a_loaded_sequence_continues_bit_for_bit(context):
     L.llama_memory_seq_rm(c.mem, 1, -1, -1)
     native.seq_state_load(c.ctx, 1, head, segments)
     assert L.llama_memory_seq_pos_max(c.mem, 1) == len(PREFIX) - 1
+    got = c.continue_(1)
+    assert all(np.array_equal(w, g) for w, g in zip(want, got, strict=True))
+
+
+def test_rows_opened_ahead_of_a_save_join_its_own(context):
+    """The rows of a growing sequence's first positions, through a handle opened before its save
+    (pyqsa_seq_rows_open: no head), and the save's rows of the rest make the saved state."""
+    c = context
+    c.prefill(0, PREFIX[:64])
+    early = native.seq_rows_open(c.ctx, 0)
+    with pytest.raises(native.NativeError):
+        early.size(0, 65)
+    c.feed(0, 64, PREFIX[64:])
+    head, rows = native.seq_state_save(c.ctx, 0)
+    n = len(PREFIX)
+    want = c.continue_(0)
+    grow(c, 0, n + len(NEXT))
+    segments = [(0, 64, early.get(0, 64)), (64, n, rows.get(64, n))]
+    assert len(segments[0][2]) == early.size(0, 64) == rows.size(0, 64)
+    assert np.array_equal(segments[0][2], rows.get(0, 64))
+    early.close()
+    rows.close()
+    L.llama_memory_seq_rm(c.mem, 1, -1, -1)
+    native.seq_state_load(c.ctx, 1, head, segments)
     got = c.continue_(1)
     assert all(np.array_equal(w, g) for w, g in zip(want, got, strict=True))
 
