@@ -30,17 +30,20 @@ def new_tokens(n: int, salt: int) -> list[int]:
     return [int(t) for t in np.random.default_rng(salt).integers(200, 20000, n)]
 
 
-def start(demo_llama, budget: int, hot_blocks: int = 0, n_slots: int = 8):
+def start(demo_llama, budget: int, hot_blocks: int = 0, n_slots: int = 8, **kw):
     path, model = demo_llama
     config = EngineConfig(
         path,
-        n_slots=n_slots,
-        ctx_per_slot=512,
-        max_batch_tokens=128,
-        n_threads=2,
-        hot_blocks=hot_blocks,
-        prefix_cache_bytes=budget,
-        prefix_stride=STRIDE,
+        **{
+            "n_slots": n_slots,
+            "ctx_per_slot": 512,
+            "max_batch_tokens": 128,
+            "n_threads": 2,
+            "hot_blocks": hot_blocks,
+            "prefix_cache_bytes": budget,
+            "prefix_stride": STRIDE,
+            **kw,
+        },
     )
     return load_engine(config, model)[0]
 
@@ -238,6 +241,30 @@ def test_copies_in_flight_change_no_answer(demo_llama, cold, hot_blocks):
         assert e.stats().prefix.starts == {"continue": 1, "resume": 0, "restore": 1}
     finally:
         e.stop()
+
+
+@pytest.mark.parametrize("hot_blocks", [0, 8], ids=["unpaged", "paged"])
+def test_rows_copied_ahead_change_no_answer(demo_llama, hot_blocks):
+    """A prompt computed in chunks of 32 has its rows copied every 40 positions or more while it
+    goes on (`pyqsa_seq_rows_open`: no head), at 64 and 128; its snapshot at 150 copies the rest:
+    a follow-up restored from those rows in another slot answers as without the cache (chunked
+    the same: a prompt's chunks round as their passes do)."""
+    kw = {"n_slots": 2, "max_batch_tokens": 32, "prefix_stride": 4096}
+    e = start(demo_llama, 64 << 20, hot_blocks, prefix_rows_ahead=40, **kw)
+    plain = start(demo_llama, 0, hot_blocks, **kw)
+    try:
+        run(e, PROMPT, SamplingParams(temperature=0, max_tokens=1))
+        (entry,) = [en for en in e.prefix.cache.entries() if en.n_tokens == len(PROMPT)]
+        assert [(s.start, s.end) for s in entry.segments] == [(0, 64), (64, 128), (128, 150)]
+        for other in (new_tokens(40, 13), new_tokens(40, 14)):  # both slots taken: emptied
+            run(e, other, SamplingParams(temperature=0, max_tokens=1))
+        follow = PROMPT + new_tokens(20, 15)
+        got, n = run(e, follow, GREEDY)
+        assert n == len(PROMPT) and got == run(plain, follow, GREEDY)[0]
+        assert e.stats().prefix.starts["restore"] == 1
+    finally:
+        e.stop()
+        plain.stop()
 
 
 def test_the_stages_of_snapshot_heads_are_made_with_the_context(demo_llama, cold):
