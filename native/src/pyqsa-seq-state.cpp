@@ -28,7 +28,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -537,11 +536,7 @@ int32_t pyqsa_rows_reader_new(void * ctx_v, pyqsa_rows_reader ** out) {
     if (queue == nullptr) {
         return PYQSA_ERR_OUT_OF_MEMORY;
     }
-    size_t reader_bytes = 16u << 20;
-    if (const char * v = std::getenv("PYQSA_ROWS_READER_MIB")) {  // EXPERIMENT
-        reader_bytes = (size_t) std::max(1, std::atoi(v)) << 20;
-    }
-    ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(ggml_backend_dev_host_buffer_type(dev), reader_bytes);
+    ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(ggml_backend_dev_host_buffer_type(dev), 16u << 20);
     ggml_backend_event_t  ev0 = ggml_backend_event_new(dev), ev1 = ggml_backend_event_new(dev);
     if (buf == nullptr || ev0 == nullptr || ev1 == nullptr) {
         ggml_backend_event_free(ev0);
