@@ -195,10 +195,10 @@ ggml_backend_t stage_queue(llama_context & ctx, ggml_backend_dev_t dev) {
     return nullptr;
 }
 
-// llama_memory_hybrid_idx::state_write's order (which its state_read reads) of the sequence's
-// n_tokens positions into w, then with
-// paging the tail block's rows and the block keys' series; with h, the sections' offsets in it.
-// Returns the number of llama.cpp's series (the first of w.rows).
+// The sequence's n_tokens positions into w in llama_memory_hybrid_idx::state_write's order (which
+// its state_read reads), then with paging the tail block's rows and the block keys' series; with
+// h, the recurrent section too and the sections' offsets in h. Returns the number of llama.cpp's
+// series (the first of w.rows).
 uint32_t walk(llama_context * ctx, llama_memory_hybrid_idx & mem, int32_t seq_id, uint32_t n_tokens, writer & w,
               header * h) {
     mem.get_mem_attn()->state_write(w, seq_id, 0);

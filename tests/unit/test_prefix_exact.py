@@ -245,17 +245,18 @@ def test_copies_in_flight_change_no_answer(demo_llama, cold, hot_blocks):
 
 @pytest.mark.parametrize("hot_blocks", [0, 8], ids=["unpaged", "paged"])
 def test_rows_copied_ahead_change_no_answer(demo_llama, hot_blocks):
-    """A prompt computed in chunks of 32 has its rows copied every 40 positions or more while it
-    goes on (`pyqsa_seq_rows_open`: no head), at 64 and 128; its snapshot at 150 copies the rest:
-    a follow-up restored from those rows in another slot answers as without the cache (chunked
-    the same: a prompt's chunks round as their passes do)."""
-    kw = {"n_slots": 2, "max_batch_tokens": 32, "prefix_stride": 4096}
+    """A prompt computed in chunks of 25 has its rows copied every 40 positions or more while it
+    goes on (`pyqsa_seq_rows_open`: no head), at 50 (inside a block of 4: its key comes with the
+    next segment) and 100; its snapshot at 150 copies the rest: a follow-up restored from those
+    rows in another slot answers as without the cache (chunked the same: a prompt's chunks round
+    as their passes do)."""
+    kw = {"n_slots": 2, "max_batch_tokens": 25, "prefix_stride": 4096}
     e = start(demo_llama, 64 << 20, hot_blocks, prefix_rows_ahead=40, **kw)
     plain = start(demo_llama, 0, hot_blocks, **kw)
     try:
         run(e, PROMPT, SamplingParams(temperature=0, max_tokens=1))
         (entry,) = [en for en in e.prefix.cache.entries() if en.n_tokens == len(PROMPT)]
-        assert [(s.start, s.end) for s in entry.segments] == [(0, 64), (64, 128), (128, 150)]
+        assert [(s.start, s.end) for s in entry.segments] == [(0, 50), (50, 100), (100, 150)]
         for other in (new_tokens(40, 13), new_tokens(40, 14)):  # both slots taken: emptied
             run(e, other, SamplingParams(temperature=0, max_tokens=1))
         follow = PROMPT + new_tokens(20, 15)
