@@ -371,6 +371,15 @@ void resume(llama_context * ctx, int32_t seq_id, const uint8_t * head, size_t si
     }
 }
 
+// the bytes of the segment [start, end) of rows (start <= end <= their length)
+size_t segment_bytes(const pyqsa_seq_rows & rows, uint32_t start, uint32_t end) {
+    std::vector<series_desc> table;
+    for (const series & s : rows.s) {
+        table.push_back(s.d);
+    }
+    return segment_offset(table, table.size(), start, end);
+}
+
 bool valid(const void * ctx_v, int32_t seq_id) {
     if (ctx_v == nullptr || seq_id < 0) {
         return false;
@@ -488,11 +497,7 @@ int32_t pyqsa_seq_rows_get(const pyqsa_seq_rows * rows, uint32_t start, uint32_t
     if (rows == nullptr || dst == nullptr) {
         return PYQSA_ERR_INVALID_ARG;
     }
-    std::vector<series_desc> table;
-    for (const series & s : rows->s) {
-        table.push_back(s.d);
-    }
-    if (start > end || end > rows->n_tokens || cap < segment_offset(table, table.size(), start, end)) {
+    if (start > end || end > rows->n_tokens || cap < segment_bytes(*rows, start, end)) {
         return PYQSA_ERR_OUT_OF_RANGE;
     }
     auto * out = static_cast<uint8_t *>(dst);
@@ -585,10 +590,7 @@ int32_t pyqsa_seq_rows_bytes(const pyqsa_seq_rows * rows, uint32_t start, uint32
     if (start > end || end > rows->n_tokens) {
         return PYQSA_ERR_OUT_OF_RANGE;
     }
-    *size = 0;
-    for (const series & s : rows->s) {
-        *size += s.d.row_bytes * (end / s.d.ratio - start / s.d.ratio);
-    }
+    *size = segment_bytes(*rows, start, end);
     return PYQSA_OK;
 }
 
