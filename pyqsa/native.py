@@ -237,11 +237,12 @@ def cuda_stack_reserve(device: int, min_per_thread: int) -> bool:
 
 
 class SeqRows:
-    """Where a saved sequence's rows are (pyqsa_seq_rows in pyqsa.h): `get` copies a segment on
-    any thread, as long as the sequence's cells of those positions are not written meanwhile (it
-    may grow, not be removed, shortened or loaded into). `close` frees the handle. A head saved
-    through a stage (`staged`) is whole, and its rows may be read, after `fill_head` (any
-    thread), which hands the stage back through `release`; `close` drops an unfilled one."""
+    """Where a sequence's rows are (pyqsa_seq_rows in pyqsa.h), from a save or opened without a
+    head (seq_rows_open): `get` copies a segment on any thread, as long as the sequence's cells
+    of those positions are not written meanwhile (it may grow, not be removed, shortened or
+    loaded into). `close` frees the handle. A head saved through a stage (`staged`) is whole, and
+    its rows may be read, after `fill_head` (any thread), which hands the stage back through
+    `release`; `close` drops an unfilled one."""
 
     def __init__(self, ptr, head: bytes | np.ndarray | None = None) -> None:
         self._ptr = ptr

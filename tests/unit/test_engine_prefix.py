@@ -257,6 +257,11 @@ def test_a_prompts_rows_are_copied_while_it_is_computed():
     assert fin.cached_tokens == 20 and runner.restored == [(1, 20)]
 
 
+def test_rows_copied_ahead_need_a_positive_interval():
+    with pytest.raises(ValueError, match="prefix_rows_ahead must be >= 1, got 0"):
+        EngineConfig("fake.gguf", prefix_rows_ahead=0)
+
+
 def test_a_prompt_cancelled_while_its_rows_are_copied_ahead_leaves_nothing():
     hold = threading.Event()  # passes wait for it once a copy ahead was asked for
     runner = FakeRunner(hook=lambda chunks: runner.opened and hold.wait(5))

@@ -258,6 +258,9 @@ def test_prefix_cache_flags_refuse_what_is_no_size():
             ("--prefix-cache-gib", "inf"),
             ("--prefix-cache-stride", "0"),
             ("--prefix-cache-stride", "4K"),
+            ("--prefix-cache-copy-ahead", "0"),
+            ("--prefix-cache-copy-ahead", "-3"),
+            ("--prefix-cache-copy-ahead", "4K"),
         ),
     ):
         r = CliRunner().invoke(main, [cmd, flag, value], env=NO_ENV_KEY)
