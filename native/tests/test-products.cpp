@@ -104,14 +104,14 @@ product_data make_data(const product_case & c, std::mt19937 & rng) {
     return d;
 }
 
-// the products in double, x rounded to the weights' type first as the CPU backend does (round_x),
-// or x as it is
-std::vector<float> reference(const product_case & c, const product_data & d, bool round_x = true) {
+// the products in double, x rounded to x_type first (GGML_TYPE_F32: x as it is); the CPU backend
+// rounds x to f16 and bf16 weights' own type
+std::vector<float> reference(const product_case & c, const product_data & d, ggml_type x_type) {
     std::vector<float> xr(d.x);
-    if (round_x) {
-        std::vector<uint8_t> tmp(ggml_row_size(c.type, (int64_t) d.x.size()));
-        ggml_get_type_traits_cpu(c.type)->from_float(d.x.data(), tmp.data(), (int64_t) d.x.size());
-        ggml_get_type_traits(c.type)->to_float(tmp.data(), xr.data(), (int64_t) d.x.size());
+    if (x_type != GGML_TYPE_F32) {
+        std::vector<uint8_t> tmp(ggml_row_size(x_type, (int64_t) d.x.size()));
+        ggml_get_type_traits_cpu(x_type)->from_float(d.x.data(), tmp.data(), (int64_t) d.x.size());
+        ggml_get_type_traits(x_type)->to_float(tmp.data(), xr.data(), (int64_t) d.x.size());
     }
     std::vector<float> out(c.n_out * c.n_used * c.n_tok);
     for (int64_t t = 0; t < c.n_tok; ++t)
@@ -162,21 +162,28 @@ std::vector<float> run(ggml_backend_t be, const product_case & c, const product_
     return run_op<float>(be, make, upload, supported);
 }
 
-// the ways CUDA can run a case: {variable, value set for it, its CUDA-vs-CPU bound, whether it is
-// held to the unrounded-x reference instead of the CPU}, pyqsa's own first (no variable). f16 sums
-// (MUL_MAT of f16 weights, upstream's way; upstream's MMVF at one column too) meet only a loose bound, enough
-// to catch a wrong row or expert.
+// the ways CUDA can run a case: {variable, value set for it, its bound, against what: the CPU
+// (GGML_TYPE_COUNT) or the reference of x rounded to that type (GGML_TYPE_F32: unrounded)}, pyqsa's
+// own first (no variable). f16 sums (MUL_MAT of f16 weights, upstream's way; upstream's MMVF at one
+// column too) and x in 8 bits (quantized weights on the CPU and on upstream's MMVQ) meet only a
+// loose bound, enough to catch a wrong row or expert.
 struct product_way {
     const char * var;
     const char * value;
     double       bound;
-    bool         vs_unrounded_x = false;
+    ggml_type    ref_x = GGML_TYPE_COUNT;
 };
 
 // a decode step's product: f16 weights, 1-8 columns (the gemv's, but for narrow one-column
 // MUL_MATs)
 bool decode_step(const product_case & c) {
     return c.type == GGML_TYPE_F16 && c.n_tok <= 8;
+}
+
+// the CPU backend's products of quantized weights round x to 8 bits (q8_0, q8_K): against the
+// reference of the unrounded x within 1e-3 (~2e-5 here), where a wrong block scale is ~0.1
+bool quantized(const product_case & c) {
+    return ggml_is_quantized(c.type);
 }
 
 // the gemv's one-column share that keeps x in f32: MUL_MATs wide enough for it on a GPU of up to
@@ -186,8 +193,17 @@ bool one_column_f32_x(const product_case & c) {
 }
 
 std::vector<product_way> ways(const product_case & c) {
+    if (quantized(c)) {
+        // the gemv's (gemv-weights.cuh: each weight rounded to f16 once, ~1e-7 here; a quant one off
+        // in a q8_0 block is ~4e-4) where it takes the case: x in f32 at one column (wide MUL_MATs and
+        // experts), rounded to f16 at 2-8; upstream's MMVQ rounds x to 8 bits
+        const bool gemv = c.n_tok >= 2 || c.n_expert > 0 || c.n_out >= 8192;
+        const product_way ours = gemv ? product_way{ nullptr, nullptr, 1e-6, c.n_tok == 1 ? GGML_TYPE_F32 : GGML_TYPE_F16 }
+                                      : product_way{ nullptr, nullptr, 1e-3 };
+        return { ours, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", 1e-3 } };
+    }
     if (one_column_f32_x(c)) {
-        return { { nullptr, nullptr, 1e-10, true }, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", 1e-4 } };
+        return { { nullptr, nullptr, 1e-10, GGML_TYPE_F32 }, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", 1e-4 } };
     }
     if (decode_step(c) && c.n_tok >= 2) {  // upstream's per-channel products: MMVF, f16 sums
         return { { nullptr, nullptr, 1e-9 }, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", c.per_channel ? 1e-3 : 1e-9 } };
@@ -310,7 +326,7 @@ void check_groups(const char * only_backend, ggml_backend_t cpu, std::mt19937 & 
             product_data d = w.back();
             d.x            = x;
             for (auto & v : d.x) v *= c.hazard && w.size() > 1 ? 0.5f : 1.0f;
-            const std::vector<float> r = reference(pc, d);
+            const std::vector<float> r = reference(pc, d, pc.type);
             ref.insert(ref.end(), r.begin(), r.end());
         }
         uint64_t counts[2];
@@ -390,22 +406,49 @@ int cmd_test(const char * only_backend) {
         { GGML_TYPE_F16, 128, 256, 64, 6, 8, 1, false },
         { GGML_TYPE_F16, 1024, 512, 64, 8, 8, 1, false },
         { GGML_TYPE_F16, 512, 1024, 64, 8, 8, 8, false },
+        // quantized weights (gemv-weights.cuh), the types of pyqsa quantize's files: Q4_K_M's q4_K
+        // and q6_K, Q5_K_M's q5_K, Q8_0's (and the GDN gates') q8_0. Decode steps of one sequence
+        // (a wide MUL_MAT, the experts; a narrow MUL_MAT stays on MMVQ) and of 2-8: 4 warps a CTA,
+        // K over clusters of 4 and 8 (each CTA's share starting inside a 256-weight block), experts
+        // skewed, q8_0 rows of K not a multiple of 256 (rows past a CTA's)
+        { GGML_TYPE_Q4_K, 2560, 12288, 0, 1, 1, 1, false },
+        { GGML_TYPE_Q4_K, 2560, 512, 8, 2, 1, 1, false },
+        { GGML_TYPE_Q4_K, 512, 2560, 8, 2, 1, 2, false },
+        { GGML_TYPE_Q4_K, 2560, 4096, 0, 1, 1, 1, false },
+        { GGML_TYPE_Q4_K, 2560, 12288, 0, 1, 8, 1, false },
+        { GGML_TYPE_Q4_K, 2560, 1024, 0, 1, 8, 1, false },
+        { GGML_TYPE_Q4_K, 2560, 512, 8, 2, 8, 1, false },
+        { GGML_TYPE_Q4_K, 512, 2560, 8, 2, 7, 2, true },
+        { GGML_TYPE_Q5_K, 10240, 324, 0, 1, 8, 1, false },
+        { GGML_TYPE_Q5_K, 2560, 512, 8, 2, 1, 1, false },
+        { GGML_TYPE_Q5_K, 512, 2560, 8, 2, 4, 2, false },
+        { GGML_TYPE_Q6_K, 2560, 8192, 0, 1, 1, 1, false },
+        { GGML_TYPE_Q6_K, 512, 2560, 8, 2, 1, 2, false },
+        { GGML_TYPE_Q6_K, 2560, 8192, 0, 1, 8, 1, false },
+        { GGML_TYPE_Q6_K, 512, 2560, 8, 2, 8, 2, false },
+        { GGML_TYPE_Q8_0, 2560, 8192, 0, 1, 1, 1, false },
+        { GGML_TYPE_Q8_0, 2560, 512, 8, 2, 1, 1, false },
+        { GGML_TYPE_Q8_0, 2560, 12288, 0, 1, 8, 1, false },
+        { GGML_TYPE_Q8_0, 1056, 300, 0, 1, 5, 1, false },
+        { GGML_TYPE_Q8_0, 512, 2560, 8, 2, 8, 2, false },
     };
     for (const product_case & c : cases) {
         const product_data d = make_data(c, rng);
-        const std::vector<float> ref = reference(c, d);
-        const std::vector<float> ref_x = one_column_f32_x(c) ? reference(c, d, false) : std::vector<float>();
+        const std::vector<float> ref = reference(c, d, quantized(c) ? GGML_TYPE_F32 : c.type);
         bool supported = false;
         const std::vector<float> out_cpu = run(cpu, c, d, &supported);
         const double e_cpu = supported ? nmse(out_cpu, ref) : INFINITY;
-        report(c.name(), "CPU", "vs reference: nmse " + sci(e_cpu) + " ", supported && e_cpu < 1e-9, n_ok, n_fail);
+        report(c.name(), "CPU", "vs reference: nmse " + sci(e_cpu) + " ", supported && e_cpu < (quantized(c) ? 1e-3 : 1e-9),
+               n_ok, n_fail);
         for (const product_way & w : ways(c)) {
             if (w.var) setenv(w.var, w.value, 1);
             on_other_backends(only_backend, c.name() + way_name(w), n_ok, n_fail, [&](ggml_backend_t be) {
                 bool ok = false;
                 const std::vector<float> out = run(be, c, d, &ok);
-                const double e = ok ? nmse(out, w.vs_unrounded_x ? ref_x : out_cpu) : INFINITY;
-                const std::string against = w.vs_unrounded_x ? "vs reference of unrounded x: nmse " : "vs CPU: nmse ";
+                const bool        vs_cpu = w.ref_x == GGML_TYPE_COUNT;
+                const double      e      = !ok ? INFINITY : nmse(out, vs_cpu ? out_cpu : reference(c, d, w.ref_x));
+                const std::string against = vs_cpu ? "vs CPU: nmse "
+                                                   : std::string("vs reference of x in ") + ggml_type_name(w.ref_x) + ": nmse ";
                 return std::make_pair(ok && e < w.bound, ok ? against + sci(e) + " " : std::string("not supported "));
             });
             if (w.var) unsetenv(w.var);
@@ -420,7 +463,7 @@ int cmd_test(const char * only_backend) {
 double weight_bytes_read(const product_case & c, const std::vector<int32_t> & ids) {
     std::vector<bool> used(std::max<int64_t>(c.n_expert, 1), false);
     for (int32_t e : ids) used[e] = true;
-    return 2.0 * c.n_in * c.n_out * (double) std::count(used.begin(), used.end(), true);
+    return (double) ggml_row_size(c.type, c.n_in) * c.n_out * (double) std::count(used.begin(), used.end(), true);
 }
 
 // products of a prefill batch or a decode step, each way; weights zero (a product's time does not depend on its
@@ -459,6 +502,18 @@ int cmd_perf(const char * only_backend) {
         { GGML_TYPE_F16, 2560, 512, 8, 2, 1, 1, false },
         { GGML_TYPE_F16, 512, 2560, 8, 2, 1, 2, false },
         { GGML_TYPE_F16, 2560, 512, 512, 10, 1, 1, false },
+        // the same decode steps of quantized weights: Q4_K_M's q4_K and q6_K, Q8_0's q8_0
+        { GGML_TYPE_Q4_K, 2560, 12288, 0, 1, 1, 1, false },
+        { GGML_TYPE_Q4_K, 2560, 12288, 0, 1, 8, 1, false },
+        { GGML_TYPE_Q4_K, 2560, 1024, 0, 1, 8, 1, false },
+        { GGML_TYPE_Q4_K, 2560, 512, 8, 2, 1, 1, false },
+        { GGML_TYPE_Q4_K, 2560, 512, 8, 2, 8, 1, false },
+        { GGML_TYPE_Q6_K, 512, 2560, 8, 2, 8, 2, false },
+        { GGML_TYPE_Q6_K, 2560, 151936, 0, 1, 1, 1, false },
+        { GGML_TYPE_Q6_K, 2560, 151936, 0, 1, 8, 1, false },
+        { GGML_TYPE_Q8_0, 2560, 12288, 0, 1, 1, 1, false },
+        { GGML_TYPE_Q8_0, 2560, 12288, 0, 1, 8, 1, false },
+        { GGML_TYPE_Q8_0, 2560, 512, 8, 2, 8, 1, false },
     };
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         ggml_backend_dev_t dev = ggml_backend_dev_get(i);
@@ -480,7 +535,7 @@ int cmd_perf(const char * only_backend) {
                     const double us = time_graph(be, g.gf, 50);
                     const double tflops = 2.0 * c.n_in * c.n_out * c.n_used * c.n_tok / us / 1e6;
                     // decode steps: the weights' bytes a run must read (every expert a token uses, once)
-                    const double gbs = decode_step(c) ? weight_bytes_read(c, ids) / us / 1e3 : 0.0;
+                    const double gbs = c.n_tok <= 8 ? weight_bytes_read(c, ids) / us / 1e3 : 0.0;
                     std::printf("  %s%s %s: %.1f us/run, %.1f TFLOP/s", c.name().c_str(), way_name(w).c_str(),
                                 ggml_backend_dev_name(dev), us, tflops);
                     std::printf(gbs > 0.0 ? ", %.0f GB/s of weights\n" : "\n", gbs);

@@ -1,4 +1,4 @@
-// f16 weights times 1-8 f32 columns (see gemv-f16.cuh). One column: grid (row blocks, n_used),
+// f16 or quantized weights (gemv-weights.cuh) times 1-8 f32 columns (see gemv-f16.cuh). One column: grid (row blocks, n_used),
 // WARPS warps a CTA, R rows a warp, a MUL_MAT being the case of one expert. 2-8 columns: grid
 // (blocks of 16 * RG rows times a cluster's CTAs, expert slots), the CTA's W warps (and the
 // cluster's CTAs) splitting K, on tensor cores. Either grid's row blocks may span several products
@@ -7,6 +7,7 @@
 #include "gemv-f16.cuh"
 
 #include "cluster-launch.cuh"
+#include "gemv-weights.cuh"
 #include "mma-ptx.cuh"
 
 #include <cooperative_groups.h>
@@ -19,7 +20,7 @@ constexpr int PREFETCH = 4;  // chunks of each of its rows a lane prefetches bef
 
 // one product of a launch: its weights, its result, and the first row block of the grid it takes
 struct gemv_part {
-    const char * w;  // F16 [K, N, n_expert]
+    const char * w;  // [K, N, n_expert] of the launch's type
     size_t       w_nb1;
     char *       dst;  // F32: the column of pair (t, u) at dst + t * d_nb2 + u * d_nb1
     size_t       d_nb1, d_nb2;
@@ -53,8 +54,9 @@ struct gemv_args {
 };
 
 // a row's sum: each lane's chunks in order, 8 products a chunk in order, then the warp's butterfly
-template <int R>
-__global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16(const gemv_args a) {
+template <ggml_type T, int R>
+__global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_one(const gemv_args a) {
+    using weights = gemv_weights<T>;
     const int       u        = blockIdx.y;
     const int       lane     = threadIdx.x % WARP_SIZE;
     const gemv_part pt       = part_of(a.parts, a.n_parts, blockIdx.x);
@@ -76,7 +78,7 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16(const gemv_args a)
             for (int i = 0; i < PREFETCH; ++i) {
                 const int c = lane + i * WARP_SIZE;
                 if (c < n_chunks) {
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(pt.w + row_off[r] + (size_t) c * 16));
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(pt.w + row_off[r] + weights::offset(c * CHUNK)));
                 }
             }
         }
@@ -96,7 +98,7 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_f16(const gemv_args a)
         uint4 v[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            v[r] = __ldcs((const uint4 *) (w + row_off[r]) + c);
+            v[r] = weights::load(w + row_off[r], c * CHUNK);
         }
         const float4 x0        = __ldg((const float4 *) (x + c * CHUNK));
         const float4 x1        = __ldg((const float4 *) (x + c * CHUNK) + 1);
@@ -156,8 +158,9 @@ struct cols_args : gemv_args {
 // W warps a CTA, 16 RG rows a CTA; SPLIT: K in equal shares over the CTAs of each cluster
 // (grid x: row blocks times the cluster's size), the cluster's first CTA adding their sums in
 // rank order
-template <int W, int RG, bool SPLIT>
-__global__ void __launch_bounds__(W * WARP_SIZE) gemv_f16_cols(const cols_args a) {
+template <ggml_type T, int W, int RG, bool SPLIT>
+__global__ void __launch_bounds__(W * WARP_SIZE) gemv_cols(const cols_args a) {
+    using weights = gemv_weights<T>;
     __shared__ int   pairs[MAX_SLOTS];  // the pairs (t * n_used + u) this CTA multiplies, in order
     __shared__ int   expert_of[MAX_SLOTS];
     __shared__ int   n_pairs, expert;
@@ -189,7 +192,7 @@ __global__ void __launch_bounds__(W * WARP_SIZE) gemv_f16_cols(const cols_args a
         for (int i = 0; i < RG; ++i) {
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(pt.w + row_off[i][j] + (size_t) (kbeg + warp * KB + t * 8) * 2));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(pt.w + row_off[i][j] + weights::offset(kbeg + warp * KB + t * 8)));
             }
         }
     }
@@ -268,7 +271,7 @@ __global__ void __launch_bounds__(W * WARP_SIZE) gemv_f16_cols(const cols_args a
             for (int i = 0; i < RG; ++i) {
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
-                    wv[i][j] = __ldcs((const uint4 *) (w + row_off[i][j] + (size_t) k * 2));
+                    wv[i][j] = weights::load(w + row_off[i][j], k);
                 }
             }
             uint32_t b[4] = {};
@@ -379,36 +382,54 @@ cols_form cols_form_of(cols_args a, int grid_y, int n_sm, bool clusters) {
     return f;
 }
 
-template <int W, int RG, bool SPLIT> void launch_form(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y, int S) {
+template <ggml_type T, int W, int RG, bool SPLIT>
+void launch_form(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y, int S) {
     const ggml_cuda_kernel_launch_params p(dim3(number_blocks(a, 16 * RG) * S, grid_y), dim3(W * WARP_SIZE), 0,
                                            ctx.stream());
     if constexpr (!SPLIT) {
-        ggml_cuda_kernel_launch(gemv_f16_cols<W, RG, false>, p, a);
+        ggml_cuda_kernel_launch(gemv_cols<T, W, RG, false>, p, a);
     } else {
-        pyqsa_cuda_cluster_launch(gemv_f16_cols<W, RG, true>, p, (unsigned) S, a);
+        pyqsa_cuda_cluster_launch(gemv_cols<T, W, RG, true>, p, (unsigned) S, a);
     }
 }
 
-void launch_cols(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y) {
+template <ggml_type T> void launch_cols(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y) {
     const int       n_sm = ggml_cuda_info().devices[ctx.device].nsm;
-    const cols_form f    = cols_form_of(a, grid_y, n_sm, pyqsa_cuda_clusters_on((const void *) gemv_f16_cols<8, 1, true>));
+    const cols_form f = cols_form_of(a, grid_y, n_sm, pyqsa_cuda_clusters_on((const void *) gemv_cols<T, 8, 1, true>));
     if (f.S > 1) {
-        launch_form<8, 1, true>(ctx, a, grid_y, f.S);
+        launch_form<T, 8, 1, true>(ctx, a, grid_y, f.S);
     } else if (f.W == 8) {
-        launch_form<8, 1, false>(ctx, a, grid_y, 1);
+        launch_form<T, 8, 1, false>(ctx, a, grid_y, 1);
     } else if (f.W == 4 && f.RG == 1) {
-        launch_form<4, 1, false>(ctx, a, grid_y, 1);
+        launch_form<T, 4, 1, false>(ctx, a, grid_y, 1);
     } else if (f.W == 4) {
-        launch_form<4, 2, false>(ctx, a, grid_y, 1);
+        launch_form<T, 4, 2, false>(ctx, a, grid_y, 1);
     } else if (f.RG == 2) {
-        launch_form<2, 2, false>(ctx, a, grid_y, 1);
+        launch_form<T, 2, 2, false>(ctx, a, grid_y, 1);
     } else {
-        launch_form<2, 4, false>(ctx, a, grid_y, 1);
+        launch_form<T, 2, 4, false>(ctx, a, grid_y, 1);
     }
 }
 
-bool aligned16(const void * p, size_t a, size_t b) {
-    return (((uintptr_t) p | a | b) % 16) == 0;
+// calls f(std::integral_constant<ggml_type, T>) for a type the gemv reads (gemv-weights.cuh) and
+// returns true, or returns false
+template <typename F> bool with_weights(ggml_type type, F && f) {
+    switch (type) {
+        case GGML_TYPE_F16: f(std::integral_constant<ggml_type, GGML_TYPE_F16>{}); return true;
+        case GGML_TYPE_Q8_0: f(std::integral_constant<ggml_type, GGML_TYPE_Q8_0>{}); return true;
+        case GGML_TYPE_Q4_K: f(std::integral_constant<ggml_type, GGML_TYPE_Q4_K>{}); return true;
+        case GGML_TYPE_Q5_K: f(std::integral_constant<ggml_type, GGML_TYPE_Q5_K>{}); return true;
+        case GGML_TYPE_Q6_K: f(std::integral_constant<ggml_type, GGML_TYPE_Q6_K>{}); return true;
+        default: return false;
+    }
+}
+
+void launch_cols(ggml_backend_cuda_context & ctx, ggml_type type, cols_args & a, int grid_y) {
+    with_weights(type, [&](auto t) { launch_cols<decltype(t)::value>(ctx, a, grid_y); });
+}
+
+bool aligned(const void * p, size_t a, size_t b, size_t to) {
+    return (((uintptr_t) p | a | b) % to) == 0;
 }
 
 // the most rows a warp takes that still gives every SM two CTAs
@@ -421,23 +442,33 @@ int rows_per_warp(int64_t N, int64_t grid_y, int n_sm) {
     return 1;
 }
 
-void launch(ggml_backend_cuda_context & ctx, gemv_args & a, int n_used, int r) {
+void launch(ggml_backend_cuda_context & ctx, ggml_type type, gemv_args & a, int n_used, int r) {
     const ggml_cuda_kernel_launch_params p(dim3(number_blocks(a, WARPS * r), n_used), dim3(WARPS * WARP_SIZE), 0,
                                            ctx.stream());
-    switch (r) {
-        case 4: ggml_cuda_kernel_launch(gemv_f16<4>, p, a); break;
-        case 2: ggml_cuda_kernel_launch(gemv_f16<2>, p, a); break;
-        default: ggml_cuda_kernel_launch(gemv_f16<1>, p, a); break;
-    }
+    with_weights(type, [&](auto t) {
+        constexpr ggml_type T = decltype(t)::value;
+        switch (r) {
+            case 4: ggml_cuda_kernel_launch(gemv_one<T, 4>, p, a); break;
+            case 2: ggml_cuda_kernel_launch(gemv_one<T, 2>, p, a); break;
+            default: ggml_cuda_kernel_launch(gemv_one<T, 1>, p, a); break;
+        }
+    });
 }
 
-// the checks every call makes: f16 rows of 16-byte chunks, f32 x in 16-byte columns, NVIDIA warps
+// the checks every call makes: weights of a type the gemv reads, whole blocks a row, aligned for
+// its loads; f32 x in 16-byte columns; NVIDIA warps
 bool takes(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_tensor * x, const ggml_tensor * dst) {
-    return pyqsa_cuda_gemv_on() && w->type == GGML_TYPE_F16 && x->type == GGML_TYPE_F32 && dst->type == GGML_TYPE_F32 &&
-           GGML_CUDA_CC_IS_NVIDIA(ggml_cuda_info().devices[ctx.device].cc) && w->ne[0] % CHUNK == 0 &&
-           w->ne[1] <= INT32_MAX && x->ne[0] == w->ne[0] && dst->ne[0] == w->ne[1] && w->nb[0] == sizeof(half) &&
-           x->nb[0] == sizeof(float) && dst->nb[0] == sizeof(float) && w->ne[3] == 1 && x->ne[3] == 1 &&
-           dst->ne[3] == 1 && aligned16(w->data, w->nb[1], w->nb[2]) && aligned16(x->data, x->nb[1], x->nb[2]);
+    int qk = 0, align = 0;
+    with_weights(w->type, [&](auto t) {
+        qk    = gemv_weights<decltype(t)::value>::qk;
+        align = gemv_weights<decltype(t)::value>::align;
+    });
+    return pyqsa_cuda_gemv_on() && qk > 0 && x->type == GGML_TYPE_F32 && dst->type == GGML_TYPE_F32 &&
+           GGML_CUDA_CC_IS_NVIDIA(ggml_cuda_info().devices[ctx.device].cc) && w->ne[0] % qk == 0 &&
+           w->ne[1] <= INT32_MAX && x->ne[0] == w->ne[0] && dst->ne[0] == w->ne[1] &&
+           w->nb[0] == ggml_type_size(w->type) && x->nb[0] == sizeof(float) && dst->nb[0] == sizeof(float) &&
+           w->ne[3] == 1 && x->ne[3] == 1 && dst->ne[3] == 1 && aligned(w->data, w->nb[1], w->nb[2], align) &&
+           aligned(x->data, x->nb[1], x->nb[2], 16);
 }
 
 // MUL_MATs dsts[i] = ws[i] x, i < n, of one x of T <= 8 columns, in one launch; false (nothing
@@ -453,7 +484,7 @@ bool launch_mul_mats(ggml_backend_cuda_context & ctx, const ggml_tensor * const 
     int64_t       rows = 0;
     for (int i = 0; i < n; ++i) {
         const ggml_tensor * w = ws[i];
-        if (!takes(ctx, w, x, dsts[i]) || w->ne[2] != 1 || x->ne[3 - dim] != 1 || dsts[i]->ne[dim] != T ||
+        if (!takes(ctx, w, x, dsts[i]) || w->type != ws[0]->type || w->ne[2] != 1 || x->ne[3 - dim] != 1 || dsts[i]->ne[dim] != T ||
             dsts[i]->ne[3 - dim] != 1 || (T >= 2 && w->ne[0] % KB != 0)) {
             return false;
         }
@@ -476,7 +507,7 @@ bool launch_mul_mats(ggml_backend_cuda_context & ctx, const ggml_tensor * const 
         a.x_nb2  = x->nb[dim];
         a.n_used = 1;
         a.n_tok  = (int) T;
-        launch_cols(ctx, a, 1);
+        launch_cols(ctx, ws[0]->type, a, 1);
         return true;
     }
     const int r = rows_per_warp(rows, 1, ggml_cuda_info().devices[ctx.device].nsm);
@@ -485,7 +516,7 @@ bool launch_mul_mats(ggml_backend_cuda_context & ctx, const ggml_tensor * const 
     }
     gemv_args a = {};
     fill(a);
-    launch(ctx, a, 1, r);
+    launch(ctx, ws[0]->type, a, 1, r);
     return true;
 }
 
@@ -540,7 +571,7 @@ bool pyqsa_cuda_gemv_id(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         a.ids_nb1 = ids->nb[1];
         a.n_used  = (int) n_used;
         a.n_tok   = (int) n_tok;
-        launch_cols(ctx, a, (int) std::min<int64_t>(n_used * n_tok, w->ne[2]));
+        launch_cols(ctx, w->type, a, (int) std::min<int64_t>(n_used * n_tok, w->ne[2]));
         return true;
     }
     if (!takes(ctx, w, x, dst) || ids->type != GGML_TYPE_I32 || ids->ne[1] != 1 || x->ne[2] != 1 ||
@@ -549,6 +580,6 @@ bool pyqsa_cuda_gemv_id(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     }
     gemv_args a = {};
     fill(a);
-    launch(ctx, a, (int) n_used, rows_per_warp(w->ne[1], n_used, ggml_cuda_info().devices[ctx.device].nsm));
+    launch(ctx, w->type, a, (int) n_used, rows_per_warp(w->ne[1], n_used, ggml_cuda_info().devices[ctx.device].nsm));
     return true;
 }

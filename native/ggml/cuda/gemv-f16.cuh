@@ -1,5 +1,7 @@
-// Products of f16 weights with 1-8 activation columns: a decode step of 1-8 sequences. Read by the
-// patched ggml-cuda.cu (ggml_patches/0015) before upstream's choice of kernel:
+// Products of f16 weights with 1-8 activation columns: a decode step of 1-8 sequences; quantized
+// weights (q8_0, q4_K, q5_K, q6_K) likewise, each block dequantized in registers into the same
+// f16 form (gemv-weights.cuh). Read by the patched ggml-cuda.cu (ggml_patches/0015) before
+// upstream's choice of kernel:
 //   MUL_MAT     dst [N, T] = w [K, N] x [K, T], T <= 8 (one column: N large enough for two rows
 //               a warp and two CTAs an SM); or one column a channel, dst [N, 1, T] = w x [K, 1, T]
 //   MUL_MAT_ID  dst [N, n_used, n_tok] = expert ids[u, t] of w [K, N, n_expert] times

@@ -1,0 +1,161 @@
+// The weights of pyqsa's gemv (gemv-f16.cu) by type: 8 weights of a row from element k (a
+// multiple of 8) as 4 half2 (k, k + 1) .. (k + 6, k + 7) in a uint4, the form both kernels take
+// (the one-column kernel sums them in f32, the 2-8 column one feeds them to m16n8k16 products).
+// A quantized block is dequantized in registers, each weight rounded to f16 once from its
+// quantized form (q exact in f16, the scales applied by one f16 product or fused multiply-add):
+// ~2^-11 of a weight, where the block's own rounding is 2^-5 (q4) to 2^-8 (q8) of its range.
+// Streaming loads (__ldcs): every weight is read once a step.
+#pragma once
+
+#include "ggml-cuda/common.cuh"
+
+template <ggml_type T> struct gemv_weights;
+
+namespace pyqsa_gemv_detail {
+
+__device__ __forceinline__ uint32_t ld16(const void * p) {
+    return __ldcs((const unsigned short *) p);
+}
+
+// 8 bytes at a 2-byte aligned address, little-endian, as two words
+__device__ __forceinline__ uint2 ld8_2(const uint8_t * p) {
+    return make_uint2(ld16(p) | ld16(p + 2) << 16, ld16(p + 4) | ld16(p + 6) << 16);
+}
+
+// bytes 0, 1 (hi: 2, 3) of v, each an unsigned value u < 1024, as half2 (1024 + u0, 1024 + u1):
+// 0x64 over each byte is the f16 of 1024 + the byte (1024's ulp is 1)
+__device__ __forceinline__ half2 biased_pair(uint32_t v, bool hi) {
+    const uint32_t h = __byte_perm(v, 0x64646464u, hi ? 0x4342 : 0x4140);
+    return *(const half2 *) &h;
+}
+
+__device__ __forceinline__ uint32_t bits(half2 h) {
+    return *(const uint32_t *) &h;
+}
+
+__device__ __forceinline__ half2 from_bits(uint32_t v) {
+    return *(const half2 *) &v;
+}
+
+// unsigned bytes u of v (4 weights' quants) as (u - bias) * scale, a uint4 half of `out`
+__device__ __forceinline__ void scaled(uint32_t v, half2 bias, half2 scale, uint32_t & lo, uint32_t & hi) {
+    lo = bits(__hmul2(__hsub2(biased_pair(v, false), bias), scale));
+    hi = bits(__hmul2(__hsub2(biased_pair(v, true), bias), scale));
+}
+
+// unsigned bytes u of v as u * scale - min
+__device__ __forceinline__ void scaled_min(uint32_t v, half2 scale, half2 min, uint32_t & lo, uint32_t & hi) {
+    const half2 b = __float2half2_rn(1024.0f);
+    lo = bits(__hfma2(__hsub2(biased_pair(v, false), b), scale, __hneg2(min)));
+    hi = bits(__hfma2(__hsub2(biased_pair(v, true), b), scale, __hneg2(min)));
+}
+
+// q4_K's and q5_K's 6-bit scale and min of sub-block j (llama.cpp's get_scale_min_k4)
+__device__ __forceinline__ void scale_min_k4(const uint8_t * s, int j, float & sc, float & m) {
+    const uint32_t a = s[j + 4], b = s[j], c = s[j & 3];
+    if (j < 4) {
+        sc = (float) (b & 63);
+        m  = (float) (a & 63);
+    } else {
+        sc = (float) ((a & 0xF) | (c >> 6) << 4);
+        m  = (float) ((a >> 4) | (b >> 6) << 4);
+    }
+}
+
+}  // namespace pyqsa_gemv_detail
+
+template <> struct gemv_weights<GGML_TYPE_F16> {
+    static constexpr int qk    = 8;   // weights of a block: K a multiple of it
+    static constexpr int align = 16;  // the loads' alignment: of the data and of every row
+    static __device__ __forceinline__ size_t offset(int k) { return (size_t) k * sizeof(half); }
+    static __device__ __forceinline__ uint4 load(const char * row, int k) { return __ldcs((const uint4 *) row + k / 8); }
+};
+
+// d * q, q int8: as unsigned bytes q + 128, so the bias is 1024 + 128
+template <> struct gemv_weights<GGML_TYPE_Q8_0> {
+    static constexpr int qk    = QK8_0;
+    static constexpr int align = 2;
+    static __device__ __forceinline__ size_t offset(int k) { return (size_t) (k / QK8_0) * sizeof(block_q8_0); }
+    static __device__ __forceinline__ uint4 load(const char * row, int k) {
+        using namespace pyqsa_gemv_detail;
+        const block_q8_0 * b = (const block_q8_0 *) row + k / QK8_0;
+        const uint32_t     d = ld16(&b->d);
+        const uint2        q = ld8_2((const uint8_t *) b->qs + k % QK8_0);
+        const half2        s = from_bits(d | d << 16);
+        const half2        bias = __float2half2_rn(1152.0f);
+        uint4              w;
+        scaled(q.x ^ 0x80808080u, bias, s, w.x, w.y);
+        scaled(q.y ^ 0x80808080u, bias, s, w.z, w.w);
+        return w;
+    }
+};
+
+// sub-block j = (k % 256) / 32 of 32 weights: d * sc_j * q - dmin * m_j, q the low (j even) or
+// high nibbles of qs[32 (j / 2) ..], 4 bits
+template <> struct gemv_weights<GGML_TYPE_Q4_K> {
+    static constexpr int qk    = QK_K;
+    static constexpr int align = 8;  // 144-byte blocks, qs at 16
+    static __device__ __forceinline__ size_t offset(int k) { return (size_t) (k / QK_K) * sizeof(block_q4_K); }
+    static __device__ __forceinline__ uint4 load(const char * row, int k) {
+        using namespace pyqsa_gemv_detail;
+        const block_q4_K * b = (const block_q4_K *) row + k / QK_K;
+        const int          j = k % QK_K / 32;
+        const uint2        q = __ldcs((const uint2 *) (b->qs + 32 * (j / 2) + k % 32));
+        const float2       dm = __half22float2(from_bits(__ldcs((const unsigned int *) b)));
+        float              sc, m;
+        scale_min_k4(b->scales, j, sc, m);
+        const int shift = 4 * (j % 2);
+        uint4     w;
+        scaled_min(q.x >> shift & 0x0F0F0F0Fu, __float2half2_rn(dm.x * sc), __float2half2_rn(dm.y * m), w.x, w.y);
+        scaled_min(q.y >> shift & 0x0F0F0F0Fu, __float2half2_rn(dm.x * sc), __float2half2_rn(dm.y * m), w.z, w.w);
+        return w;
+    }
+};
+
+// as q4_K with a fifth bit: bit j of qh[k % 32 ..]
+template <> struct gemv_weights<GGML_TYPE_Q5_K> {
+    static constexpr int qk    = QK_K;
+    static constexpr int align = 8;  // 176-byte blocks, qh at 16, qs at 48
+    static __device__ __forceinline__ size_t offset(int k) { return (size_t) (k / QK_K) * sizeof(block_q5_K); }
+    static __device__ __forceinline__ uint4 load(const char * row, int k) {
+        using namespace pyqsa_gemv_detail;
+        const block_q5_K * b  = (const block_q5_K *) row + k / QK_K;
+        const int          j  = k % QK_K / 32;
+        const uint2        q  = __ldcs((const uint2 *) (b->qs + 32 * (j / 2) + k % 32));
+        const uint2        qh = __ldcs((const uint2 *) (b->qh + k % 32));
+        const float2       dm = __half22float2(from_bits(__ldcs((const unsigned int *) b)));
+        float              sc, m;
+        scale_min_k4(b->scales, j, sc, m);
+        const int shift = 4 * (j % 2);
+        const uint32_t lo = (q.x >> shift & 0x0F0F0F0Fu) | (qh.x >> j & 0x01010101u) << 4;
+        const uint32_t hi = (q.y >> shift & 0x0F0F0F0Fu) | (qh.y >> j & 0x01010101u) << 4;
+        uint4 w;
+        scaled_min(lo, __float2half2_rn(dm.x * sc), __float2half2_rn(dm.y * m), w.x, w.y);
+        scaled_min(hi, __float2half2_rn(dm.x * sc), __float2half2_rn(dm.y * m), w.z, w.w);
+        return w;
+    }
+};
+
+// half n = (k % 256) / 128, quarter c of it, l = k % 32: d * sc * (q - 32), q 6 bits: the low
+// (c < 2) or high nibbles of ql[64 n + 32 (c % 2) + l ..] and bits 2c, 2c + 1 of qh[32 n + l ..],
+// sc = scales[8 n + l / 16 + 2 c]
+template <> struct gemv_weights<GGML_TYPE_Q6_K> {
+    static constexpr int qk    = QK_K;
+    static constexpr int align = 2;  // 210-byte blocks
+    static __device__ __forceinline__ size_t offset(int k) { return (size_t) (k / QK_K) * sizeof(block_q6_K); }
+    static __device__ __forceinline__ uint4 load(const char * row, int k) {
+        using namespace pyqsa_gemv_detail;
+        const block_q6_K * b  = (const block_q6_K *) row + k / QK_K;
+        const int          n  = k % QK_K / 128, c = k % 128 / 32, l = k % 32;
+        const uint2        ql = ld8_2(b->ql + 64 * n + 32 * (c % 2) + l);
+        const uint2        qh = ld8_2(b->qh + 32 * n + l);
+        const float        d  = __half2float(__ushort_as_half((unsigned short) ld16(&b->d)));
+        const half2        s  = __float2half2_rn(d * (float) b->scales[8 * n + l / 16 + 2 * c]);
+        const half2        bias = __float2half2_rn(1024.0f + 32.0f);
+        const int          lsh = 4 * (c / 2), hsh = 2 * c;
+        uint4              w;
+        scaled((ql.x >> lsh & 0x0F0F0F0Fu) | (qh.x >> hsh & 0x03030303u) << 4, bias, s, w.x, w.y);
+        scaled((ql.y >> lsh & 0x0F0F0F0Fu) | (qh.y >> hsh & 0x03030303u) << 4, bias, s, w.z, w.w);
+        return w;
+    }
+};
