@@ -431,6 +431,16 @@ int cmd_test(const char * only_backend) {
         { GGML_TYPE_Q8_0, 2560, 12288, 0, 1, 8, 1, false },
         { GGML_TYPE_Q8_0, 1056, 300, 0, 1, 5, 1, false },
         { GGML_TYPE_Q8_0, 512, 2560, 8, 2, 8, 2, false },
+        // the 32-weight blocks: Q4_K_M's q5_0 (a hyper-connection's up projection, K = 320: no
+        // 256-weight blocks), Q4_0 and Q5_0 files' and the _1 forms
+        { GGML_TYPE_Q5_0, 320, 10240, 0, 1, 1, 1, false },
+        { GGML_TYPE_Q5_0, 320, 10240, 0, 1, 8, 1, false },
+        { GGML_TYPE_Q4_0, 2560, 512, 8, 2, 1, 1, false },
+        { GGML_TYPE_Q4_0, 2560, 1024, 0, 1, 6, 1, false },
+        { GGML_TYPE_Q4_1, 2560, 8192, 0, 1, 1, 1, false },
+        { GGML_TYPE_Q4_1, 512, 2560, 8, 2, 8, 2, false },
+        { GGML_TYPE_Q5_1, 2560, 512, 8, 2, 1, 1, false },
+        { GGML_TYPE_Q5_1, 1056, 300, 0, 1, 3, 1, false },
     };
     for (const product_case & c : cases) {
         const product_data d = make_data(c, rng);
@@ -514,6 +524,8 @@ int cmd_perf(const char * only_backend) {
         { GGML_TYPE_Q8_0, 2560, 12288, 0, 1, 1, 1, false },
         { GGML_TYPE_Q8_0, 2560, 12288, 0, 1, 8, 1, false },
         { GGML_TYPE_Q8_0, 2560, 512, 8, 2, 8, 1, false },
+        { GGML_TYPE_Q5_0, 320, 10240, 0, 1, 1, 1, false },
+        { GGML_TYPE_Q5_0, 320, 10240, 0, 1, 8, 1, false },
     };
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         ggml_backend_dev_t dev = ggml_backend_dev_get(i);

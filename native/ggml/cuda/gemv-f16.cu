@@ -416,6 +416,10 @@ template <ggml_type T> void launch_cols(ggml_backend_cuda_context & ctx, cols_ar
 template <typename F> bool with_weights(ggml_type type, F && f) {
     switch (type) {
         case GGML_TYPE_F16: f(std::integral_constant<ggml_type, GGML_TYPE_F16>{}); return true;
+        case GGML_TYPE_Q4_0: f(std::integral_constant<ggml_type, GGML_TYPE_Q4_0>{}); return true;
+        case GGML_TYPE_Q4_1: f(std::integral_constant<ggml_type, GGML_TYPE_Q4_1>{}); return true;
+        case GGML_TYPE_Q5_0: f(std::integral_constant<ggml_type, GGML_TYPE_Q5_0>{}); return true;
+        case GGML_TYPE_Q5_1: f(std::integral_constant<ggml_type, GGML_TYPE_Q5_1>{}); return true;
         case GGML_TYPE_Q8_0: f(std::integral_constant<ggml_type, GGML_TYPE_Q8_0>{}); return true;
         case GGML_TYPE_Q4_K: f(std::integral_constant<ggml_type, GGML_TYPE_Q4_K>{}); return true;
         case GGML_TYPE_Q5_K: f(std::integral_constant<ggml_type, GGML_TYPE_Q5_K>{}); return true;

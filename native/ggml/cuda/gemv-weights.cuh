@@ -50,6 +50,17 @@ __device__ __forceinline__ void scaled_min(uint32_t v, half2 scale, half2 min, u
     hi = bits(__hfma2(__hsub2(biased_pair(v, true), b), scale, __hneg2(min)));
 }
 
+// bits o .. o + 3 of h (each 0 or 1) as bit 4 of bytes 0-3: the fifth bit of q5_0's and q5_1's quants
+__device__ __forceinline__ uint32_t fifth_bits(uint32_t h, int o) {
+    h >>= o;
+    return ((h & 1) | (h & 2) << 7 | (h & 4) << 14 | (h & 8) << 21) << 4;
+}
+
+// 8 bytes at a 4-byte aligned address
+__device__ __forceinline__ uint2 ld8_4(const uint8_t * p) {
+    return make_uint2(__ldcs((const unsigned int *) p), __ldcs((const unsigned int *) p + 1));
+}
+
 // q4_K's and q5_K's 6-bit scale and min of sub-block j (llama.cpp's get_scale_min_k4)
 __device__ __forceinline__ void scale_min_k4(const uint8_t * s, int j, float & sc, float & m) {
     const uint32_t a = s[j + 4], b = s[j], c = s[j & 3];
@@ -86,6 +97,80 @@ template <> struct gemv_weights<GGML_TYPE_Q8_0> {
         uint4              w;
         scaled(q.x ^ 0x80808080u, bias, s, w.x, w.y);
         scaled(q.y ^ 0x80808080u, bias, s, w.z, w.w);
+        return w;
+    }
+};
+
+// the 32-weight blocks (llama.cpp's q4_0 .. q5_1): weights o = k % 32 .. + 7 are the low (o < 16)
+// or high nibbles of qs[o % 16 ..], with q5's fifth bit o of qh; d (q - 8), d (q - 16) or d q + m
+template <> struct gemv_weights<GGML_TYPE_Q4_0> {
+    static constexpr int qk    = QK4_0;
+    static constexpr int align = 2;  // 18-byte blocks
+    static __device__ __forceinline__ size_t offset(int k) { return (size_t) (k / QK4_0) * sizeof(block_q4_0); }
+    static __device__ __forceinline__ uint4 load(const char * row, int k) {
+        using namespace pyqsa_gemv_detail;
+        const block_q4_0 * b = (const block_q4_0 *) row + k / QK4_0;
+        const int          o = k % QK4_0, shift = 4 * (o / 16);
+        const uint32_t     d = ld16(&b->d);
+        const uint2        q = ld8_2(b->qs + o % 16);
+        const half2        bias = __float2half2_rn(1024.0f + 8.0f);
+        uint4              w;
+        scaled(q.x >> shift & 0x0F0F0F0Fu, bias, from_bits(d | d << 16), w.x, w.y);
+        scaled(q.y >> shift & 0x0F0F0F0Fu, bias, from_bits(d | d << 16), w.z, w.w);
+        return w;
+    }
+};
+
+template <> struct gemv_weights<GGML_TYPE_Q4_1> {
+    static constexpr int qk    = QK4_1;
+    static constexpr int align = 4;  // 20-byte blocks
+    static __device__ __forceinline__ size_t offset(int k) { return (size_t) (k / QK4_1) * sizeof(block_q4_1); }
+    static __device__ __forceinline__ uint4 load(const char * row, int k) {
+        using namespace pyqsa_gemv_detail;
+        const block_q4_1 * b  = (const block_q4_1 *) row + k / QK4_1;
+        const int          o  = k % QK4_1, shift = 4 * (o / 16);
+        const half2        dm = from_bits(__ldcs((const unsigned int *) b));
+        const uint2        q  = ld8_4(b->qs + o % 16);
+        uint4              w;
+        scaled_min(q.x >> shift & 0x0F0F0F0Fu, __low2half2(dm), __hneg2(__high2half2(dm)), w.x, w.y);
+        scaled_min(q.y >> shift & 0x0F0F0F0Fu, __low2half2(dm), __hneg2(__high2half2(dm)), w.z, w.w);
+        return w;
+    }
+};
+
+template <> struct gemv_weights<GGML_TYPE_Q5_0> {
+    static constexpr int qk    = QK5_0;
+    static constexpr int align = 2;  // 22-byte blocks
+    static __device__ __forceinline__ size_t offset(int k) { return (size_t) (k / QK5_0) * sizeof(block_q5_0); }
+    static __device__ __forceinline__ uint4 load(const char * row, int k) {
+        using namespace pyqsa_gemv_detail;
+        const block_q5_0 * b = (const block_q5_0 *) row + k / QK5_0;
+        const int          o = k % QK5_0, shift = 4 * (o / 16);
+        const uint32_t     d = ld16(&b->d), h = ld16(b->qh) | ld16(b->qh + 2) << 16;
+        const uint2        q = ld8_2(b->qs + o % 16);
+        const half2        bias = __float2half2_rn(1024.0f + 16.0f);
+        uint4              w;
+        scaled((q.x >> shift & 0x0F0F0F0Fu) | fifth_bits(h, o), bias, from_bits(d | d << 16), w.x, w.y);
+        scaled((q.y >> shift & 0x0F0F0F0Fu) | fifth_bits(h, o + 4), bias, from_bits(d | d << 16), w.z, w.w);
+        return w;
+    }
+};
+
+template <> struct gemv_weights<GGML_TYPE_Q5_1> {
+    static constexpr int qk    = QK5_1;
+    static constexpr int align = 8;  // 24-byte blocks, qs at 8
+    static __device__ __forceinline__ size_t offset(int k) { return (size_t) (k / QK5_1) * sizeof(block_q5_1); }
+    static __device__ __forceinline__ uint4 load(const char * row, int k) {
+        using namespace pyqsa_gemv_detail;
+        const block_q5_1 * b  = (const block_q5_1 *) row + k / QK5_1;
+        const int          o  = k % QK5_1, shift = 4 * (o / 16);
+        const half2        dm = from_bits(__ldcs((const unsigned int *) b));
+        const uint32_t     h  = __ldcs((const unsigned int *) b->qh);
+        const uint2        q  = __ldcs((const uint2 *) (b->qs + o % 16));
+        uint4              w;
+        scaled_min((q.x >> shift & 0x0F0F0F0Fu) | fifth_bits(h, o), __low2half2(dm), __hneg2(__high2half2(dm)), w.x, w.y);
+        scaled_min((q.y >> shift & 0x0F0F0F0Fu) | fifth_bits(h, o + 4), __low2half2(dm), __hneg2(__high2half2(dm)), w.z,
+                   w.w);
         return w;
     }
 };
