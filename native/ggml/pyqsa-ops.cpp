@@ -459,6 +459,11 @@ struct ggml_tensor * pyqsa_ggml_rms_norm_gated(struct ggml_context * ctx, struct
     return as_op(result, PYQSA_GGML_OP_RMS_NORM_GATED, { x, w, z });
 }
 
+bool pyqsa_hc_weight_type(enum ggml_type type) {
+    return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 ||
+           (ggml_is_quantized(type) && ggml_get_type_traits(type)->to_float != nullptr);
+}
+
 struct ggml_tensor * pyqsa_ggml_hc_down(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * w_norm,
                                        struct ggml_tensor * w_down, struct ggml_tensor * w_inject, float eps,
                                        float scale) {
@@ -466,7 +471,7 @@ struct ggml_tensor * pyqsa_ggml_hc_down(struct ggml_context * ctx, struct ggml_t
     GGML_ASSERT(x->type == GGML_TYPE_F32 && ggml_is_contiguous(x) && x->ne[3] == 1);
     GGML_ASSERT(w_norm->type == GGML_TYPE_F32 && ggml_is_contiguous(w_norm));
     GGML_ASSERT(w_norm->ne[0] == n_embd && w_norm->ne[1] == hc && w_norm->ne[2] == 1 && w_norm->ne[3] == 1);
-    GGML_ASSERT(w_down->type == GGML_TYPE_F16 || w_down->type == GGML_TYPE_F32);
+    GGML_ASSERT(pyqsa_hc_weight_type(w_down->type));
     GGML_ASSERT(w_inject->type == w_down->type && ggml_is_contiguous(w_down) && ggml_is_contiguous(w_inject));
     GGML_ASSERT(w_down->ne[0] == n_embd * hc && w_down->ne[2] == 1 && w_down->ne[3] == 1);
     GGML_ASSERT(w_inject->ne[0] == n_embd * hc && w_inject->ne[1] == hc && w_inject->ne[2] == 1 &&
@@ -483,7 +488,7 @@ struct ggml_tensor * pyqsa_ggml_hc_pre(struct ggml_context * ctx, struct ggml_te
     const int64_t n_embd = x->ne[0], hc = x->ne[1], n_tokens = x->ne[2], lr = w_up->ne[0];
     GGML_ASSERT(down->op == GGML_OP_PYQSA && ggml_get_op_params_i32(down, 0) == PYQSA_GGML_OP_HC_DOWN);
     GGML_ASSERT(down->src[0] == x && down->src[1] == w_norm && down->src[2]->ne[1] == lr);
-    GGML_ASSERT(w_up->type == GGML_TYPE_F16 || w_up->type == GGML_TYPE_F32);
+    GGML_ASSERT(pyqsa_hc_weight_type(w_up->type));
     GGML_ASSERT(ggml_is_contiguous(w_up) && w_up->ne[1] == n_embd * hc && w_up->ne[2] == 1 && w_up->ne[3] == 1);
 
     struct ggml_tensor * result = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_embd, n_tokens);

@@ -433,14 +433,19 @@ GGML_API struct ggml_tensor * pyqsa_ggml_rms_norm_gated(struct ggml_context * ct
 //     out[e, t] = scale * sum over c of xn[e, c, t] * sigmoid((w_up^T lo[., t])[e + c n_embd])
 //   x:        F32 [n_embd, hc, n_tokens], contiguous (the residual streams)
 //   w_norm:   F32 [n_embd, hc], contiguous
-//   w_down:   F16 or F32 [hc n_embd, lr]; w_inject: the same type, [hc n_embd, hc]
-//   w_up:     F16 or F32 [lr, hc n_embd]
+//   w_down:   [hc n_embd, lr] of a type pyqsa_hc_weight_type takes; w_inject: the same type,
+//             [hc n_embd, hc]
+//   w_up:     [lr, hc n_embd] of a type pyqsa_hc_weight_type takes
 //   down:     pyqsa_ggml_hc_down's result for these x and w_norm
-// The products sum in f32 from f32 inputs where upstream's CPU products round xn to f16 first:
-// the two ways agree to rounding, not bit for bit. CUDA takes up to PYQSA_HC_MIX_MAX_TOKENS
-// tokens (a decode step's sequences), PYQSA_HC_MIX_MAX_STREAMS streams, even n_embd and lr.
+// The products sum in f32 from f32 inputs (quantized weights dequantized; CUDA rounds each to f16
+// once) where upstream's CPU products round xn to f16 (or 8 bits) first: the two ways agree to
+// rounding, not bit for bit. CUDA takes up to PYQSA_HC_MIX_MAX_TOKENS tokens (a decode step's
+// sequences), PYQSA_HC_MIX_MAX_STREAMS streams, even n_embd and lr; quantized weights (those of
+// its gemv) at one token, n_embd and lr multiples of 8.
 #define PYQSA_HC_MIX_MAX_TOKENS  8
 #define PYQSA_HC_MIX_MAX_STREAMS 4
+// the weights' types of the mix: F32, F16, or quantized with a dequantizer
+GGML_API bool pyqsa_hc_weight_type(enum ggml_type type);
 GGML_API struct ggml_tensor * pyqsa_ggml_hc_down(struct ggml_context * ctx,
                                                  struct ggml_tensor * x,
                                                  struct ggml_tensor * w_norm,

@@ -41,7 +41,6 @@ bool pyqsa_hc_mix_fused(ggml_tensor * x, ggml_tensor * w_norm, ggml_tensor * w_d
                         ggml_tensor * w_inject) {
     static const bool fused       = !pyqsa_env_switch_on("PYQSA_HC_MIX_UNFUSED");
     static const bool any_backend = pyqsa_env_switch_on("PYQSA_HC_MIX_ANY_BACKEND");
-    const auto plain = [](const ggml_tensor * w) { return w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_F32; };
     ggml_backend_dev_t dev =
         w_down->buffer ? ggml_backend_buft_get_device(ggml_backend_buffer_get_type(w_down->buffer)) : nullptr;
     const bool on_gpu = dev != nullptr && ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_GPU;
@@ -57,8 +56,8 @@ bool pyqsa_hc_mix_fused(ggml_tensor * x, ggml_tensor * w_norm, ggml_tensor * w_d
     }();
     const bool tokens = x->ne[2] <= max_tokens;
     // what the ops' builders take
-    const bool types  = x->type == GGML_TYPE_F32 && w_norm->type == GGML_TYPE_F32 && plain(w_down) && plain(w_up) &&
-                       w_inject->type == w_down->type;
+    const bool types  = x->type == GGML_TYPE_F32 && w_norm->type == GGML_TYPE_F32 && pyqsa_hc_weight_type(w_down->type) &&
+                       pyqsa_hc_weight_type(w_up->type) && w_inject->type == w_down->type;
     const bool layout = ggml_is_contiguous(x) && ggml_is_contiguous(w_norm) && ggml_is_contiguous(w_down) &&
                         ggml_is_contiguous(w_up) && ggml_is_contiguous(w_inject);
     return fused && (on_gpu || any_backend) && tokens && types && layout && dev != nullptr &&

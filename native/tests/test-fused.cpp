@@ -50,10 +50,10 @@ std::vector<float> run_graph(ggml_backend_t be, const std::vector<float> & data,
         [&](ggml_tensor *) {
             const float * p = data.data();
             for (ggml_tensor * in : g.inputs) {
-                if (in->type == GGML_TYPE_F16) {  // the floats rounded to the input's type
-                    std::vector<ggml_fp16_t> h(ggml_nelements(in));
-                    ggml_fp32_to_fp16_row(p, h.data(), (int64_t) h.size());
-                    ggml_backend_tensor_set(in, h.data(), 0, ggml_nbytes(in));
+                if (in->type != GGML_TYPE_F32) {  // the floats rounded to the input's type
+                    std::vector<uint8_t> q(ggml_nbytes(in));
+                    ggml_get_type_traits_cpu(in->type)->from_float(p, q.data(), ggml_nelements(in));
+                    ggml_backend_tensor_set(in, q.data(), 0, q.size());
                 } else {
                     ggml_backend_tensor_set(in, p, 0, ggml_nbytes(in));
                 }
@@ -334,7 +334,8 @@ op_graph make_norm(ggml_context * ctx, const norm_case & c, bool fused) {
 
 
 // a decode step's mix of hyper-connections: x [n_embd, hc, n_tokens], w_norm [n_embd, hc], w_down
-// [hc n_embd, lr], w_inject [hc n_embd, hc], w_up [lr, hc n_embd], the weights of type w; with
+// [hc n_embd, lr], w_inject [hc n_embd, hc], w_up [lr, hc n_embd], the weights of type w (w_up of
+// type up where set: a quantized file's, whose w_up rows of 320 have no 256-weight blocks); with
 // combine, x is the HC_COMBINE of a block's output [n_embd, n_tokens], the streams before it
 // [n_embd, hc, n_tokens] and their scatter logits [hc, n_tokens] (as in the model, where CUDA runs
 // the two as one launch)
@@ -343,12 +344,16 @@ struct mix_case {
     ggml_type w;
     bool      combine = false;
     bool      gated   = false;  // the combine's block output the MoE's join (hc_combine_gated)
+    ggml_type up      = GGML_TYPE_COUNT;
+
+    ggml_type w_up() const { return up == GGML_TYPE_COUNT ? w : up; }
 
     std::string name() const {
         char buf[160];
-        std::snprintf(buf, sizeof(buf), "%sHC_DOWN+HC_PRE(n_embd=%lld,hc=%lld,lr=%lld,n_tokens=%lld,%s)",
+        std::snprintf(buf, sizeof(buf), "%sHC_DOWN+HC_PRE(n_embd=%lld,hc=%lld,lr=%lld,n_tokens=%lld,%s%s%s)",
                       gated ? "HC_COMBINE(gated)+" : combine ? "HC_COMBINE+" : "", (long long) n_embd, (long long) hc,
-                      (long long) lr, (long long) n_tokens, ggml_type_name(w));
+                      (long long) lr, (long long) n_tokens, ggml_type_name(w), up == GGML_TYPE_COUNT ? "" : ",up ",
+                      up == GGML_TYPE_COUNT ? "" : ggml_type_name(up));
         return buf;
     }
 
@@ -381,7 +386,7 @@ op_graph make_mix(ggml_context * ctx, const mix_case & c, bool fused) {
     ggml_tensor * w_norm   = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, c.n_embd, c.hc);
     ggml_tensor * w_down   = ggml_new_tensor_2d(ctx, c.w, width, c.lr);
     ggml_tensor * w_inject = ggml_new_tensor_2d(ctx, c.w, width, c.hc);
-    ggml_tensor * w_up     = ggml_new_tensor_2d(ctx, c.w, c.lr, width);
+    ggml_tensor * w_up     = ggml_new_tensor_2d(ctx, c.w_up(), c.lr, width);
     const float   eps = 1e-6f, inv_hc = 1.0f / (float) c.hc;
     ggml_tensor * mixed  = nullptr;
     ggml_tensor * inject = nullptr;
@@ -421,6 +426,11 @@ std::vector<float> make_mix_data(const mix_case & c, std::mt19937 & rng) {
 // inputs in another order where upstream's CPU products round xn to f16 first), so to rounding on
 // each backend, and each other backend's ops against the CPU's
 constexpr double MIX_BOUND = 1e-6;
+// the same with quantized weights: upstream's products round xn to 8 bits (~3e-5 here), and CUDA's
+// mix rounds each dequantized weight to f16 (~1e-7 against the CPU's f32); a wrong block scale
+// would give ~1e-2
+constexpr double MIX_BOUND_QUANT     = 1e-3;
+constexpr double MIX_BOUND_QUANT_CPU = 1e-6;
 
 // another backend's expf (CUDA's fast-math one: ~1e-6 relative at |x| ~ 10) and its contraction
 // of the sum into an FMA, against the CPU's; a wrong element would give ~1
@@ -473,9 +483,12 @@ void check_mix(const mix_case & c, const std::vector<float> & data, ggml_backend
     const auto        run  = [&](ggml_backend_t be, bool fused) {
         return run_graph(be, data, [&](ggml_context * ctx) { return make_mix(ctx, c, fused); });
     };
-    const std::vector<float> fused = run(cpu, true);
-    const double             e_cpu = nmse(fused, run(cpu, false));
-    report(name, "CPU", "vs upstream's ops: nmse " + sci(e_cpu) + " ", e_cpu < MIX_BOUND, n_ok, n_fail);
+    const bool               quant     = ggml_is_quantized(c.w) || ggml_is_quantized(c.w_up());
+    const double             bound     = quant ? MIX_BOUND_QUANT : MIX_BOUND;
+    const double             bound_cpu = quant ? MIX_BOUND_QUANT_CPU : BOUND;
+    const std::vector<float> fused     = run(cpu, true);
+    const double             e_cpu     = nmse(fused, run(cpu, false));
+    report(name, "CPU", "vs upstream's ops: nmse " + sci(e_cpu) + " ", e_cpu < bound, n_ok, n_fail);
     on_other_backends(only_backend, name, n_ok, n_fail, [&](ggml_backend_t be) {
         const std::vector<float> f = run(be, true);
         if (f.empty()) return std::make_pair(false, std::string("not supported "));
@@ -486,7 +499,7 @@ void check_mix(const mix_case & c, const std::vector<float> & data, ggml_backend
             n_apart = differ_apart("PYQSA_CUDA_HC_COMBINE_APART", f, [&] { return run(be, true); });
             apart   = "; vs the combine apart: " + std::to_string(n_apart) + " elements differ in their bits";
         }
-        return std::make_pair(e < BOUND && e_up < MIX_BOUND && n_apart == 0,
+        return std::make_pair(e < bound_cpu && e_up < bound && n_apart == 0,
                               "vs CPU: nmse " + sci(e) + "; vs upstream's ops there: nmse " + sci(e_up) + apart + " ");
     });
 }
@@ -563,7 +576,13 @@ int cmd_test(const char * only_backend) {
                                    { 2560, 4, 320, 1, GGML_TYPE_F16, true }, { 2560, 4, 320, 8, GGML_TYPE_F16, true },
                                    { 66, 3, 18, 3, GGML_TYPE_F32, true },
                                    { 2560, 4, 320, 1, GGML_TYPE_F16, true, true },
-                                   { 66, 3, 18, 3, GGML_TYPE_F32, true, true } };
+                                   { 66, 3, 18, 3, GGML_TYPE_F32, true, true },
+                                   // quantized files' (one token): Q4_K_M's q4_K with w_up q5_0,
+                                   // Q8_0's, Q5_K_M's q5_K with q5_1, Q6_K's q6_K with q8_0
+                                   { 2560, 4, 320, 1, GGML_TYPE_Q4_K, false, false, GGML_TYPE_Q5_0 },
+                                   { 2560, 4, 320, 1, GGML_TYPE_Q8_0 },
+                                   { 2560, 4, 320, 1, GGML_TYPE_Q5_K, true, false, GGML_TYPE_Q5_1 },
+                                   { 2560, 4, 320, 1, GGML_TYPE_Q6_K, true, true, GGML_TYPE_Q8_0 } };
     for (const mix_case & c : mix_cases) {
         check_mix(c, make_mix_data(c, rng), cpu, only_backend, n_ok, n_fail);
     }

@@ -14,7 +14,7 @@
 
 namespace {
 
-// row r of a contiguous F16 or F32 weight as f32 in buf
+// row r of a contiguous weight (F32, F16 or quantized) as f32 in buf
 const float * weight_row(const ggml_tensor * w, int64_t r, std::vector<float> & buf) {
     const int64_t n   = w->ne[0];
     const char *  row = (const char *) w->data + r * w->nb[1];
@@ -22,7 +22,7 @@ const float * weight_row(const ggml_tensor * w, int64_t r, std::vector<float> & 
         return (const float *) row;
     }
     buf.resize(n);
-    ggml_fp16_to_fp32_row((const ggml_fp16_t *) row, buf.data(), n);
+    ggml_get_type_traits(w->type)->to_float(row, buf.data(), n);
     return buf.data();
 }
 

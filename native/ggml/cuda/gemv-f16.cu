@@ -411,25 +411,8 @@ template <ggml_type T> void launch_cols(ggml_backend_cuda_context & ctx, cols_ar
     }
 }
 
-// calls f(std::integral_constant<ggml_type, T>) for a type the gemv reads (gemv-weights.cuh) and
-// returns true, or returns false
-template <typename F> bool with_weights(ggml_type type, F && f) {
-    switch (type) {
-        case GGML_TYPE_F16: f(std::integral_constant<ggml_type, GGML_TYPE_F16>{}); return true;
-        case GGML_TYPE_Q4_0: f(std::integral_constant<ggml_type, GGML_TYPE_Q4_0>{}); return true;
-        case GGML_TYPE_Q4_1: f(std::integral_constant<ggml_type, GGML_TYPE_Q4_1>{}); return true;
-        case GGML_TYPE_Q5_0: f(std::integral_constant<ggml_type, GGML_TYPE_Q5_0>{}); return true;
-        case GGML_TYPE_Q5_1: f(std::integral_constant<ggml_type, GGML_TYPE_Q5_1>{}); return true;
-        case GGML_TYPE_Q8_0: f(std::integral_constant<ggml_type, GGML_TYPE_Q8_0>{}); return true;
-        case GGML_TYPE_Q4_K: f(std::integral_constant<ggml_type, GGML_TYPE_Q4_K>{}); return true;
-        case GGML_TYPE_Q5_K: f(std::integral_constant<ggml_type, GGML_TYPE_Q5_K>{}); return true;
-        case GGML_TYPE_Q6_K: f(std::integral_constant<ggml_type, GGML_TYPE_Q6_K>{}); return true;
-        default: return false;
-    }
-}
-
 void launch_cols(ggml_backend_cuda_context & ctx, ggml_type type, cols_args & a, int grid_y) {
-    with_weights(type, [&](auto t) { launch_cols<decltype(t)::value>(ctx, a, grid_y); });
+    pyqsa_with_gemv_weights(type, [&](auto t) { launch_cols<decltype(t)::value>(ctx, a, grid_y); });
 }
 
 bool aligned(const void * p, size_t a, size_t b, size_t to) {
@@ -449,7 +432,7 @@ int rows_per_warp(int64_t N, int64_t grid_y, int n_sm) {
 void launch(ggml_backend_cuda_context & ctx, ggml_type type, gemv_args & a, int n_used, int r) {
     const ggml_cuda_kernel_launch_params p(dim3(number_blocks(a, WARPS * r), n_used), dim3(WARPS * WARP_SIZE), 0,
                                            ctx.stream());
-    with_weights(type, [&](auto t) {
+    pyqsa_with_gemv_weights(type, [&](auto t) {
         constexpr ggml_type T = decltype(t)::value;
         switch (r) {
             case 4: ggml_cuda_kernel_launch(gemv_one<T, 4>, p, a); break;
@@ -463,7 +446,7 @@ void launch(ggml_backend_cuda_context & ctx, ggml_type type, gemv_args & a, int 
 // its loads; f32 x in 16-byte columns; NVIDIA warps
 bool takes(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_tensor * x, const ggml_tensor * dst) {
     int qk = 0, align = 0;
-    with_weights(w->type, [&](auto t) {
+    pyqsa_with_gemv_weights(w->type, [&](auto t) {
         qk    = gemv_weights<decltype(t)::value>::qk;
         align = gemv_weights<decltype(t)::value>::align;
     });

@@ -9,6 +9,8 @@
 
 #include "ggml-cuda/common.cuh"
 
+#include <type_traits>
+
 template <ggml_type T> struct gemv_weights;
 
 namespace pyqsa_gemv_detail {
@@ -244,3 +246,20 @@ template <> struct gemv_weights<GGML_TYPE_Q6_K> {
         return w;
     }
 };
+
+// calls f(std::integral_constant<ggml_type, T>) for a type of these weights and returns true, or
+// returns false
+template <typename F> bool pyqsa_with_gemv_weights(ggml_type type, F && f) {
+    switch (type) {
+        case GGML_TYPE_F16: f(std::integral_constant<ggml_type, GGML_TYPE_F16>{}); return true;
+        case GGML_TYPE_Q4_0: f(std::integral_constant<ggml_type, GGML_TYPE_Q4_0>{}); return true;
+        case GGML_TYPE_Q4_1: f(std::integral_constant<ggml_type, GGML_TYPE_Q4_1>{}); return true;
+        case GGML_TYPE_Q5_0: f(std::integral_constant<ggml_type, GGML_TYPE_Q5_0>{}); return true;
+        case GGML_TYPE_Q5_1: f(std::integral_constant<ggml_type, GGML_TYPE_Q5_1>{}); return true;
+        case GGML_TYPE_Q8_0: f(std::integral_constant<ggml_type, GGML_TYPE_Q8_0>{}); return true;
+        case GGML_TYPE_Q4_K: f(std::integral_constant<ggml_type, GGML_TYPE_Q4_K>{}); return true;
+        case GGML_TYPE_Q5_K: f(std::integral_constant<ggml_type, GGML_TYPE_Q5_K>{}); return true;
+        case GGML_TYPE_Q6_K: f(std::integral_constant<ggml_type, GGML_TYPE_Q6_K>{}); return true;
+        default: return false;
+    }
+}

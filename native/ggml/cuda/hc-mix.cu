@@ -12,7 +12,10 @@
 // hc_pre: a warp an embedding position, a lane chunks of its hc rows of w_up (lr wide) against
 // the tokens' low-rank inputs in shared memory (each read once for the hc rows), then the
 // sigmoid-gated mean over the streams.
+// Weights of f16 or f32, or quantized (gemv-weights.cuh: each chunk of 8 dequantized in registers
+// into f16) at one token, where the mix is fused (fused-ops.cpp).
 #include "cluster-launch.cuh"
+#include "gemv-weights.cuh"
 #include "hc-combine.cuh"
 #include "hc-mix.cuh"
 #include "pyqsa-cuda.cuh"
@@ -75,17 +78,40 @@ template <typename W, int VEC> struct chunk {
         typename pair_of<W>::type p[VEC / 2];
     } v;
 
-    __device__ void load(const W * w) { v = *(const raw *) w; }
+    // elements k .. k + VEC - 1 of a row
+    __device__ void load(const char * row, int64_t k) { v = *(const raw *) (row + k * (int64_t) sizeof(W)); }
 
     __device__ float2 pair(int i) const { return pair_of<W>::to_float2(v.p[i]); }
+};
+
+// 8 quantized weights, as f16 pairs
+template <ggml_type T> struct qchunk {
+    uint4 v;
+
+    __device__ void load(const char * row, int64_t k) { v = gemv_weights<T>::load(row, (int) k); }
+
+    __device__ float2 pair(int i) const { return __half22float2(((const half2 *) &v)[i]); }
+};
+
+// the chunk of VEC weights of type T
+template <ggml_type T, int VEC> struct chunk_of {
+    static_assert(VEC == 8, "quantized weights come in chunks of 8");
+    using type = qchunk<T>;
+};
+
+template <int VEC> struct chunk_of<GGML_TYPE_F16, VEC> {
+    using type = chunk<half, VEC>;
+};
+
+template <int VEC> struct chunk_of<GGML_TYPE_F32, VEC> {
+    using type = chunk<float, VEC>;
 };
 
 // acc[r] += w[r][i] . s over a chunk, s its VEC floats in shared memory; at VEC 8 s read as two
 // 16-byte halves, half `first` first (a lane's: a warp's reads then fall on distinct banks). i is
 // an unrolled loop's: w stays in registers.
-template <typename W, int VEC, int R, int L>
-__device__ __forceinline__ void add_chunk(float (&acc)[R], const chunk<W, VEC> (&w)[R][L], int i, const float * s,
-                                          int first) {
+template <int VEC, typename C, int R, int L>
+__device__ __forceinline__ void add_chunk(float (&acc)[R], const C (&w)[R][L], int i, const float * s, int first) {
     if constexpr (VEC == 8) {
         const float4 a = *(const float4 *) (s + 4 * first), b = *(const float4 *) (s + 4 * (first ^ 1));
         const float4 lo = first ? b : a, hi = first ? a : b;  // selected, not indexed: registers
@@ -108,9 +134,9 @@ __device__ __forceinline__ void add_chunk(float (&acc)[R], const chunk<W, VEC> (
     }
 }
 
-// a lane's chunks j = base + lane + 32 i (i < L) of the R rows w[r], those below n_ch
-template <typename W, int VEC, int R, int L>
-__device__ __forceinline__ void load_chunks(chunk<W, VEC> (&wc)[R][L], const W * const (&w)[R], int base, int n_ch,
+// a lane's chunks j = base + lane + 32 i (i < L) of the R rows w[r] from element k0, those below n_ch
+template <int VEC, typename C, int R, int L>
+__device__ __forceinline__ void load_chunks(C (&wc)[R][L], const char * const (&w)[R], int64_t k0, int base, int n_ch,
                                             int lane) {
 #pragma unroll
     for (int i = 0; i < L; ++i) {
@@ -118,18 +144,18 @@ __device__ __forceinline__ void load_chunks(chunk<W, VEC> (&wc)[R][L], const W *
         if (j < n_ch) {
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                wc[r][i].load(w[r] + j * VEC);
+                wc[r][i].load(w[r], k0 + (int64_t) j * VEC);
             }
         }
     }
 }
 
-// acc[t][r] = the warp's sum of row w[r] (n_ch chunks) times s + t * stride (NT rows of floats in
-// shared memory), in rounds of L chunks a lane, the first round's loads (load_chunks at 0) issued
-// by the caller
-template <typename W, int VEC, int R, int L, int NT>
-__device__ __forceinline__ void warp_dot_rows(float (&acc)[NT][R], chunk<W, VEC> (&wc)[R][L], const W * const (&w)[R],
-                                              int n_ch, const float * s, int64_t stride, int lane) {
+// acc[t][r] = the warp's sum of row w[r] from element k0 (n_ch chunks) times s + t * stride (NT
+// rows of floats in shared memory), in rounds of L chunks a lane, the first round's loads
+// (load_chunks at 0) issued by the caller
+template <int VEC, typename C, int R, int L, int NT>
+__device__ __forceinline__ void warp_dot_rows(float (&acc)[NT][R], C (&wc)[R][L], const char * const (&w)[R],
+                                              int64_t k0, int n_ch, const float * s, int64_t stride, int lane) {
     const int first = (lane >> 2) & 1;
     for (int base = 0;;) {
 #pragma unroll
@@ -138,7 +164,7 @@ __device__ __forceinline__ void warp_dot_rows(float (&acc)[NT][R], chunk<W, VEC>
             if (j < n_ch) {
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
-                    add_chunk(acc[t], wc, i, s + t * stride + j * VEC, first);
+                    add_chunk<VEC>(acc[t], wc, i, s + t * stride + j * VEC, first);
                 }
             }
         }
@@ -146,7 +172,7 @@ __device__ __forceinline__ void warp_dot_rows(float (&acc)[NT][R], chunk<W, VEC>
         if (base >= n_ch) {
             break;
         }
-        load_chunks(wc, w, base, n_ch, lane);
+        load_chunks<VEC>(wc, w, k0, base, n_ch, lane);
     }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
@@ -162,6 +188,7 @@ struct hc_down_args {
     const float * w_norm;  // [n_embd, hc]
     const void *  w_down;  // [hc n_embd, lr]
     const void *  w_inject;
+    size_t        w_nb1;  // the bytes of a row of either
     float *       dst;  // lo [lr, NT], inject [hc, NT], factor [hc, NT]
     int64_t       n_embd, hc, lr;
     int64_t       part;  // columns of a stream a CTA takes (the last CTA of a stream fewer)
@@ -175,7 +202,7 @@ int64_t part_of(int64_t n_embd, int64_t hc, int vec) {
     return ((n_embd + p - 1) / p + vec - 1) / vec * vec;
 }
 
-template <typename W, int NT, int HC, int VEC>
+template <ggml_type WT, int NT, int HC, int VEC>
 __global__ void __launch_bounds__(BLOCK, DOWN_CTAS) hc_down(const hc_down_args a) {
 #if PYQSA_HC_CLUSTERS
     constexpr int     P       = parts_of(HC);
@@ -185,19 +212,18 @@ __global__ void __launch_bounds__(BLOCK, DOWN_CTAS) hc_down(const hc_down_args a
     const int         warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int64_t     k0   = (q % P) * a.part;
     const int         n_ch = (int) max((min(k0 + a.part, a.n_embd) - k0) / VEC, (int64_t) 0);
-    const int64_t     width = a.n_embd * HC, n_rows = a.lr + HC;
-    const int64_t     row0  = (int64_t) (blockIdx.x / (HC * P)) * ROWS;
+    const int64_t     n_rows = a.lr + HC, kw = c * a.n_embd + k0;  // the CTA's first element of a row
+    const int64_t     row0   = (int64_t) (blockIdx.x / (HC * P)) * ROWS;
 
-    using chunk_t = chunk<W, VEC>;
-    const W * w[2];
+    using chunk_t = typename chunk_of<WT, VEC>::type;
+    const char * w[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int64_t row = min(row0 + 2 * warp + r, n_rows - 1);  // a repeat past the end
-        w[r] = (row < a.lr ? (const W *) a.w_down + row * width : (const W *) a.w_inject + (row - a.lr) * width) +
-               c * a.n_embd + k0;
+        w[r] = row < a.lr ? (const char *) a.w_down + row * a.w_nb1 : (const char *) a.w_inject + (row - a.lr) * a.w_nb1;
     }
     chunk_t wc[2][DOWN_LOADS];
-    load_chunks(wc, w, 0, n_ch, lane);
+    load_chunks<VEC>(wc, w, kw, 0, n_ch, lane);
     ggml_cuda_pdl_lc();
     ggml_cuda_pdl_sync();
 
@@ -265,7 +291,7 @@ __global__ void __launch_bounds__(BLOCK, DOWN_CTAS) hc_down(const hc_down_args a
     }
 
     float acc[NT][2] = {};
-    warp_dot_rows(acc, wc, w, n_ch, xg, a.part, lane);
+    warp_dot_rows<VEC>(acc, wc, w, kw, n_ch, xg, a.part, lane);
     if (lane == 0) {
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
@@ -323,25 +349,26 @@ struct hc_pre_args {
     const float * x;       // [n_embd, hc, NT], contiguous
     const float * w_norm;  // [n_embd, hc]
     const void *  w_up;    // [lr, hc n_embd]
+    size_t        w_nb1;
     const float * down;    // hc_down's: lo [lr, NT], inject [hc, NT], factor [hc, NT]
     float *       dst;     // [n_embd, NT], contiguous
     int64_t       n_embd, lr;
     float         scale;
 };
 
-template <typename W, int NT, int HC, int VEC>
+template <ggml_type WT, int NT, int HC, int VEC>
 __global__ void __launch_bounds__(BLOCK, pre_ctas(NT)) hc_pre(const hc_pre_args a) {
-    using chunk_t   = chunk<W, VEC>;
+    using chunk_t   = typename chunk_of<WT, VEC>::type;
     const int     warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int64_t e    = (int64_t) blockIdx.x * WARPS + warp;
     const int     n_ch = (int) (a.lr / VEC);
-    const W *     w[HC];
+    const char *  w[HC];
 #pragma unroll
     for (int c = 0; c < HC; ++c) {
-        w[c] = (const W *) a.w_up + (min(e, a.n_embd - 1) + c * a.n_embd) * a.lr;  // a repeat past the end
+        w[c] = (const char *) a.w_up + (min(e, a.n_embd - 1) + c * a.n_embd) * a.w_nb1;  // a repeat past the end
     }
     chunk_t wc[HC][PRE_LOADS];
-    load_chunks(wc, w, 0, n_ch, lane);
+    load_chunks<VEC>(wc, w, 0, 0, n_ch, lane);
     ggml_cuda_pdl_lc();
     ggml_cuda_pdl_sync();
 
@@ -354,7 +381,7 @@ __global__ void __launch_bounds__(BLOCK, pre_ctas(NT)) hc_pre(const hc_pre_args 
         return;
     }
     float gate[NT][HC] = {};
-    warp_dot_rows(gate, wc, w, n_ch, lo, a.lr, lane);
+    warp_dot_rows<VEC>(gate, wc, w, 0, n_ch, lo, a.lr, lane);
     if (lane < NT) {
         const int t   = lane;
         float     sum = 0.0f;
@@ -386,17 +413,24 @@ template <int FIRST, int LAST, typename F> void with_instance(int64_t n, F && f)
     }
 }
 
-// launch(W *, NT, HC, VEC) with the weight type (a null pointer of it), the tokens, the streams and
-// the chunk's elements (8 where every chunk starts on 16 bytes of f16: n is the rows' length that
-// chunks split, a multiple of 8) as compile-time values: the kernels' instance for a node
+// launch(WT, NT, HC, VEC) with the weights' type, the tokens, the streams and the chunk's elements
+// (8 where every chunk starts on 16 bytes of f16: n is the rows' length that chunks split, a
+// multiple of 8) as compile-time values (std::integral_constant): the kernels' instance for a
+// node; quantized weights at one token in chunks of 8 only (pyqsa_cuda_hc_mix_supported)
 template <typename F> void with_kernel(const ggml_tensor * dst, int64_t n, F && launch) {
-    const ggml_tensor * x   = dst->src[0];
-    const bool          f16 = dst->src[2]->type == GGML_TYPE_F16;
+    const ggml_tensor * x    = dst->src[0];
+    const ggml_type     type = dst->src[2]->type;
     with_instance<1, PYQSA_HC_MIX_MAX_STREAMS>(x->ne[1], [&](auto hc) {
+        if (ggml_is_quantized(type)) {
+            pyqsa_with_gemv_weights(type, [&](auto wt) {
+                launch(wt, std::integral_constant<int, 1>{}, hc, std::integral_constant<int, 8>{});
+            });
+            return;
+        }
         with_instance<1, PYQSA_HC_MIX_MAX_TOKENS>(x->ne[2], [&](auto nt) {
             const auto go = [&](auto vec) {
-                f16 ? launch(static_cast<half *>(nullptr), nt, hc, vec) :
-                      launch(static_cast<float *>(nullptr), nt, hc, vec);
+                type == GGML_TYPE_F16 ? launch(std::integral_constant<ggml_type, GGML_TYPE_F16>{}, nt, hc, vec) :
+                                        launch(std::integral_constant<ggml_type, GGML_TYPE_F32>{}, nt, hc, vec);
             };
             n % 8 == 0 ? go(std::integral_constant<int, 8>{}) : go(std::integral_constant<int, 2>{});
         });
@@ -409,13 +443,20 @@ bool pyqsa_cuda_hc_mix_supported(const ggml_tensor * op) {
     const ggml_tensor * x = op->src[0];
     const ggml_tensor * w = op->src[2];  // w_down or w_up
     const int64_t       n_embd = x->ne[0], hc = x->ne[1], nt = x->ne[2];
-    const bool          shapes = nt <= PYQSA_HC_MIX_MAX_TOKENS && hc <= PYQSA_HC_MIX_MAX_STREAMS && n_embd % 2 == 0 &&
-                        w->ne[0] % 2 == 0 && (w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_F32);
+    // quantized: a type the gemv reads, one token, chunks of 8, rows aligned for its loads
+    int        align = 0;
+    const bool quant = ggml_is_quantized(w->type) &&
+                       pyqsa_with_gemv_weights(w->type, [&](auto t) { align = gemv_weights<decltype(t)::value>::align; }) &&
+                       nt == 1 && n_embd % 8 == 0 && w->ne[0] % 8 == 0 && ((uintptr_t) w->data | w->nb[1]) % align == 0 &&
+                       (ggml_get_op_params_i32(op, 0) == PYQSA_GGML_OP_HC_PRE ||
+                        ((uintptr_t) op->src[3]->data | op->src[3]->nb[1]) % align == 0);
+    const bool shapes = nt <= PYQSA_HC_MIX_MAX_TOKENS && hc <= PYQSA_HC_MIX_MAX_STREAMS && n_embd % 2 == 0 &&
+                        w->ne[0] % 2 == 0 && (w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_F32 || quant);
     if (ggml_get_op_params_i32(op, 0) == PYQSA_GGML_OP_HC_PRE) {
         return shapes;
     }
     const int64_t xg_bytes = nt * part_of(n_embd, hc, n_embd % 8 == 0 ? 8 : 2) * (int64_t) sizeof(float);
-    return shapes && xg_bytes <= MAX_DYNAMIC_SMEM && pyqsa_cuda_clusters_on((const void *) hc_down<half, 1, 4, 8>);
+    return shapes && xg_bytes <= MAX_DYNAMIC_SMEM && pyqsa_cuda_clusters_on((const void *) hc_down<GGML_TYPE_F16, 1, 4, 8>);
 }
 
 namespace {
@@ -431,6 +472,7 @@ void launch_down(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const hc_co
         (const float *) dst->src[1]->data,
         dst->src[2]->data,
         dst->src[3]->data,
+        dst->src[2]->nb[1],
         (float *) dst->data,
         n_embd,
         hc,
@@ -443,10 +485,9 @@ void launch_down(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const hc_co
     const unsigned                       cluster = (unsigned) (hc * parts_of((int) hc));
     const unsigned                       blocks  = (unsigned) ((lr + hc + ROWS - 1) / ROWS) * cluster;
     const ggml_cuda_kernel_launch_params p(dim3(blocks), BLOCK, nt * a.part * sizeof(float), ctx.stream());
-    with_kernel(dst, n_embd, [&](auto w, auto nt, auto hc, auto vec) {
-        using W = std::remove_pointer_t<decltype(w)>;
-        pyqsa_cuda_cluster_launch(hc_down<W, decltype(nt)::value, decltype(hc)::value, decltype(vec)::value>, p,
-                                  cluster, a);
+    with_kernel(dst, n_embd, [&](auto wt, auto nt, auto hc, auto vec) {
+        pyqsa_cuda_cluster_launch(
+            hc_down<decltype(wt)::value, decltype(nt)::value, decltype(hc)::value, decltype(vec)::value>, p, cluster, a);
     });
 }
 
@@ -483,6 +524,7 @@ void pyqsa_cuda_hc_pre(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         (const float *) x->data,
         (const float *) dst->src[1]->data,
         dst->src[2]->data,
+        dst->src[2]->nb[1],
         (const float *) dst->src[3]->data,
         (float *) dst->data,
         x->ne[0],
@@ -491,8 +533,8 @@ void pyqsa_cuda_hc_pre(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     };
     const unsigned                       grid = (unsigned) ((a.n_embd + WARPS - 1) / WARPS);
     const ggml_cuda_kernel_launch_params p(grid, BLOCK, x->ne[2] * a.lr * sizeof(float), ctx.stream());
-    with_kernel(dst, a.lr, [&](auto w, auto nt, auto hc, auto vec) {
-        using W = std::remove_pointer_t<decltype(w)>;
-        ggml_cuda_kernel_launch(hc_pre<W, decltype(nt)::value, decltype(hc)::value, decltype(vec)::value>, p, a);
+    with_kernel(dst, a.lr, [&](auto wt, auto nt, auto hc, auto vec) {
+        ggml_cuda_kernel_launch(hc_pre<decltype(wt)::value, decltype(nt)::value, decltype(hc)::value, decltype(vec)::value>,
+                                p, a);
     });
 }
