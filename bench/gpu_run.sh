@@ -38,7 +38,10 @@
 #                 inputsync: pyqsa's with PYQSA_SCHED_INPUTS_SYNC=1, upstream's synchronous copy of each host input, not queued from a stage;
 #                 fastoff: pyqsa's with every switch of the decode fast path at once (gemvup, ungrp,
 #                 hcunf, gatesunf, hcmixunf, topk1, inputsync): upstream's decode path, pyqsa's attention;
-#                 mix8: pyqsa's with PYQSA_HC_MIX_TOKENS=8, the hyper-connection mixes of steps of up to 8 tokens as hc_down and hc_pre)
+#                 mix8: pyqsa's with PYQSA_HC_MIX_TOKENS=8, the hyper-connection mixes of steps of up to 8 tokens as hc_down and hc_pre;
+#                 quantup: pyqsa's with gemvup and hcmixunf at once: a quantized file's decode products and
+#                 one-sequence mixes on upstream's MMVQ and ops, as before pyqsa's gemv read quantized weights;
+#                 the table of them all: bench/variants.sh)
 #                 --decode-args "..." (more decode.py options, e.g. "--ubatch 1024 --repeats 3")
 #                 --serve "SERVE FLAGS" (after the decode runs: bench/serve_run.sh, the server
 #                 benchmark, with these extra serve flags, e.g. "--sampling device"; "" for none)
@@ -95,23 +98,7 @@ while [ $# -gt 0 ]; do
     esac
     shift 2
 done
-# pyqsa's library under one switch variable: the variant and the variable it sets
-declare -A variant_env=([cores]=PYQSA_QSA_ATTN_MMA=0 [moesync]=PYQSA_CUDA_MOE_SYNC=1
-                        [f16acc]=PYQSA_CUDA_F16_ACCUMULATE=1 [gdnup]=PYQSA_CUDA_GDN_UPSTREAM=1
-                        [moemmf]=PYQSA_CUDA_MOE_MMF=1 [gemvup]=PYQSA_CUDA_GEMV_UPSTREAM=1
-                        [hcunf]=PYQSA_HC_UNFUSED=1 [ungrp]=PYQSA_CUDA_PRODUCTS_UNGROUPED=1
-                        [gatesunf]=PYQSA_GATES_UNFUSED=1 [topk1]=PYQSA_CUDA_TOPK_ONE_CTA=1
-                        [hcmixunf]=PYQSA_HC_MIX_UNFUSED=1 [combapart]=PYQSA_CUDA_HC_COMBINE_APART=1
-                        [mix8]=PYQSA_HC_MIX_TOKENS=8 [gdnconvapart]=PYQSA_CUDA_GDN_CONV_APART=1
-                        [joinunf]=PYQSA_HC_JOIN_UNFUSED=1 [inputsync]=PYQSA_SCHED_INPUTS_SYNC=1
-                        [fastoff]="PYQSA_CUDA_GEMV_UPSTREAM=1 PYQSA_CUDA_PRODUCTS_UNGROUPED=1
-                                   PYQSA_HC_UNFUSED=1 PYQSA_GATES_UNFUSED=1 PYQSA_HC_MIX_UNFUSED=1
-                                   PYQSA_CUDA_TOPK_ONE_CTA=1 PYQSA_SCHED_INPUTS_SYNC=1")
-declare -A variant_args=([pyqsa]="--variant pyqsa" [paged]="--variant pyqsa --hot-blocks $hot_blocks"
-                         [pagedq8]="--variant pyqsa --hot-blocks $hot_blocks --kv-type q8_0"
-                         [pagedq8f16]="--variant pyqsa --hot-blocks $hot_blocks --kv-type q8_0 --kv-hot-type f16"
-                         [sampled]="--variant pyqsa --sampling device" [upstream]="--variant upstream")
-for v in "${!variant_env[@]}"; do variant_args[$v]="--variant pyqsa"; done
+. bench/variants.sh
 for v in ${variants//,/ }; do
     [ -n "${variant_args[$v]:-}" ] || { echo "gpu_run.sh: unknown variant $v" >&2; exit 2; }
 done

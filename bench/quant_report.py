@@ -1,5 +1,6 @@
-"""The table of bench/quant_run.sh: per file (the f16 source, each tool's quantized files) its
-size, quantize time, prefill and decode tokens/s per context and sequence count.
+"""The table of bench/quant_run.sh: per file (the f16 source, each tool's quantized files) and
+library variant its size, quantize time, prefill and decode tokens/s per context and sequence
+count.
 
     python bench/quant_report.py quant.jsonl decode.jsonl [--save DIR]
 
@@ -28,8 +29,9 @@ def load(path: Path) -> list[Rec]:
 
 
 def rows(quant: list[Rec], decode: list[Rec]) -> list[Rec]:
-    """One row per model file: its quantize record (the latest), or the source's for f16. A
-    later call that reused the file records no time (seconds null): the earlier call's time
+    """One row per model file and variant its decode records name (in their order; one row with
+    variant None where it has none): its quantize record (the latest), or the source's for f16.
+    A later call that reused the file records no time (seconds null): the earlier call's time
     stays, so the records of several calls (quant.jsonl of each, concatenated) make one table."""
     files: dict[str, Rec] = {}
     for q in quant:
@@ -41,25 +43,27 @@ def rows(quant: list[Rec], decode: list[Rec]) -> list[Rec]:
         files[q["model"]]["quantize_s"] = seconds
     out = []
     for name, row in files.items():
-        mine = [r for r in decode if r.get("model") == name]
-        prefill = {
-            r["context"]: r["tok_s"] for r in mine if r["kind"] == "prefill"
-        }  # the latest wins
-        steps: dict[tuple[int, int], list[float]] = {}
-        for r in mine:
-            if r["kind"] == "decode":
-                steps.setdefault((r["context"], r["n_seq"]), []).append(r["tok_s"])
-        out.append(
-            {
-                "model": name,
-                **row,
-                "prefill_tok_s": prefill,
-                "decode_tok_s": {f"{c}x{n}": statistics.median(v) for (c, n), v in steps.items()},
-                "decode_spread": {f"{c}x{n}": [min(v), max(v)] for (c, n), v in steps.items()},
-                "decode_runs": {f"{c}x{n}": len(v) for (c, n), v in steps.items()},
-            }
-        )
+        of_file = [r for r in decode if r.get("model") == name]
+        variants = list(dict.fromkeys(r.get("variant") for r in of_file)) or [None]
+        for variant in variants:
+            mine = [r for r in of_file if r.get("variant") == variant]
+            out.append({"model": name, "variant": variant, **row, **_cells(mine)})
     return out
+
+
+def _cells(mine: list[Rec]) -> Rec:
+    """The prefill and decode cells of one file's records of one variant."""
+    prefill = {r["context"]: r["tok_s"] for r in mine if r["kind"] == "prefill"}  # the latest wins
+    steps: dict[tuple[int, int], list[float]] = {}
+    for r in mine:
+        if r["kind"] == "decode":
+            steps.setdefault((r["context"], r["n_seq"]), []).append(r["tok_s"])
+    return {
+        "prefill_tok_s": prefill,
+        "decode_tok_s": {f"{c}x{n}": statistics.median(v) for (c, n), v in steps.items()},
+        "decode_spread": {f"{c}x{n}": [min(v), max(v)] for (c, n), v in steps.items()},
+        "decode_runs": {f"{c}x{n}": len(v) for (c, n), v in steps.items()},
+    }
 
 
 def _context_seqs(key: str) -> tuple[int, int]:
@@ -84,13 +88,13 @@ def _cell(row: Rec, key: str) -> str:
 def render(table: list[Rec]) -> str:
     contexts = sorted({int(c) for r in table for c in r["prefill_tok_s"]})
     cells = sorted({k for r in table for k in r["decode_tok_s"]}, key=_context_seqs)
-    head = ["file", "tool", "type", "GiB", "quantize s"]
+    head = ["file", "tool", "type", "variant", "GiB", "quantize s"]
     head += [f"prefill {_tokens(c)}" for c in contexts]
     head += [f"decode {n} x {_tokens(c)}" for c, n in map(_context_seqs, cells)]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in table:
         q, pre = r.get("quantize_s"), r["prefill_tok_s"]
-        vals = [r["model"], r["tool"], r["type"], f"{r['bytes'] / 2**30:.2f}"]
+        vals = [r["model"], r["tool"], r["type"], r["variant"] or "-", f"{r['bytes'] / 2**30:.2f}"]
         vals.append("-" if q is None else f"{q:.0f}")
         vals += [f"{pre[c]:.0f}" if c in pre else "-" for c in contexts]
         vals += [_cell(r, k) for k in cells]

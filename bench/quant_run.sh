@@ -9,6 +9,8 @@
 #                --budget S (default 540: seconds from start until no new run may begin)
 #                --types Q8_0,Q4_K_M  --tools pyqsa,llama-quantize  --contexts 32768,262144
 #                --seqs 1,8  --steps 32  --warmup 4  --decode-args "..." (e.g. "--repeats 3")
+#                --variants pyqsa (pyqsa's library variants of bench/variants.sh each file runs under,
+#                in this order, e.g. pyqsa,quantup)
 #                --no-f16 (no decode runs of the f16 source)
 #                --small | --real-moe (gpu_run.sh's model of that flag; --real-moe's 33.3 GiB
 #                source and its four quantized files need about 90 GiB: on the 64 GiB disk give
@@ -29,7 +31,7 @@ cd "$(dirname "$0")/.."
 t_start=$(date +%s)
 invocation="bench/quant_run.sh $*"
 budget=540 types=Q8_0,Q4_K_M tools=pyqsa,llama-quantize contexts=32768,262144 seqs=1,8
-steps=32 warmup=4 decode_args= kind= model= f16=1 cpu= remove= qbin=
+steps=32 warmup=4 decode_args= kind= model= f16=1 cpu= remove= qbin= variants=pyqsa hot_blocks=1024
 while [ $# -gt 0 ]; do
     case "$1" in
         --small) kind=small-; shift; continue ;;
@@ -46,6 +48,7 @@ while [ $# -gt 0 ]; do
         --steps) steps=$2 ;;
         --warmup) warmup=$2 ;;
         --decode-args) decode_args=$2 ;;
+        --variants) variants=$2 ;;
         --model) model=$2 ;;
         --llama-quantize) qbin=$2 ;;
         *) echo "quant_run.sh: unknown option $1" >&2; exit 2 ;;
@@ -54,6 +57,10 @@ while [ $# -gt 0 ]; do
 done
 for tool in ${tools//,/ }; do
     case "$tool" in pyqsa|llama-quantize) ;; *) echo "quant_run.sh: unknown tool $tool" >&2; exit 2 ;; esac
+done
+. bench/variants.sh
+for v in ${variants//,/ }; do
+    [[ -n "${variant_args[$v]:-}" && $v != upstream ]] || { echo "quant_run.sh: unknown variant $v" >&2; exit 2; }
 done
 if [ -n "$qbin" ] && [ ! -x "$qbin" ]; then
     echo "quant_run.sh: --llama-quantize $qbin: no such program" >&2; exit 2
@@ -141,23 +148,25 @@ for t in ${types//,/ }; do
     done
 done
 
-# (b) decode runs, cheapest context first, every file at each
+# (b) decode runs, cheapest context first, every file at each under each variant
 for c in ${contexts//,/ }; do
     for f in "${files[@]}"; do
         [ -f "$f" ] || continue
-        if [ "$(date +%s)" -ge "$deadline" ]; then
-            echo "budget spent: $(basename "$f") at $c not run"
-            continue
-        fi
-        cmd=(python3 bench/decode.py "$f" --variant pyqsa --lib "$lib" --contexts "$c"
-             --seqs "$seqs" --steps "$steps" --warmup "$warmup" --out "$out/decode.jsonl"
-             --out "$work/history.jsonl" --deadline "$deadline" ${decode_flags[@]+"${decode_flags[@]}"} $decode_args)
-        echo "${cmd[*]}" >> "$out/commands.txt"
-        echo "run: $(basename "$f") at $c ($(elapsed))"
-        "${cmd[@]}" > /dev/null 2> "$logs/decode-quant-$(basename "$f" .gguf)-$c.log" || {
-            echo "$(basename "$f") at $c: FAILED, log tail:"
-            tail -n 20 "$logs/decode-quant-$(basename "$f" .gguf)-$c.log"; status=1
-        }
+        for v in ${variants//,/ }; do
+            if [ "$(date +%s)" -ge "$deadline" ]; then
+                echo "budget spent: $(basename "$f") at $c ($v) not run"
+                continue
+            fi
+            cmd=(env ${variant_env[$v]:-} python3 bench/decode.py "$f" ${variant_args[$v]} --lib "$lib" --contexts "$c"
+                 --seqs "$seqs" --steps "$steps" --warmup "$warmup" --out "$out/decode.jsonl"
+                 --out "$work/history.jsonl" --deadline "$deadline" ${decode_flags[@]+"${decode_flags[@]}"} $decode_args)
+            echo "${cmd[*]}" >> "$out/commands.txt"
+            log=$logs/decode-quant-$(basename "$f" .gguf)-$v-$c.log
+            echo "run: $(basename "$f") at $c, $v ($(elapsed))"
+            "${cmd[@]}" > /dev/null 2> "$log" || {
+                echo "$(basename "$f") at $c ($v): FAILED, log tail:"; tail -n 20 "$log"; status=1
+            }
+        done
     done
 done
 if [ -n "$remove" ]; then

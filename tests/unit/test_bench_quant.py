@@ -63,17 +63,37 @@ def test_table_and_results_file(first_call):
     tmp, _, proc = first_call
     out = tmp / "out"
     table = (out / "quant-report.md").read_text().splitlines()
-    assert table[0].startswith("| file | tool | type | GiB | quantize s | prefill 256 |")
-    assert [line.split(" | ")[1:3] for line in table[2:]] == [
-        ["-", "f16"],
-        ["pyqsa", "Q8_0"],
-        ["pyqsa", "Q4_K_M"],
+    assert table[0].startswith("| file | tool | type | variant | GiB | quantize s | prefill 256 |")
+    assert [line.split(" | ")[1:4] for line in table[2:]] == [
+        ["-", "f16", "pyqsa"],
+        ["pyqsa", "Q8_0", "pyqsa"],
+        ["pyqsa", "Q4_K_M", "pyqsa"],
     ]
     (saved,) = out.glob("*-quant.json")
     doc = json.loads(saved.read_text())
     assert doc["scenario"] == "quant" and len(doc["rows"]) == 3
     assert all(r["decode_tok_s"]["256x8"] > 0 for r in doc["rows"])
     assert "run: small-pyqsa-Q4_K_M.gguf at 256" in proc.stdout
+
+
+def test_each_variant_runs_and_has_its_row(first_call):
+    tmp, model, _ = first_call
+    out = tmp / "variants"
+    env_out = {**os.environ, "OUT": str(out), "PYQSA_BENCH_WORK": str(tmp / "work")}
+    cmd = ["bash", str(SCRIPT), "--cpu", "--model", str(model), "--tools", "pyqsa"]
+    cmd += ["--types", "Q8_0", "--no-f16", "--variants", "pyqsa,quantup"]
+    cmd += ["--contexts", "256", "--seqs", "1"]
+    cmd += ["--steps", "2", "--warmup", "1", "--decode-args", "--threads 1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env_out, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    variants = [r["variant"] for r in records(out / "decode.jsonl") if r["kind"] == "decode"]
+    assert variants == ["pyqsa", "pyqsa-gemvup-hcmixunf"]
+    table = (out / "quant-report.md").read_text().splitlines()[2:]
+    # the source (--no-f16: no runs) then the file under each variant
+    assert [line.split(" | ")[3] for line in table] == ["-", "pyqsa", "pyqsa-gemvup-hcmixunf"]
+    commands = (out / "commands.txt").read_text()
+    switches = "PYQSA_CUDA_GEMV_UPSTREAM=1 PYQSA_HC_MIX_UNFUSED=1"
+    assert f"env {switches} python3 bench/decode.py" in commands
 
 
 def test_a_second_call_reuses_the_files(first_call):
@@ -89,6 +109,8 @@ def test_a_second_call_reuses_the_files(first_call):
 def test_bad_options(tmp_path):
     proc = quant_run(tmp_path, tmp_path / "none.gguf", "--tools", "nope")
     assert proc.returncode == 2 and "unknown tool nope" in proc.stderr
+    proc = quant_run(tmp_path, tmp_path / "none.gguf", "--variants", "pyqsa,nope")
+    assert proc.returncode == 2 and "unknown variant nope" in proc.stderr
     proc = quant_run(tmp_path, tmp_path / "none.gguf", "--frobnicate", "1")
     assert proc.returncode == 2 and "unknown option --frobnicate" in proc.stderr
     proc = quant_run(tmp_path, tmp_path / "none.gguf", "--llama-quantize", str(tmp_path / "no"))

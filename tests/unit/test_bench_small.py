@@ -365,12 +365,12 @@ def test_decode_under_a_library_switch_is_a_variant_of_its_own(
 
 
 def test_decode_with_the_fast_path_off_is_the_fastoff_variant(small_gguf, tmp_path, monkeypatch):
-    """gpu_run.sh's `fastoff` sets every switch of decode.FAST_PATH_OFF at once: decode.py
-    records the run as `pyqsa-fastoff` (not a chain of the switches' suffixes) and report.py
-    gives it a column; the script's list is decode.py's."""
+    """gpu_run.sh's `fastoff` (bench/variants.sh) sets every switch of decode.FAST_PATH_OFF at
+    once: decode.py records the run as `pyqsa-fastoff` (not a chain of the switches' suffixes)
+    and report.py gives it a column; the script's list is decode.py's."""
     from pyqsa.bench.decode import FAST_PATH_OFF
 
-    script = (BENCH / "gpu_run.sh").read_text()
+    script = (BENCH / "variants.sh").read_text()
     listed = re.search(r'\[fastoff\]="([^"]*)"', script)
     assert listed and sorted(listed.group(1).split()) == sorted(f"{n}=1" for n in FAST_PATH_OFF)
     for name in FAST_PATH_OFF:
