@@ -141,6 +141,36 @@ def speed_rows(docs: list[Doc]) -> list[Row]:
     return out
 
 
+def _quant_cells(doc: Doc) -> tuple[str, dict[str, dict[str, float]]] | None:
+    """The first context at which the f16 source and a quantized file both decoded 1 and 8
+    sequences on pyqsa's library (variant pyqsa), with each such file's two rates by type."""
+    rows = [r for r in doc.data.get("rows", []) if r.get("variant") == "pyqsa"]
+    for key in sorted({k.split("x")[0] for r in rows for k in r["decode_tok_s"]}, key=int):
+        both = {
+            r["type"]: r["decode_tok_s"]
+            for r in rows
+            if f"{key}x1" in r["decode_tok_s"] and f"{key}x8" in r["decode_tok_s"]
+        }
+        if "f16" in both and len(both) > 1:
+            return key, {t: {n: v[f"{key}x{n}"] for n in ("1", "8")} for t, v in both.items()}
+    return None
+
+
+def quant_rows(docs: list[Doc]) -> list[Row]:
+    """The newest quantized files' decode beside their f16 source's, one call."""
+    doc = results.newest(docs, results.QUANT_KINDS, lambda d: _quant_cells(d) is not None)
+    if doc is None:
+        return []
+    key, cells = _quant_cells(doc)
+    rates = {t: f"{c['1']:.1f} / {c['8']:.1f}" for t, c in cells.items()}
+    files = ", ".join(f"{t} {r}" for t, r in rates.items() if t != "f16")
+    text = (
+        f"decode of pyqsa quantize's files at {context_label(int(key))}, 1 / 8 sequences: "
+        f"{files} tok/s (f16 {rates['f16']}, the same call)"
+    )
+    return [("speed", text, doc)]
+
+
 def _long_decode(doc: Doc) -> list[tuple[int, int]]:
     """(context, sequences) of 128K or more where pyqsa and upstream both decoded."""
     return sorted(
@@ -334,7 +364,7 @@ def _table(rows: list[Row]) -> list[str]:
 def block(docs: list[Doc], locality: list[Doc] = ()) -> str:
     """The README's results block, markers included (`locality`: the locality model's
     documents, a table of their own)."""
-    rows: list[Row] = [*capacity_rows(docs), *speed_rows(docs), *long_rows(docs)]
+    rows: list[Row] = [*capacity_rows(docs), *speed_rows(docs), *quant_rows(docs), *long_rows(docs)]
     rows += prefix_rows(docs)
     more = locality_rows(list(locality))
     lines = [

@@ -4,8 +4,9 @@ report is taken from.
 A file is named <date>-<commit>[+<commit>...]-<kind>.<ext>. The kinds this module reads:
 decode and steps (bench/report.py's and `pyqsa bench`'s decode and prefill documents), serve
 and server (server summaries under a list of {"scenario": ...}), mission and long (the long
-load's record), capacity (ledger rows). Only headline runs count: on a GPU (a document that
-names no GPU counts, one that names none does not: a CPU run), on the default full-shape model
+load's record), capacity (ledger rows), quant (bench/quant_run.sh's rows per file and
+variant). Only headline runs count: on a GPU (a document that names no GPU counts, one that
+names none does not: a CPU run), on the default full-shape model
 (not its small, locality or real-MoE variants); `load(folder, "locality")` reads the locality
 model's instead (an indexer that prefers stable blocks, as trained models do), and prefix (the
 agents' record).
@@ -24,6 +25,7 @@ DECODE_KINDS = ("decode", "steps")
 SERVE_KINDS = ("serve", "server")
 LONG_KINDS = ("mission", "long")
 PREFIX_KINDS = ("prefix",)
+QUANT_KINDS = ("quant",)
 MODEL_TAGS = ("-small", "-locality", "-realmoe")  # in a variant model's file name
 MODEL_KINDS = {"random": (), "locality": ("-locality",)}  # the tags of each kind read
 CURVE_VARIANTS = ("pyqsa", "pyqsa-paged", "upstream")  # the decode plot's lines

@@ -82,6 +82,22 @@ def test_a_new_run_changes_the_block_and_a_cpu_run_does_not(copy, tmp_path):
     assert report.main([*args, "--check"]) == 0
 
 
+def test_the_quantized_files_row_takes_the_newest_call_with_f16_beside_them():
+    docs = results.load(RESULTS)
+    ((kind, text, doc),) = report.quant_rows(docs)
+    rows = {r["type"]: r for r in doc.data["rows"] if r.get("variant") == "pyqsa"}
+    assert kind == "speed" and doc.kind == "quant"
+    for t in ("f16", "Q4_K_M"):
+        one, eight = rows[t]["decode_tok_s"]["32768x1"], rows[t]["decode_tok_s"]["32768x8"]
+        assert f"{one:.1f} / {eight:.1f}" in text
+    # the newest of the calls that qualify (older ones ran no f16 source or had no variants)
+    ok = [d for d in docs if d.kind == "quant" and report._quant_cells(d) is not None]
+    assert len(ok) >= 2 and doc is ok[-1]
+    # a call without the f16 source's runs gives no row
+    lone = results.Doc(doc.path, doc.date, doc.commit, "quant", {"rows": [rows["Q4_K_M"]]})
+    assert report.quant_rows([lone]) == []
+
+
 def test_a_stale_plot_fails_the_check(copy, tmp_path):
     args = ["--results", str(copy), "--readme", str(tmp_path / "README.md")]
     report.main(args)
