@@ -56,8 +56,9 @@ bool pyqsa_hc_mix_fused(ggml_tensor * x, ggml_tensor * w_norm, ggml_tensor * w_d
     }();
     const bool tokens = x->ne[2] <= max_tokens;
     // what the ops' builders take
-    const bool types  = x->type == GGML_TYPE_F32 && w_norm->type == GGML_TYPE_F32 && pyqsa_hc_weight_type(w_down->type) &&
-                       pyqsa_hc_weight_type(w_up->type) && w_inject->type == w_down->type;
+    const bool types  = x->type == GGML_TYPE_F32 && w_norm->type == GGML_TYPE_F32 &&
+                       pyqsa_hc_weight_type(w_down->type) && pyqsa_hc_weight_type(w_up->type) &&
+                       w_inject->type == w_down->type;
     const bool layout = ggml_is_contiguous(x) && ggml_is_contiguous(w_norm) && ggml_is_contiguous(w_down) &&
                         ggml_is_contiguous(w_up) && ggml_is_contiguous(w_inject);
     return fused && (on_gpu || any_backend) && tokens && types && layout && dev != nullptr &&

@@ -198,7 +198,8 @@ std::vector<product_way> ways(const product_case & c) {
         // in a q8_0 block is ~4e-4) where it takes the case: x in f32 at one column (wide MUL_MATs and
         // experts), rounded to f16 at 2-8; upstream's MMVQ rounds x to 8 bits
         const bool gemv = c.n_tok >= 2 || c.n_expert > 0 || c.n_out >= 8192;
-        const product_way ours = gemv ? product_way{ nullptr, nullptr, 1e-6, c.n_tok == 1 ? GGML_TYPE_F32 : GGML_TYPE_F16 }
+        const ggml_type   x_in = c.n_tok == 1 ? GGML_TYPE_F32 : GGML_TYPE_F16;
+        const product_way ours = gemv ? product_way{ nullptr, nullptr, 1e-6, x_in }
                                       : product_way{ nullptr, nullptr, 1e-3 };
         return { ours, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", 1e-3 } };
     }
@@ -448,8 +449,8 @@ int cmd_test(const char * only_backend) {
         bool supported = false;
         const std::vector<float> out_cpu = run(cpu, c, d, &supported);
         const double e_cpu = supported ? nmse(out_cpu, ref) : INFINITY;
-        report(c.name(), "CPU", "vs reference: nmse " + sci(e_cpu) + " ", supported && e_cpu < (quantized(c) ? 1e-3 : 1e-9),
-               n_ok, n_fail);
+        const double cpu_bound = quantized(c) ? 1e-3 : 1e-9;
+        report(c.name(), "CPU", "vs reference: nmse " + sci(e_cpu) + " ", supported && e_cpu < cpu_bound, n_ok, n_fail);
         for (const product_way & w : ways(c)) {
             if (w.var) setenv(w.var, w.value, 1);
             on_other_backends(only_backend, c.name() + way_name(w), n_ok, n_fail, [&](ggml_backend_t be) {
@@ -457,8 +458,9 @@ int cmd_test(const char * only_backend) {
                 const std::vector<float> out = run(be, c, d, &ok);
                 const bool        vs_cpu = w.ref_x == GGML_TYPE_COUNT;
                 const double      e      = !ok ? INFINITY : nmse(out, vs_cpu ? out_cpu : reference(c, d, w.ref_x));
-                const std::string against = vs_cpu ? "vs CPU: nmse "
-                                                   : std::string("vs reference of x in ") + ggml_type_name(w.ref_x) + ": nmse ";
+                const std::string against = vs_cpu ? std::string("vs CPU: nmse ")
+                                                   : std::string("vs reference of x in ") + ggml_type_name(w.ref_x) +
+                                                         ": nmse ";
                 return std::make_pair(ok && e < w.bound, ok ? against + sci(e) + " " : std::string("not supported "));
             });
             if (w.var) unsetenv(w.var);

@@ -1,7 +1,7 @@
-// f16 or quantized weights (gemv-weights.cuh) times 1-8 f32 columns (see gemv-f16.cuh). One column: grid (row blocks, n_used),
-// WARPS warps a CTA, R rows a warp, a MUL_MAT being the case of one expert. 2-8 columns: grid
-// (blocks of 16 * RG rows times a cluster's CTAs, expert slots), the CTA's W warps (and the
-// cluster's CTAs) splitting K, on tensor cores. Either grid's row blocks may span several products
+// f16 or quantized weights (gemv-weights.cuh) times 1-8 f32 columns (see gemv-f16.cuh). One
+// column: grid (row blocks, n_used), WARPS warps a CTA, R rows a warp, a MUL_MAT being the case
+// of one expert. 2-8 columns: grid (blocks of 16 * RG rows times a cluster's CTAs, expert slots),
+// the CTA's W warps (and the cluster's CTAs) splitting K, on tensor cores. Either grid's row blocks may span several products
 // of the same x (parts): each part takes its own blocks (one column: a row's sum is the same
 // whichever launch computes it).
 #include "gemv-f16.cuh"
@@ -192,7 +192,8 @@ __global__ void __launch_bounds__(W * WARP_SIZE) gemv_cols(const cols_args a) {
         for (int i = 0; i < RG; ++i) {
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(pt.w + row_off[i][j] + weights::offset(kbeg + warp * KB + t * 8)));
+                const size_t at = row_off[i][j] + weights::offset(kbeg + warp * KB + t * 8);
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(pt.w + at));
             }
         }
     }
@@ -471,8 +472,8 @@ bool launch_mul_mats(ggml_backend_cuda_context & ctx, const ggml_tensor * const 
     int64_t       rows = 0;
     for (int i = 0; i < n; ++i) {
         const ggml_tensor * w = ws[i];
-        if (!takes(ctx, w, x, dsts[i]) || w->type != ws[0]->type || w->ne[2] != 1 || x->ne[3 - dim] != 1 || dsts[i]->ne[dim] != T ||
-            dsts[i]->ne[3 - dim] != 1 || (T >= 2 && w->ne[0] % KB != 0)) {
+        if (!takes(ctx, w, x, dsts[i]) || w->type != ws[0]->type || w->ne[2] != 1 || x->ne[3 - dim] != 1 ||
+            dsts[i]->ne[dim] != T || dsts[i]->ne[3 - dim] != 1 || (T >= 2 && w->ne[0] % KB != 0)) {
             return false;
         }
         rows += w->ne[1];

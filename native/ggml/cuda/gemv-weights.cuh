@@ -81,7 +81,9 @@ template <> struct gemv_weights<GGML_TYPE_F16> {
     static constexpr int qk    = 8;   // weights of a block: K a multiple of it
     static constexpr int align = 16;  // the loads' alignment: of the data and of every row
     static __device__ __forceinline__ size_t offset(int k) { return (size_t) k * sizeof(half); }
-    static __device__ __forceinline__ uint4 load(const char * row, int k) { return __ldcs((const uint4 *) row + k / 8); }
+    static __device__ __forceinline__ uint4 load(const char * row, int k) {
+        return __ldcs((const uint4 *) row + k / 8);
+    }
 };
 
 // d * q, q int8: as unsigned bytes q + 128, so the bias is 1024 + 128
@@ -170,9 +172,9 @@ template <> struct gemv_weights<GGML_TYPE_Q5_1> {
         const uint32_t     h  = __ldcs((const unsigned int *) b->qh);
         const uint2        q  = __ldcs((const uint2 *) (b->qs + o % 16));
         uint4              w;
-        scaled_min((q.x >> shift & 0x0F0F0F0Fu) | fifth_bits(h, o), __low2half2(dm), __hneg2(__high2half2(dm)), w.x, w.y);
-        scaled_min((q.y >> shift & 0x0F0F0F0Fu) | fifth_bits(h, o + 4), __low2half2(dm), __hneg2(__high2half2(dm)), w.z,
-                   w.w);
+        const half2        d  = __low2half2(dm), m = __hneg2(__high2half2(dm));
+        scaled_min((q.x >> shift & 0x0F0F0F0Fu) | fifth_bits(h, o), d, m, w.x, w.y);
+        scaled_min((q.y >> shift & 0x0F0F0F0Fu) | fifth_bits(h, o + 4), d, m, w.z, w.w);
         return w;
     }
 };

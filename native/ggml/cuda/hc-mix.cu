@@ -220,7 +220,8 @@ __global__ void __launch_bounds__(BLOCK, DOWN_CTAS) hc_down(const hc_down_args a
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int64_t row = min(row0 + 2 * warp + r, n_rows - 1);  // a repeat past the end
-        w[r] = row < a.lr ? (const char *) a.w_down + row * a.w_nb1 : (const char *) a.w_inject + (row - a.lr) * a.w_nb1;
+        w[r] = row < a.lr ? (const char *) a.w_down + row * a.w_nb1
+                          : (const char *) a.w_inject + (row - a.lr) * a.w_nb1;
     }
     chunk_t wc[2][DOWN_LOADS];
     load_chunks<VEC>(wc, w, kw, 0, n_ch, lane);
@@ -444,19 +445,21 @@ bool pyqsa_cuda_hc_mix_supported(const ggml_tensor * op) {
     const ggml_tensor * w = op->src[2];  // w_down or w_up
     const int64_t       n_embd = x->ne[0], hc = x->ne[1], nt = x->ne[2];
     // quantized: a type the gemv reads, one token, chunks of 8, rows aligned for its loads
-    int        align = 0;
-    const bool quant = ggml_is_quantized(w->type) &&
-                       pyqsa_with_gemv_weights(w->type, [&](auto t) { align = gemv_weights<decltype(t)::value>::align; }) &&
-                       nt == 1 && n_embd % 8 == 0 && w->ne[0] % 8 == 0 && ((uintptr_t) w->data | w->nb[1]) % align == 0 &&
-                       (ggml_get_op_params_i32(op, 0) == PYQSA_GGML_OP_HC_PRE ||
-                        ((uintptr_t) op->src[3]->data | op->src[3]->nb[1]) % align == 0);
+    int        align   = 0;
+    const auto aligned = [&](const ggml_tensor * t) { return ((uintptr_t) t->data | t->nb[1]) % align == 0; };
+    const bool quant   = ggml_is_quantized(w->type) &&
+                       pyqsa_with_gemv_weights(w->type,
+                                               [&](auto t) { align = gemv_weights<decltype(t)::value>::align; }) &&
+                       nt == 1 && n_embd % 8 == 0 && w->ne[0] % 8 == 0 && aligned(w) &&
+                       (ggml_get_op_params_i32(op, 0) == PYQSA_GGML_OP_HC_PRE || aligned(op->src[3]));
     const bool shapes = nt <= PYQSA_HC_MIX_MAX_TOKENS && hc <= PYQSA_HC_MIX_MAX_STREAMS && n_embd % 2 == 0 &&
                         w->ne[0] % 2 == 0 && (w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_F32 || quant);
     if (ggml_get_op_params_i32(op, 0) == PYQSA_GGML_OP_HC_PRE) {
         return shapes;
     }
     const int64_t xg_bytes = nt * part_of(n_embd, hc, n_embd % 8 == 0 ? 8 : 2) * (int64_t) sizeof(float);
-    return shapes && xg_bytes <= MAX_DYNAMIC_SMEM && pyqsa_cuda_clusters_on((const void *) hc_down<GGML_TYPE_F16, 1, 4, 8>);
+    return shapes && xg_bytes <= MAX_DYNAMIC_SMEM &&
+           pyqsa_cuda_clusters_on((const void *) hc_down<GGML_TYPE_F16, 1, 4, 8>);
 }
 
 namespace {
@@ -486,8 +489,9 @@ void launch_down(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const hc_co
     const unsigned                       blocks  = (unsigned) ((lr + hc + ROWS - 1) / ROWS) * cluster;
     const ggml_cuda_kernel_launch_params p(dim3(blocks), BLOCK, nt * a.part * sizeof(float), ctx.stream());
     with_kernel(dst, n_embd, [&](auto wt, auto nt, auto hc, auto vec) {
-        pyqsa_cuda_cluster_launch(
-            hc_down<decltype(wt)::value, decltype(nt)::value, decltype(hc)::value, decltype(vec)::value>, p, cluster, a);
+        constexpr ggml_type WT = decltype(wt)::value;
+        pyqsa_cuda_cluster_launch(hc_down<WT, decltype(nt)::value, decltype(hc)::value, decltype(vec)::value>, p,
+                                  cluster, a);
     });
 }
 
@@ -534,7 +538,7 @@ void pyqsa_cuda_hc_pre(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const unsigned                       grid = (unsigned) ((a.n_embd + WARPS - 1) / WARPS);
     const ggml_cuda_kernel_launch_params p(grid, BLOCK, x->ne[2] * a.lr * sizeof(float), ctx.stream());
     with_kernel(dst, a.lr, [&](auto wt, auto nt, auto hc, auto vec) {
-        ggml_cuda_kernel_launch(hc_pre<decltype(wt)::value, decltype(nt)::value, decltype(hc)::value, decltype(vec)::value>,
-                                p, a);
+        constexpr ggml_type WT = decltype(wt)::value;
+        ggml_cuda_kernel_launch(hc_pre<WT, decltype(nt)::value, decltype(hc)::value, decltype(vec)::value>, p, a);
     });
 }
