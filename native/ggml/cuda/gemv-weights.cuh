@@ -39,23 +39,46 @@ __device__ __forceinline__ half2 from_bits(uint32_t v) {
     return *(const half2 *) &v;
 }
 
-// unsigned bytes u of v (4 weights' quants) as (u - bias) * scale, a uint4 half of `out`
-__device__ __forceinline__ void scaled(uint32_t v, half2 bias, half2 scale, uint32_t & lo, uint32_t & hi) {
-    lo = bits(__hmul2(__hsub2(biased_pair(v, false), bias), scale));
-    hi = bits(__hmul2(__hsub2(biased_pair(v, true), bias), scale));
+// an f16 scale's bits in both halves
+__device__ __forceinline__ half2 splat(uint32_t h) {
+    return from_bits(h | h << 16);
 }
 
-// unsigned bytes u of v as u * scale - min
-__device__ __forceinline__ void scaled_min(uint32_t v, half2 scale, half2 min, uint32_t & lo, uint32_t & hi) {
-    const half2 b = __float2half2_rn(1024.0f);
-    lo = bits(__hfma2(__hsub2(biased_pair(v, false), b), scale, __hneg2(min)));
-    hi = bits(__hfma2(__hsub2(biased_pair(v, true), b), scale, __hneg2(min)));
+// the unsigned bytes u of q (8 weights' quants, q.x first) as (u - bias) * scale
+__device__ __forceinline__ uint4 scaled(uint2 q, half2 bias, half2 scale) {
+    const auto one = [&](uint32_t v, bool hi) { return bits(__hmul2(__hsub2(biased_pair(v, hi), bias), scale)); };
+    return make_uint4(one(q.x, false), one(q.x, true), one(q.y, false), one(q.y, true));
+}
+
+// the unsigned bytes u of q as u * scale - min
+__device__ __forceinline__ uint4 scaled_min(uint2 q, half2 scale, half2 min) {
+    const half2 b   = __float2half2_rn(1024.0f);
+    const auto  one = [&](uint32_t v, bool hi) {
+        return bits(__hfma2(__hsub2(biased_pair(v, hi), b), scale, __hneg2(min)));
+    };
+    return make_uint4(one(q.x, false), one(q.x, true), one(q.y, false), one(q.y, true));
+}
+
+// the 4-bit fields of q's bytes from bit `shift` (0: low nibbles, 4: high)
+__device__ __forceinline__ uint2 nibbles(uint2 q, int shift) {
+    return make_uint2(q.x >> shift & 0x0F0F0F0Fu, q.y >> shift & 0x0F0F0F0Fu);
 }
 
 // bits o .. o + 3 of h (each 0 or 1) as bit 4 of bytes 0-3: the fifth bit of q5_0's and q5_1's quants
 __device__ __forceinline__ uint32_t fifth_bits(uint32_t h, int o) {
     h >>= o;
     return ((h & 1) | (h & 2) << 7 | (h & 4) << 14 | (h & 8) << 21) << 4;
+}
+
+// q's bytes with the bits `mask` of h >> shift's bytes above their 4 (q5_K's fifth bit, q6_K's
+// fifth and sixth)
+__device__ __forceinline__ uint2 with_high_bits(uint2 q, uint2 h, int shift, uint32_t mask) {
+    return make_uint2(q.x | (h.x >> shift & mask) << 4, q.y | (h.y >> shift & mask) << 4);
+}
+
+// q's bytes (the quants of weights o .. o + 7) with bits o .. o + 7 of h as their bit 4
+__device__ __forceinline__ uint2 with_fifth_bits(uint2 q, uint32_t h, int o) {
+    return make_uint2(q.x | fifth_bits(h, o), q.y | fifth_bits(h, o + 4));
 }
 
 // 8 bytes at a 4-byte aligned address
@@ -94,14 +117,8 @@ template <> struct gemv_weights<GGML_TYPE_Q8_0> {
     static __device__ __forceinline__ uint4 load(const char * row, int k) {
         using namespace pyqsa_gemv_detail;
         const block_q8_0 * b = (const block_q8_0 *) row + k / QK8_0;
-        const uint32_t     d = ld16(&b->d);
         const uint2        q = ld8_2((const uint8_t *) b->qs + k % QK8_0);
-        const half2        s = from_bits(d | d << 16);
-        const half2        bias = __float2half2_rn(1152.0f);
-        uint4              w;
-        scaled(q.x ^ 0x80808080u, bias, s, w.x, w.y);
-        scaled(q.y ^ 0x80808080u, bias, s, w.z, w.w);
-        return w;
+        return scaled(make_uint2(q.x ^ 0x80808080u, q.y ^ 0x80808080u), __float2half2_rn(1152.0f), splat(ld16(&b->d)));
     }
 };
 
@@ -114,14 +131,9 @@ template <> struct gemv_weights<GGML_TYPE_Q4_0> {
     static __device__ __forceinline__ uint4 load(const char * row, int k) {
         using namespace pyqsa_gemv_detail;
         const block_q4_0 * b = (const block_q4_0 *) row + k / QK4_0;
-        const int          o = k % QK4_0, shift = 4 * (o / 16);
-        const uint32_t     d = ld16(&b->d);
-        const uint2        q = ld8_2(b->qs + o % 16);
-        const half2        bias = __float2half2_rn(1024.0f + 8.0f);
-        uint4              w;
-        scaled(q.x >> shift & 0x0F0F0F0Fu, bias, from_bits(d | d << 16), w.x, w.y);
-        scaled(q.y >> shift & 0x0F0F0F0Fu, bias, from_bits(d | d << 16), w.z, w.w);
-        return w;
+        const int          o = k % QK4_0;
+        const uint2        q = nibbles(ld8_2(b->qs + o % 16), 4 * (o / 16));
+        return scaled(q, __float2half2_rn(1024.0f + 8.0f), splat(ld16(&b->d)));
     }
 };
 
@@ -132,13 +144,10 @@ template <> struct gemv_weights<GGML_TYPE_Q4_1> {
     static __device__ __forceinline__ uint4 load(const char * row, int k) {
         using namespace pyqsa_gemv_detail;
         const block_q4_1 * b  = (const block_q4_1 *) row + k / QK4_1;
-        const int          o  = k % QK4_1, shift = 4 * (o / 16);
+        const int          o  = k % QK4_1;
         const half2        dm = from_bits(__ldcs((const unsigned int *) b));
-        const uint2        q  = ld8_4(b->qs + o % 16);
-        uint4              w;
-        scaled_min(q.x >> shift & 0x0F0F0F0Fu, __low2half2(dm), __hneg2(__high2half2(dm)), w.x, w.y);
-        scaled_min(q.y >> shift & 0x0F0F0F0Fu, __low2half2(dm), __hneg2(__high2half2(dm)), w.z, w.w);
-        return w;
+        const uint2        q  = nibbles(ld8_4(b->qs + o % 16), 4 * (o / 16));
+        return scaled_min(q, __low2half2(dm), __hneg2(__high2half2(dm)));
     }
 };
 
@@ -149,14 +158,10 @@ template <> struct gemv_weights<GGML_TYPE_Q5_0> {
     static __device__ __forceinline__ uint4 load(const char * row, int k) {
         using namespace pyqsa_gemv_detail;
         const block_q5_0 * b = (const block_q5_0 *) row + k / QK5_0;
-        const int          o = k % QK5_0, shift = 4 * (o / 16);
-        const uint32_t     d = ld16(&b->d), h = ld16(b->qh) | ld16(b->qh + 2) << 16;
-        const uint2        q = ld8_2(b->qs + o % 16);
-        const half2        bias = __float2half2_rn(1024.0f + 16.0f);
-        uint4              w;
-        scaled((q.x >> shift & 0x0F0F0F0Fu) | fifth_bits(h, o), bias, from_bits(d | d << 16), w.x, w.y);
-        scaled((q.y >> shift & 0x0F0F0F0Fu) | fifth_bits(h, o + 4), bias, from_bits(d | d << 16), w.z, w.w);
-        return w;
+        const int          o = k % QK5_0;
+        const uint32_t     h = ld16(b->qh) | ld16(b->qh + 2) << 16;
+        const uint2        q = with_fifth_bits(nibbles(ld8_2(b->qs + o % 16), 4 * (o / 16)), h, o);
+        return scaled(q, __float2half2_rn(1024.0f + 16.0f), splat(ld16(&b->d)));
     }
 };
 
@@ -167,15 +172,12 @@ template <> struct gemv_weights<GGML_TYPE_Q5_1> {
     static __device__ __forceinline__ uint4 load(const char * row, int k) {
         using namespace pyqsa_gemv_detail;
         const block_q5_1 * b  = (const block_q5_1 *) row + k / QK5_1;
-        const int          o  = k % QK5_1, shift = 4 * (o / 16);
+        const int          o  = k % QK5_1;
         const half2        dm = from_bits(__ldcs((const unsigned int *) b));
         const uint32_t     h  = __ldcs((const unsigned int *) b->qh);
-        const uint2        q  = __ldcs((const uint2 *) (b->qs + o % 16));
-        uint4              w;
-        const half2        d  = __low2half2(dm), m = __hneg2(__high2half2(dm));
-        scaled_min((q.x >> shift & 0x0F0F0F0Fu) | fifth_bits(h, o), d, m, w.x, w.y);
-        scaled_min((q.y >> shift & 0x0F0F0F0Fu) | fifth_bits(h, o + 4), d, m, w.z, w.w);
-        return w;
+        const uint2        q4 = nibbles(__ldcs((const uint2 *) (b->qs + o % 16)), 4 * (o / 16));
+        const uint2        q  = with_fifth_bits(q4, h, o);
+        return scaled_min(q, __low2half2(dm), __hneg2(__high2half2(dm)));
     }
 };
 
@@ -193,11 +195,7 @@ template <> struct gemv_weights<GGML_TYPE_Q4_K> {
         const float2       dm = __half22float2(from_bits(__ldcs((const unsigned int *) b)));
         float              sc, m;
         scale_min_k4(b->scales, j, sc, m);
-        const int shift = 4 * (j % 2);
-        uint4     w;
-        scaled_min(q.x >> shift & 0x0F0F0F0Fu, __float2half2_rn(dm.x * sc), __float2half2_rn(dm.y * m), w.x, w.y);
-        scaled_min(q.y >> shift & 0x0F0F0F0Fu, __float2half2_rn(dm.x * sc), __float2half2_rn(dm.y * m), w.z, w.w);
-        return w;
+        return scaled_min(nibbles(q, 4 * (j % 2)), __float2half2_rn(dm.x * sc), __float2half2_rn(dm.y * m));
     }
 };
 
@@ -215,13 +213,8 @@ template <> struct gemv_weights<GGML_TYPE_Q5_K> {
         const float2       dm = __half22float2(from_bits(__ldcs((const unsigned int *) b)));
         float              sc, m;
         scale_min_k4(b->scales, j, sc, m);
-        const int shift = 4 * (j % 2);
-        const uint32_t lo = (q.x >> shift & 0x0F0F0F0Fu) | (qh.x >> j & 0x01010101u) << 4;
-        const uint32_t hi = (q.y >> shift & 0x0F0F0F0Fu) | (qh.y >> j & 0x01010101u) << 4;
-        uint4 w;
-        scaled_min(lo, __float2half2_rn(dm.x * sc), __float2half2_rn(dm.y * m), w.x, w.y);
-        scaled_min(hi, __float2half2_rn(dm.x * sc), __float2half2_rn(dm.y * m), w.z, w.w);
-        return w;
+        const uint2 q5 = with_high_bits(nibbles(q, 4 * (j % 2)), qh, j, 0x01010101u);
+        return scaled_min(q5, __float2half2_rn(dm.x * sc), __float2half2_rn(dm.y * m));
     }
 };
 
@@ -240,12 +233,8 @@ template <> struct gemv_weights<GGML_TYPE_Q6_K> {
         const uint2        qh = ld8_2(b->qh + 32 * n + l);
         const float        d  = __half2float(__ushort_as_half((unsigned short) ld16(&b->d)));
         const half2        s  = __float2half2_rn(d * (float) b->scales[8 * n + l / 16 + 2 * c]);
-        const half2        bias = __float2half2_rn(1024.0f + 32.0f);
-        const int          lsh = 4 * (c / 2), hsh = 2 * c;
-        uint4              w;
-        scaled((ql.x >> lsh & 0x0F0F0F0Fu) | (qh.x >> hsh & 0x03030303u) << 4, bias, s, w.x, w.y);
-        scaled((ql.y >> lsh & 0x0F0F0F0Fu) | (qh.y >> hsh & 0x03030303u) << 4, bias, s, w.z, w.w);
-        return w;
+        const uint2        q6 = with_high_bits(nibbles(ql, 4 * (c / 2)), qh, 2 * c, 0x03030303u);
+        return scaled(q6, __float2half2_rn(1024.0f + 32.0f), s);
     }
 };
 
