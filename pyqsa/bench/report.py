@@ -141,18 +141,18 @@ def speed_rows(docs: list[Doc]) -> list[Row]:
     return out
 
 
-def _quant_cells(doc: Doc) -> tuple[str, dict[str, dict[str, float]]] | None:
+def _quant_cells(doc: Doc) -> tuple[str, dict[str, dict[str, float]], int] | None:
     """The first context at which the f16 source and a quantized file both decoded 1 and 8
-    sequences on pyqsa's library (variant pyqsa), with each such file's two rates by type."""
+    sequences on pyqsa's library (variant pyqsa), with each such file's two rates by type and
+    the fewest runs any of them is the median of."""
     rows = [r for r in doc.data.get("rows", []) if r.get("variant") == "pyqsa"]
     for key in sorted({k.split("x")[0] for r in rows for k in r["decode_tok_s"]}, key=int):
-        both = {
-            r["type"]: r["decode_tok_s"]
-            for r in rows
-            if f"{key}x1" in r["decode_tok_s"] and f"{key}x8" in r["decode_tok_s"]
-        }
+        cells = [f"{key}x1", f"{key}x8"]
+        both = {r["type"]: r for r in rows if all(c in r["decode_tok_s"] for c in cells)}
         if "f16" in both and len(both) > 1:
-            return key, {t: {n: v[f"{key}x{n}"] for n in ("1", "8")} for t, v in both.items()}
+            rates = {t: {c[-1]: r["decode_tok_s"][c] for c in cells} for t, r in both.items()}
+            runs = min(r["decode_runs"][c] for r in both.values() for c in cells)
+            return key, rates, runs
     return None
 
 
@@ -161,12 +161,12 @@ def quant_rows(docs: list[Doc]) -> list[Row]:
     doc = results.newest(docs, results.QUANT_KINDS, lambda d: _quant_cells(d) is not None)
     if doc is None:
         return []
-    key, cells = _quant_cells(doc)
+    key, cells, runs = _quant_cells(doc)
     rates = {t: f"{c['1']:.1f} / {c['8']:.1f}" for t, c in cells.items()}
     files = ", ".join(f"{t} {r}" for t, r in rates.items() if t != "f16")
     text = (
         f"decode of pyqsa quantize's files at {context_label(int(key))}, 1 / 8 sequences: "
-        f"{files} tok/s (f16 {rates['f16']}, the same call)"
+        f"{files} tok/s (f16 {rates['f16']}, the same call; medians of {runs} runs)"
     )
     return [("speed", text, doc)]
 
