@@ -222,20 +222,27 @@ std::string way_name(const product_way & w) {
     return w.var ? std::string(" ") + w.var + "=" + w.value : "";
 }
 
-// MUL_MATs y_i = w_i x (f16 weights [n_in, n_out[i]], x [n_in, n_tok]), each scaled by 1 right
-// after it (a node between the products, as a decode step has); hazard: x scaled in place after the
-// first product, so the second and later ones read the scaled x and must not move before it
+// MUL_MATs y_i = w_i x (weights [n_in, n_out[i]] of types[i], f16 where types is empty; x
+// [n_in, n_tok]), each scaled by 1 right after it (a node between the products, as a decode step
+// has); hazard: x scaled in place after the first product, so the second and later ones read the
+// scaled x and must not move before it
 struct group_case {
-    int64_t              n_in;
-    std::vector<int64_t> n_out;
-    int64_t              n_tok;
-    bool                 hazard;
-    bool                 same_bits;      // every product on the one-column gemv alone too, summed alike
-    int                  launches;       // grouped launches the graph makes
+    int64_t                n_in;
+    std::vector<int64_t>   n_out;
+    int64_t                n_tok;
+    bool                   hazard;
+    bool                   same_bits;     // every product on the one-column gemv alone too, summed alike
+    int                    launches;      // grouped launches the graph makes
+    std::vector<ggml_type> types   = {};
+    int                    grouped = -1;  // the products they take: all (but a hazard's first) if -1
+
+    ggml_type type(size_t i) const { return types.empty() ? GGML_TYPE_F16 : types[i]; }
 
     std::string name() const {
         std::string outs;
-        for (int64_t n : n_out) outs += (outs.empty() ? "" : ",") + std::to_string(n);
+        for (size_t i = 0; i < n_out.size(); ++i) {
+            outs += (i ? "," : "") + std::to_string(n_out[i]) + (types.empty() ? "" : std::string(":") + ggml_type_name(type(i)));
+        }
         return "MUL_MAT group(n_in=" + std::to_string(n_in) + ",n_out=" + outs + ",n_tok=" + std::to_string(n_tok) +
                (hazard ? ",x written between" : "") + ")";
     }
@@ -250,7 +257,7 @@ std::vector<float> run_group(ggml_backend_t be, ggml_backend_t cpu, const group_
     ggml_init_params pp = { ggml_tensor_overhead() * (n + 1), nullptr, true };
     ggml_context * params = ggml_init(pp);
     std::vector<ggml_tensor *> wt(n);
-    for (size_t i = 0; i < n; ++i) wt[i] = ggml_new_tensor_2d(params, GGML_TYPE_F16, c.n_in, c.n_out[i]);
+    for (size_t i = 0; i < n; ++i) wt[i] = ggml_new_tensor_2d(params, c.type(i), c.n_in, c.n_out[i]);
     ggml_tensor * xt = ggml_new_tensor_2d(params, GGML_TYPE_F32, c.n_in, c.n_tok);
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(params, be);
     for (size_t i = 0; i < n; ++i) ggml_backend_tensor_set(wt[i], w[i].w_raw.data(), 0, ggml_nbytes(wt[i]));
@@ -302,8 +309,15 @@ void check_groups(const char * only_backend, ggml_backend_t cpu, std::mt19937 & 
     // Flash-Next's projections of one input: the linear attention's qkv, alpha, beta and z, the
     // attention's q and gate, k, v and the indexer's q and k, a hyper-connection norm's down and
     // inject (at one column too few rows for two a warp: not grouped); rows not a multiple of a
-    // warp's, the most products a launch takes
+    // warp's, the most products a launch takes; a quantized file's (Q4_K_M: q4_K beside a q6_K
+    // and a q5_0 one, each type its own launch; Q8_0)
+    constexpr ggml_type q4_K = GGML_TYPE_Q4_K, q6_K = GGML_TYPE_Q6_K, q5_0 = GGML_TYPE_Q5_0, q8_0 = GGML_TYPE_Q8_0;
     const group_case cases[] = {
+        { 2560, { 4096, 1024, 8192, 1024 }, 1, false, false, 1, { q4_K, q4_K, q6_K, q4_K }, 3 },
+        { 2560, { 4096, 1024, 8192, 1024 }, 8, false, false, 1, { q4_K, q4_K, q6_K, q4_K }, 3 },
+        { 2560, { 4096, 4096, 512, 512, 32 }, 2, false, false, 2, { q4_K, q5_0, q4_K, q5_0, q4_K }, 5 },
+        { 2560, { 12288, 512, 512, 512, 128 }, 1, false, false, 1, { q8_0, q8_0, q8_0, q8_0, q8_0 } },
+        { 2560, { 8192, 32, 8192 }, 4, true, false, 1, { q8_0, q8_0, q8_0 } },
         { 2560, { 12288, 8192, 8192 }, 1, false, true, 1 },
         { 2560, { 8192, 32, 32, 4096 }, 1, false, false, 1 },
         { 2560, { 12288, 512, 512, 512, 128 }, 1, false, false, 1 },
@@ -318,22 +332,28 @@ void check_groups(const char * only_backend, ggml_backend_t cpu, std::mt19937 & 
     for (const group_case & c : cases) {
         // each product's weights and the case's reference (make_data, reference), all on one x,
         // halved past the first product where x is scaled in place between
+        // quantized: the CPU rounds x to 8 bits (within 1e-3 of the reference), the gemv takes x in
+        // f32 at one column and in f16 at 2-8 (within 1e-6 of that reference, not of the CPU)
+        const bool      quant = !c.types.empty() && ggml_is_quantized(c.types[0]);
+        const ggml_type x_in  = c.n_tok == 1 ? GGML_TYPE_F32 : GGML_TYPE_F16;
         std::vector<product_data> w;
-        std::vector<float>        x, ref;
-        for (int64_t n_out : c.n_out) {
-            const product_case pc = { GGML_TYPE_F16, c.n_in, n_out, 0, 1, c.n_tok, 1, false };
+        std::vector<float>        x, ref, ref_gemv;
+        for (size_t i = 0; i < c.n_out.size(); ++i) {
+            const product_case pc = { c.type(i), c.n_in, c.n_out[i], 0, 1, c.n_tok, 1, false };
             w.push_back(make_data(pc, rng));
             if (x.empty()) x = w.back().x;
             product_data d = w.back();
             d.x            = x;
             for (auto & v : d.x) v *= c.hazard && w.size() > 1 ? 0.5f : 1.0f;
-            const std::vector<float> r = reference(pc, d, pc.type);
+            const std::vector<float> r = reference(pc, d, quant ? GGML_TYPE_F32 : pc.type);
             ref.insert(ref.end(), r.begin(), r.end());
+            const std::vector<float> rg = reference(pc, d, x_in);
+            ref_gemv.insert(ref_gemv.end(), rg.begin(), rg.end());
         }
         uint64_t counts[2];
         const std::vector<float> out_cpu = run_group(cpu, cpu, c, w, x, counts);
         const double e_cpu = nmse(out_cpu, ref);
-        report(c.name(), "CPU", "vs reference: nmse " + sci(e_cpu) + " ", e_cpu < 1e-9, n_ok, n_fail);
+        report(c.name(), "CPU", "vs reference: nmse " + sci(e_cpu) + " ", e_cpu < (quant ? 1e-3 : 1e-9), n_ok, n_fail);
         on_other_backends(only_backend, c.name(), n_ok, n_fail, [&](ggml_backend_t be) {
             uint64_t grouped[2], alone[2];
             const std::vector<float> out = run_group(be, cpu, c, w, x, grouped);
@@ -342,15 +362,16 @@ void check_groups(const char * only_backend, ggml_backend_t cpu, std::mt19937 & 
             unsetenv("PYQSA_CUDA_PRODUCTS_UNGROUPED");
             // f16 x rounding (2-8 columns) and upstream's f16 sums (narrow ones alone) against
             // f32 x and sums: within 1e-6, where a wrong row or part is ~1
-            const double e       = nmse(out, out_cpu);
+            const double e       = nmse(out, quant ? ref_gemv : out_cpu);
             const bool   bits    = out.size() == out_alone.size() && !out.empty() &&
                                    std::memcmp(out.data(), out_alone.data(), out.size() * sizeof(float)) == 0;
-            const int    n_group = c.hazard ? (int) c.n_out.size() - 1 : (int) c.n_out.size();
+            const int    n_group = c.grouped >= 0 ? c.grouped : c.hazard ? (int) c.n_out.size() - 1 : (int) c.n_out.size();
             const bool   counted = grouped[0] == (uint64_t) c.launches &&
                                    grouped[1] == (uint64_t) (c.launches ? n_group : 0) && alone[0] == 0;
             const bool ok = !out.empty() && e < 1e-6 && counted && (!c.same_bits || bits);
             char detail[200];
-            std::snprintf(detail, sizeof(detail), "vs CPU: nmse %s, %llu launch(es) of %llu products, %s ", sci(e).c_str(),
+            std::snprintf(detail, sizeof(detail), "vs %s: nmse %s, %llu launch(es) of %llu products, %s ",
+                          quant ? "reference" : "CPU", sci(e).c_str(),
                           (unsigned long long) grouped[0], (unsigned long long) grouped[1],
                           bits ? "same bits ungrouped" : "other bits ungrouped");
             return std::make_pair(ok, std::string(detail));

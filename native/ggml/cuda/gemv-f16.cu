@@ -510,6 +510,10 @@ bool launch_mul_mats(ggml_backend_cuda_context & ctx, const ggml_tensor * const 
 
 }  // namespace
 
+bool pyqsa_cuda_gemv_reads(ggml_type type) {
+    return pyqsa_with_gemv_weights(type, [](auto) {});
+}
+
 bool pyqsa_cuda_gemv(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_tensor * x, ggml_tensor * dst) {
     // NOTE: a warp a row reads a narrow matrix with too few warps in flight; upstream's CTA a row
     // was faster below two rows a warp (4096 x 2560: 12.5 us against 15.2; decode.py at one

@@ -1,5 +1,5 @@
 // Products of f16 weights with 1-8 activation columns: a decode step of 1-8 sequences; quantized
-// weights (q8_0, q4_K, q5_K, q6_K) likewise, each block dequantized in registers into the same
+// weights (q4_0 .. q8_0, q4_K, q5_K, q6_K) likewise, each block dequantized in registers into the same
 // f16 form (gemv-weights.cuh). Read by the patched ggml-cuda.cu (ggml_patches/0015) before
 // upstream's choice of kernel:
 //   MUL_MAT     dst [N, T] = w [K, N] x [K, T], T <= 8 (one column: N large enough for two rows
@@ -34,6 +34,9 @@ constexpr int PYQSA_GEMV_MAX_PARTS = 8;
 
 // PYQSA_CUDA_GEMV_UPSTREAM unset or "0" (pyqsa-cuda.cu reads it at every call)
 bool pyqsa_cuda_gemv_on();
+
+// whether the gemv reads weights of this type (gemv-weights.cuh)
+bool pyqsa_cuda_gemv_reads(ggml_type type);
 
 // runs the MUL_MAT dst = w x and returns true, or returns false (nothing launched)
 bool pyqsa_cuda_gemv(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_tensor * x, ggml_tensor * dst);

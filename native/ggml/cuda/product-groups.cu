@@ -4,7 +4,7 @@
 #include "gemv-f16.cuh"
 
 #include <atomic>
-#include <unordered_map>
+#include <map>
 #include <vector>
 
 namespace {
@@ -28,8 +28,9 @@ bool reads(const ggml_tensor * node, const ggml_tensor * t) {
     return false;
 }
 
-// node i: a MUL_MAT of f16 weights that no node computes and f32 x of 1-8 columns, with none of
-// upstream's fusions to it (they need the nodes after it where the graph put them)
+// node i: a MUL_MAT of weights the gemv reads (f16 or quantized) that no node computes and f32 x
+// of 1-8 columns, with none of upstream's fusions to it (they need the nodes after it where the
+// graph put them)
 bool groupable(const ggml_cgraph * g, int i) {
     const ggml_tensor * n = g->nodes[i];
     if (n->op != GGML_OP_MUL_MAT || (n->flags & GGML_TENSOR_FLAG_COMPUTE) == 0) {
@@ -37,7 +38,7 @@ bool groupable(const ggml_cgraph * g, int i) {
     }
     const ggml_tensor * w = n->src[0];
     const ggml_tensor * x = n->src[1];
-    if (w->type != GGML_TYPE_F16 || w->op != GGML_OP_NONE || w->view_src != nullptr || x->type != GGML_TYPE_F32 ||
+    if (!pyqsa_cuda_gemv_reads(w->type) || w->op != GGML_OP_NONE || w->view_src != nullptr || x->type != GGML_TYPE_F32 ||
         n->type != GGML_TYPE_F32 || x->ne[1] > PYQSA_GEMV_MAX_COLS || x->ne[2] != 1 || x->ne[3] != 1 ||
         w->ne[2] != 1 || w->ne[3] != 1) {
         return false;
@@ -68,17 +69,19 @@ void pyqsa_cuda_group_products(ggml_cgraph * g) {
     if (!pyqsa_cuda_products_grouped()) {
         return;
     }
-    std::unordered_map<const ggml_tensor *, std::vector<int>> by_x;  // groupable products, in order
+    // groupable products by x and weight type (a launch reads one type), in order
+    std::map<std::pair<const ggml_tensor *, ggml_type>, std::vector<int>> by_x;
     for (int i = 0; i < g->n_nodes; ++i) {
         if (groupable(g, i)) {
-            by_x[g->nodes[i]->src[1]].push_back(i);
+            by_x[{ g->nodes[i]->src[1], g->nodes[i]->src[0]->type }].push_back(i);
         }
     }
     std::vector<std::vector<int>> joins(g->n_nodes);  // an anchor's products, to follow it
     std::vector<bool>             moved(g->n_nodes, false);
     bool                          any = false;
-    for (const auto & [x, products] : by_x) {
-        int anchor = products[0];
+    for (const auto & [key, products] : by_x) {
+        const ggml_tensor * x      = key.first;
+        int                 anchor = products[0];
         for (size_t k = 1; k < products.size(); ++k) {
             const int j = products[k];
             if ((int) joins[anchor].size() + 1 >= PYQSA_GEMV_MAX_PARTS || writes_between(g, anchor, j, x)) {
@@ -114,8 +117,9 @@ int pyqsa_cuda_try_group(ggml_backend_cuda_context & ctx, const ggml_cgraph * g,
     const ggml_tensor * x                             = g->nodes[i]->src[1];
     const ggml_tensor * dsts[PYQSA_GEMV_MAX_PARTS] = { g->nodes[i] };
     int                 n                             = 1;
+    const ggml_type     type                          = g->nodes[i]->src[0]->type;
     while (n < PYQSA_GEMV_MAX_PARTS && i + n < g->n_nodes && g->nodes[i + n]->op == GGML_OP_MUL_MAT &&
-           g->nodes[i + n]->src[1] == x && groupable(g, i + n)) {
+           g->nodes[i + n]->src[1] == x && g->nodes[i + n]->src[0]->type == type && groupable(g, i + n)) {
         dsts[n] = g->nodes[i + n];
         ++n;
     }

@@ -7,13 +7,14 @@
 // (bench/results/2026-12-04-2d244c6-kernels.txt), ~2140 since the fused hyper-connection ops.
 // Called from the patched ggml-cuda.cu (ggml_patches/0020):
 //   graph_optimize (before the graph is allocated): each x's products that one launch can take
-//     (f16 weights, 1-8 columns, none of upstream's fusions to them) are moved next to the
-//     first of them. Only reads of x and of weights move, earlier, so the order stays valid; one
-//     whose x is written between stays.
+//     (weights of one type the gemv reads, f16 or quantized: a quantized file's q4_K projections
+//     of an x join, its q6_K one apart; 1-8 columns; none of upstream's fusions to them) are
+//     moved next to the first of them. Only reads of x and of weights move, earlier, so the
+//     order stays valid; one whose x is written between stays.
 //   graph_compute: such a run of MUL_MATs goes to pyqsa_cuda_gemv_group, one launch, each row
 //     summed as the gemv sums it alone (the same bits wherever the gemv takes the product alone).
 //     At one column a run whose rows are too few for two a warp (a hyper-connection norm's down
-//     and inject) runs product by product, on upstream's MMVF, which is faster there.
+//     and inject) runs product by product, on upstream's MMVF (MMVQ), which is faster there.
 // PYQSA_CUDA_PRODUCTS_UNGROUPED=1 turns both off (read at every call, so that test-products runs
 // both ways in one process).
 #pragma once
