@@ -86,15 +86,18 @@ __device__ __forceinline__ uint2 ld8_4(const uint8_t * p) {
     return make_uint2(__ldcs((const unsigned int *) p), __ldcs((const unsigned int *) p + 1));
 }
 
-// q4_K's and q5_K's 6-bit scale and min of sub-block j (llama.cpp's get_scale_min_k4)
-__device__ __forceinline__ void scale_min_k4(const uint8_t * s, int j, float & sc, float & m) {
-    const uint32_t a = s[j + 4], b = s[j], c = s[j & 3];
+// q4_K's and q5_K's 6-bit scale and min of sub-block j (llama.cpp's get_scale_min_k4) from the
+// block's first 16 bytes h (d and dmin, then the 12 bytes of scales) loaded at once: scales
+// bytes j & 3 of h.y (0-3), h.z (4-7) and h.w (8-11)
+__device__ __forceinline__ void scale_min_k4(uint4 h, int j, float & sc, float & m) {
+    const int      at = 8 * (j & 3);
+    const uint32_t a = h.y >> at, b = h.z >> at, c = h.w >> at;
     if (j < 4) {
-        sc = (float) (b & 63);
-        m  = (float) (a & 63);
+        sc = (float) (a & 63);
+        m  = (float) (b & 63);
     } else {
-        sc = (float) ((a & 0xF) | (c >> 6) << 4);
-        m  = (float) ((a >> 4) | (b >> 6) << 4);
+        sc = (float) ((c & 0xF) | (a >> 6 & 3) << 4);
+        m  = (float) ((c >> 4 & 0xF) | (b >> 6 & 3) << 4);
     }
 }
 
@@ -183,18 +186,23 @@ template <> struct gemv_weights<GGML_TYPE_Q5_1> {
 
 // sub-block j = (k % 256) / 32 of 32 weights: d * sc_j * q - dmin * m_j, q the low (j even) or
 // high nibbles of qs[32 (j / 2) ..], 4 bits
+// NOTE: the block's d, dmin and scales in one 16-byte load: a warp's load instruction reads a
+// 32-byte sector of each of its 8 rows whatever it loads of them, so a byte a load was a sector
+// for a byte; loaded apart (three byte loads and d's) they took 4 of a lane's 5 loads, and the
+// products of 2-8 columns read 0.7-1.1 TB/s of weights (f16 ~2.5)
 template <> struct gemv_weights<GGML_TYPE_Q4_K> {
     static constexpr int qk    = QK_K;
-    static constexpr int align = 8;  // 144-byte blocks, qs at 16
+    static constexpr int align = 16;  // 144-byte blocks, qs at 16
     static __device__ __forceinline__ size_t offset(int k) { return (size_t) (k / QK_K) * sizeof(block_q4_K); }
     static __device__ __forceinline__ uint4 load(const char * row, int k) {
         using namespace pyqsa_gemv_detail;
-        const block_q4_K * b = (const block_q4_K *) row + k / QK_K;
-        const int          j = k % QK_K / 32;
-        const uint2        q = __ldcs((const uint2 *) (b->qs + 32 * (j / 2) + k % 32));
-        const float2       dm = __half22float2(from_bits(__ldcs((const unsigned int *) b)));
+        const block_q4_K * b  = (const block_q4_K *) row + k / QK_K;
+        const int          j  = k % QK_K / 32;
+        const uint2        q  = __ldcs((const uint2 *) (b->qs + 32 * (j / 2) + k % 32));
+        const uint4        h  = __ldcs((const uint4 *) b);
+        const float2       dm = __half22float2(from_bits(h.x));
         float              sc, m;
-        scale_min_k4(b->scales, j, sc, m);
+        scale_min_k4(h, j, sc, m);
         return scaled_min(nibbles(q, 4 * (j % 2)), __float2half2_rn(dm.x * sc), __float2half2_rn(dm.y * m));
     }
 };
@@ -202,7 +210,7 @@ template <> struct gemv_weights<GGML_TYPE_Q4_K> {
 // as q4_K with a fifth bit: bit j of qh[k % 32 ..]
 template <> struct gemv_weights<GGML_TYPE_Q5_K> {
     static constexpr int qk    = QK_K;
-    static constexpr int align = 8;  // 176-byte blocks, qh at 16, qs at 48
+    static constexpr int align = 16;  // 176-byte blocks, qh at 16, qs at 48
     static __device__ __forceinline__ size_t offset(int k) { return (size_t) (k / QK_K) * sizeof(block_q5_K); }
     static __device__ __forceinline__ uint4 load(const char * row, int k) {
         using namespace pyqsa_gemv_detail;
@@ -210,9 +218,10 @@ template <> struct gemv_weights<GGML_TYPE_Q5_K> {
         const int          j  = k % QK_K / 32;
         const uint2        q  = __ldcs((const uint2 *) (b->qs + 32 * (j / 2) + k % 32));
         const uint2        qh = __ldcs((const uint2 *) (b->qh + k % 32));
-        const float2       dm = __half22float2(from_bits(__ldcs((const unsigned int *) b)));
+        const uint4        h  = __ldcs((const uint4 *) b);
+        const float2       dm = __half22float2(from_bits(h.x));
         float              sc, m;
-        scale_min_k4(b->scales, j, sc, m);
+        scale_min_k4(h, j, sc, m);
         const uint2 q5 = with_high_bits(nibbles(q, 4 * (j % 2)), qh, j, 0x01010101u);
         return scaled_min(q5, __float2half2_rn(dm.x * sc), __float2half2_rn(dm.y * m));
     }
