@@ -236,7 +236,7 @@ def _engine_options(f):
         click.option(
             "--prefix-cache-copy-ahead",
             type=click.IntRange(min=1),
-            default=4096,
+            default=1024,
             show_default=True,
             help="With the prefix cache: a prompt's KV rows are copied to the cache every this "
             "many tokens while it is computed, so few are left to copy beside the decode steps "

@@ -150,7 +150,7 @@ def _flags(**kw):
         max_waiting=1, threads=1, kv_type="f16", gpu_layers=None, device=None, gpus=None,
         tensor_split=None, kv_offload="none", hot_blocks=None, kv_host_type=None,
         kv_hot_type=None, gpu_memory=None, sampling="host", prefix_cache_gib=0.0,
-        prefix_cache_stride=16384, prefix_cache_copy_ahead=4096,
+        prefix_cache_stride=16384, prefix_cache_copy_ahead=1024,
     )  # fmt: skip
     return EngineFlags(**(small | kw))
 
