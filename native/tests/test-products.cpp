@@ -241,7 +241,8 @@ struct group_case {
     std::string name() const {
         std::string outs;
         for (size_t i = 0; i < n_out.size(); ++i) {
-            outs += (i ? "," : "") + std::to_string(n_out[i]) + (types.empty() ? "" : std::string(":") + ggml_type_name(type(i)));
+            const std::string t = types.empty() ? "" : std::string(":") + ggml_type_name(type(i));
+            outs += (i ? "," : "") + std::to_string(n_out[i]) + t;
         }
         return "MUL_MAT group(n_in=" + std::to_string(n_in) + ",n_out=" + outs + ",n_tok=" + std::to_string(n_tok) +
                (hazard ? ",x written between" : "") + ")";
@@ -365,7 +366,8 @@ void check_groups(const char * only_backend, ggml_backend_t cpu, std::mt19937 & 
             const double e       = nmse(out, quant ? ref_gemv : out_cpu);
             const bool   bits    = out.size() == out_alone.size() && !out.empty() &&
                                    std::memcmp(out.data(), out_alone.data(), out.size() * sizeof(float)) == 0;
-            const int    n_group = c.grouped >= 0 ? c.grouped : c.hazard ? (int) c.n_out.size() - 1 : (int) c.n_out.size();
+            const int    n_all   = c.hazard ? (int) c.n_out.size() - 1 : (int) c.n_out.size();
+            const int    n_group = c.grouped >= 0 ? c.grouped : n_all;
             const bool   counted = grouped[0] == (uint64_t) c.launches &&
                                    grouped[1] == (uint64_t) (c.launches ? n_group : 0) && alone[0] == 0;
             const bool ok = !out.empty() && e < 1e-6 && counted && (!c.same_bits || bits);

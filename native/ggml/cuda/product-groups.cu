@@ -38,9 +38,9 @@ bool groupable(const ggml_cgraph * g, int i) {
     }
     const ggml_tensor * w = n->src[0];
     const ggml_tensor * x = n->src[1];
-    if (!pyqsa_cuda_gemv_reads(w->type) || w->op != GGML_OP_NONE || w->view_src != nullptr || x->type != GGML_TYPE_F32 ||
-        n->type != GGML_TYPE_F32 || x->ne[1] > PYQSA_GEMV_MAX_COLS || x->ne[2] != 1 || x->ne[3] != 1 ||
-        w->ne[2] != 1 || w->ne[3] != 1) {
+    if (!pyqsa_cuda_gemv_reads(w->type) || w->op != GGML_OP_NONE || w->view_src != nullptr ||
+        x->type != GGML_TYPE_F32 || n->type != GGML_TYPE_F32 || x->ne[1] > PYQSA_GEMV_MAX_COLS ||
+        x->ne[2] != 1 || x->ne[3] != 1 || w->ne[2] != 1 || w->ne[3] != 1) {
         return false;
     }
     for (int k = 1; k <= FUSE_REACH && i + k < g->n_nodes; ++k) {
