@@ -180,6 +180,11 @@ bool decode_step(const product_case & c) {
     return c.type == GGML_TYPE_F16 && c.n_tok <= 8;
 }
 
+// x as the gemv takes it with quantized weights: f32 at one column, rounded to f16 at 2-8
+ggml_type gemv_x_type(int64_t n_tok) {
+    return n_tok == 1 ? GGML_TYPE_F32 : GGML_TYPE_F16;
+}
+
 // the CPU backend's products of quantized weights round x to 8 bits (q8_0, q8_K): against the
 // reference of the unrounded x within 1e-3 (~2e-5 here), where a wrong block scale is ~0.1
 bool quantized(const product_case & c) {
@@ -198,8 +203,7 @@ std::vector<product_way> ways(const product_case & c) {
         // in a q8_0 block is ~4e-4) where it takes the case: x in f32 at one column (wide MUL_MATs and
         // experts), rounded to f16 at 2-8; upstream's MMVQ rounds x to 8 bits
         const bool gemv = c.n_tok >= 2 || c.n_expert > 0 || c.n_out >= 8192;
-        const ggml_type   x_in = c.n_tok == 1 ? GGML_TYPE_F32 : GGML_TYPE_F16;
-        const product_way ours = gemv ? product_way{ nullptr, nullptr, 1e-6, x_in }
+        const product_way ours = gemv ? product_way{ nullptr, nullptr, 1e-6, gemv_x_type(c.n_tok) }
                                       : product_way{ nullptr, nullptr, 1e-3 };
         return { ours, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", 1e-3 } };
     }
@@ -335,8 +339,7 @@ void check_groups(const char * only_backend, ggml_backend_t cpu, std::mt19937 & 
         // halved past the first product where x is scaled in place between
         // quantized: the CPU rounds x to 8 bits (within 1e-3 of the reference), the gemv takes x in
         // f32 at one column and in f16 at 2-8 (within 1e-6 of that reference, not of the CPU)
-        const bool      quant = !c.types.empty() && ggml_is_quantized(c.types[0]);
-        const ggml_type x_in  = c.n_tok == 1 ? GGML_TYPE_F32 : GGML_TYPE_F16;
+        const bool quant = !c.types.empty() && ggml_is_quantized(c.types[0]);
         std::vector<product_data> w;
         std::vector<float>        x, ref, ref_gemv;
         for (size_t i = 0; i < c.n_out.size(); ++i) {
@@ -348,8 +351,10 @@ void check_groups(const char * only_backend, ggml_backend_t cpu, std::mt19937 & 
             for (auto & v : d.x) v *= c.hazard && w.size() > 1 ? 0.5f : 1.0f;
             const std::vector<float> r = reference(pc, d, quant ? GGML_TYPE_F32 : pc.type);
             ref.insert(ref.end(), r.begin(), r.end());
-            const std::vector<float> rg = reference(pc, d, x_in);
-            ref_gemv.insert(ref_gemv.end(), rg.begin(), rg.end());
+            if (quant) {
+                const std::vector<float> rg = reference(pc, d, gemv_x_type(c.n_tok));
+                ref_gemv.insert(ref_gemv.end(), rg.begin(), rg.end());
+            }
         }
         uint64_t counts[2];
         const std::vector<float> out_cpu = run_group(cpu, cpu, c, w, x, counts);

@@ -1,9 +1,9 @@
 // f16 or quantized weights (gemv-weights.cuh) times 1-8 f32 columns (see gemv-f16.cuh). One
 // column: grid (row blocks, n_used), WARPS warps a CTA, R rows a warp, a MUL_MAT being the case
 // of one expert. 2-8 columns: grid (blocks of 16 * RG rows times a cluster's CTAs, expert slots),
-// the CTA's W warps (and the cluster's CTAs) splitting K, on tensor cores. Either grid's row blocks may span several products
-// of the same x (parts): each part takes its own blocks (one column: a row's sum is the same
-// whichever launch computes it).
+// the CTA's W warps (and the cluster's CTAs) splitting K, on tensor cores. Either grid's row
+// blocks may span several products of the same x (parts): each part takes its own blocks (one
+// column: a row's sum is the same whichever launch computes it).
 #include "gemv-f16.cuh"
 
 #include "cluster-launch.cuh"
@@ -446,11 +446,7 @@ void launch(ggml_backend_cuda_context & ctx, ggml_type type, gemv_args & a, int 
 // the checks every call makes: weights of a type the gemv reads, whole blocks a row, aligned for
 // its loads; f32 x in 16-byte columns; NVIDIA warps
 bool takes(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_tensor * x, const ggml_tensor * dst) {
-    int qk = 0, align = 0;
-    pyqsa_with_gemv_weights(w->type, [&](auto t) {
-        qk    = gemv_weights<decltype(t)::value>::qk;
-        align = gemv_weights<decltype(t)::value>::align;
-    });
+    const auto [qk, align] = pyqsa_gemv_block_of(w->type);
     return pyqsa_cuda_gemv_on() && qk > 0 && x->type == GGML_TYPE_F32 && dst->type == GGML_TYPE_F32 &&
            GGML_CUDA_CC_IS_NVIDIA(ggml_cuda_info().devices[ctx.device].cc) && w->ne[0] % qk == 0 &&
            w->ne[1] <= INT32_MAX && x->ne[0] == w->ne[0] && dst->ne[0] == w->ne[1] &&
@@ -511,7 +507,7 @@ bool launch_mul_mats(ggml_backend_cuda_context & ctx, const ggml_tensor * const 
 }  // namespace
 
 bool pyqsa_cuda_gemv_reads(ggml_type type) {
-    return pyqsa_with_gemv_weights(type, [](auto) {});
+    return pyqsa_gemv_block_of(type).qk > 0;
 }
 
 bool pyqsa_cuda_gemv(ggml_backend_cuda_context & ctx, const ggml_tensor * w, const ggml_tensor * x, ggml_tensor * dst) {

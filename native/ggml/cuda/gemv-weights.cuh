@@ -263,3 +263,18 @@ template <typename F> bool pyqsa_with_gemv_weights(ggml_type type, F && f) {
         default: return false;
     }
 }
+
+// a type's block as the gemv reads it: its weights (K a multiple of qk) and the alignment its loads
+// need of the data and of every row; {0, 0} for a type it does not read
+struct pyqsa_gemv_block {
+    int qk, align;
+};
+
+inline pyqsa_gemv_block pyqsa_gemv_block_of(ggml_type type) {
+    pyqsa_gemv_block b = { 0, 0 };
+    pyqsa_with_gemv_weights(type, [&](auto t) {
+        using weights = gemv_weights<decltype(t)::value>;
+        b             = { weights::qk, weights::align };
+    });
+    return b;
+}

@@ -445,13 +445,10 @@ bool pyqsa_cuda_hc_mix_supported(const ggml_tensor * op) {
     const ggml_tensor * w = op->src[2];  // w_down or w_up
     const int64_t       n_embd = x->ne[0], hc = x->ne[1], nt = x->ne[2];
     // quantized: a type the gemv reads, one token, chunks of 8, rows aligned for its loads
-    int        align   = 0;
+    const int  align   = pyqsa_gemv_block_of(w->type).align;
     const auto aligned = [&](const ggml_tensor * t) { return ((uintptr_t) t->data | t->nb[1]) % align == 0; };
-    const bool quant   = ggml_is_quantized(w->type) &&
-                       pyqsa_with_gemv_weights(w->type,
-                                               [&](auto t) { align = gemv_weights<decltype(t)::value>::align; }) &&
-                       nt == 1 && n_embd % 8 == 0 && w->ne[0] % 8 == 0 && aligned(w) &&
-                       (ggml_get_op_params_i32(op, 0) == PYQSA_GGML_OP_HC_PRE || aligned(op->src[3]));
+    const bool quant   = ggml_is_quantized(w->type) && align > 0 && nt == 1 && n_embd % 8 == 0 && w->ne[0] % 8 == 0 &&
+                       aligned(w) && (ggml_get_op_params_i32(op, 0) == PYQSA_GGML_OP_HC_PRE || aligned(op->src[3]));
     const bool shapes = nt <= PYQSA_HC_MIX_MAX_TOKENS && hc <= PYQSA_HC_MIX_MAX_STREAMS && n_embd % 2 == 0 &&
                         w->ne[0] % 2 == 0 && (w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_F32 || quant);
     if (ggml_get_op_params_i32(op, 0) == PYQSA_GGML_OP_HC_PRE) {
