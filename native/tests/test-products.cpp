@@ -197,6 +197,16 @@ bool one_column_f32_x(const product_case & c) {
     return decode_step(c) && c.n_tok == 1 && (c.n_expert > 0 || c.n_out >= 8192);
 }
 
+// a dense MUL_MAT of 2-8 columns in each form of the gemv's cols kernel (gemv-f16.cu cols_forms),
+// forced, held to `ours`'s bound: the forms differ only in the order the warps' K shares are added
+void add_cols_forms(const product_case & c, const product_way & ours, std::vector<product_way> & ws) {
+    if (c.n_expert == 0 && c.n_tok >= 2 && c.n_tok <= 8 && !c.per_channel) {
+        for (const char * form : { "8,1", "8,2", "4,1", "4,2", "4,4" }) {
+            ws.push_back({ "PYQSA_CUDA_GEMV_COLS_FORM", form, ours.bound, ours.ref_x });
+        }
+    }
+}
+
 std::vector<product_way> ways(const product_case & c) {
     if (quantized(c)) {
         // the gemv's (gemv-weights.cuh: each weight rounded to f16 once, ~1e-7 here; a quant one off
@@ -205,13 +215,18 @@ std::vector<product_way> ways(const product_case & c) {
         const bool gemv = c.n_tok >= 2 || c.n_expert > 0 || c.n_out >= 8192;
         const product_way ours = gemv ? product_way{ nullptr, nullptr, 1e-6, gemv_x_type(c.n_tok) }
                                       : product_way{ nullptr, nullptr, 1e-3 };
-        return { ours, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", 1e-3 } };
+        std::vector<product_way> ws = { ours, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", 1e-3 } };
+        add_cols_forms(c, ours, ws);
+        return ws;
     }
     if (one_column_f32_x(c)) {
         return { { nullptr, nullptr, 1e-10, GGML_TYPE_F32 }, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", 1e-4 } };
     }
     if (decode_step(c) && c.n_tok >= 2) {  // upstream's per-channel products: MMVF, f16 sums
-        return { { nullptr, nullptr, 1e-9 }, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", c.per_channel ? 1e-3 : 1e-9 } };
+        const product_way        ours = { nullptr, nullptr, 1e-9 };
+        std::vector<product_way> ws   = { ours, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", c.per_channel ? 1e-3 : 1e-9 } };
+        add_cols_forms(c, ours, ws);
+        return ws;
     }
     if (c.n_expert == 0) {
         return { { nullptr, nullptr, 1e-9 }, { "PYQSA_CUDA_F16_ACCUMULATE", "1", c.type == GGML_TYPE_F16 ? 1e-3 : 1e-9 } };

@@ -11,6 +11,8 @@
 #include "mma-ptx.cuh"
 
 #include <cooperative_groups.h>
+#include <cstdio>
+#include <iterator>
 
 namespace {
 
@@ -394,21 +396,42 @@ void launch_form(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y, int
     }
 }
 
+// the forms a launch can take without a split (W, RG), in the rule's order of preference
+constexpr cols_form cols_forms[] = { { 8, 1, 1 }, { 8, 2, 1 }, { 4, 1, 1 }, { 4, 2, 1 }, { 4, 4, 1 }, { 2, 2, 1 }, { 2, 4, 1 } };
+
+// PYQSA_CUDA_GEMV_COLS_FORM="W,RG": one of cols_forms, forced for every 2-8 column launch (read
+// at every call, so that test-products checks and times each form in one process); else {0, 0, 0}
+cols_form forced_cols_form() {
+    const char * v = getenv("PYQSA_CUDA_GEMV_COLS_FORM");
+    int          W = 0, RG = 0;
+    if (v != nullptr && std::sscanf(v, "%d,%d", &W, &RG) == 2) {
+        for (const cols_form & f : cols_forms) {
+            if (f.W == W && f.RG == RG) {
+                return f;
+            }
+        }
+    }
+    return { 0, 0, 0 };
+}
+
 template <ggml_type T> void launch_cols(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y) {
-    const int       n_sm = ggml_cuda_info().devices[ctx.device].nsm;
-    const cols_form f = cols_form_of(a, grid_y, n_sm, pyqsa_cuda_clusters_on((const void *) gemv_cols<T, 8, 1, true>));
+    const int n_sm   = ggml_cuda_info().devices[ctx.device].nsm;
+    cols_form forced = forced_cols_form();
+    const cols_form f =
+        forced.W ? forced : cols_form_of(a, grid_y, n_sm, pyqsa_cuda_clusters_on((const void *) gemv_cols<T, 8, 1, true>));
     if (f.S > 1) {
         launch_form<T, 8, 1, true>(ctx, a, grid_y, f.S);
-    } else if (f.W == 8) {
-        launch_form<T, 8, 1, false>(ctx, a, grid_y, 1);
-    } else if (f.W == 4 && f.RG == 1) {
-        launch_form<T, 4, 1, false>(ctx, a, grid_y, 1);
-    } else if (f.W == 4) {
-        launch_form<T, 4, 2, false>(ctx, a, grid_y, 1);
-    } else if (f.RG == 2) {
-        launch_form<T, 2, 2, false>(ctx, a, grid_y, 1);
-    } else {
-        launch_form<T, 2, 4, false>(ctx, a, grid_y, 1);
+        return;
+    }
+    static_assert(std::size(cols_forms) == 7, "a launch_form below for each form");
+    switch (f.W * 8 + f.RG) {
+        case 8 * 8 + 1: launch_form<T, 8, 1, false>(ctx, a, grid_y, 1); break;
+        case 8 * 8 + 2: launch_form<T, 8, 2, false>(ctx, a, grid_y, 1); break;
+        case 4 * 8 + 1: launch_form<T, 4, 1, false>(ctx, a, grid_y, 1); break;
+        case 4 * 8 + 2: launch_form<T, 4, 2, false>(ctx, a, grid_y, 1); break;
+        case 4 * 8 + 4: launch_form<T, 4, 4, false>(ctx, a, grid_y, 1); break;
+        case 2 * 8 + 2: launch_form<T, 2, 2, false>(ctx, a, grid_y, 1); break;
+        default: launch_form<T, 2, 4, false>(ctx, a, grid_y, 1); break;
     }
 }
 

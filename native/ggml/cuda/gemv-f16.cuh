@@ -23,6 +23,8 @@
 // launch's rows pick the form, so a row's sums may differ from its own launch's).
 // PYQSA_CUDA_GEMV_UPSTREAM=1 leaves every call to upstream's kernels (read at every call, so that
 // test-products checks and times both ways in one process).
+// PYQSA_CUDA_GEMV_COLS_FORM="W,RG" forces one form (W warps, 16 RG rows a CTA, no split) on every
+// 2-8 column launch (test-products checks and times each).
 #pragma once
 
 #include "ggml-cuda/common.cuh"
