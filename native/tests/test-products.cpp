@@ -198,10 +198,25 @@ bool one_column_f32_x(const product_case & c) {
 }
 
 // a dense MUL_MAT of 2-8 columns in each form of the gemv's cols kernel (gemv-f16.cu cols_forms),
-// forced, held to `ours`'s bound: the forms differ only in the order the warps' K shares are added
+// forced, held to `ours`'s bound: the forms differ only in the order the K shares are added. q4_K
+// and q5_K (two chunks a lane-step) also with one chunk a lane-step, every form and the rule's
+// (the third field alone: an unlisted form leaves the rule's)
 void add_cols_forms(const product_case & c, const product_way & ours, std::vector<product_way> & ws) {
-    if (c.n_expert == 0 && c.n_tok >= 2 && c.n_tok <= 8 && !c.per_channel) {
-        for (const char * form : { "8,1", "8,2", "4,1", "4,2", "4,4" }) {
+    if (c.n_tok < 2 || c.n_tok > 8 || c.per_channel) {
+        return;
+    }
+    const bool pairs = c.type == GGML_TYPE_Q4_K || c.type == GGML_TYPE_Q5_K;
+    if (pairs) {
+        ws.push_back({ "PYQSA_CUDA_GEMV_COLS_FORM", "0,0,1", ours.bound, ours.ref_x });
+    }
+    if (c.n_expert > 0) {
+        return;
+    }
+    for (const char * form : { "8,1", "8,2", "4,1", "4,2", "4,4" }) {
+        ws.push_back({ "PYQSA_CUDA_GEMV_COLS_FORM", form, ours.bound, ours.ref_x });
+    }
+    if (pairs) {
+        for (const char * form : { "8,1,1", "8,2,1", "4,1,1", "4,2,1", "4,4,1" }) {
             ws.push_back({ "PYQSA_CUDA_GEMV_COLS_FORM", form, ours.bound, ours.ref_x });
         }
     }

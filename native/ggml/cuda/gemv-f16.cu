@@ -156,11 +156,13 @@ struct cols_args : gemv_args {
 // NOTE: A's and B's k are permuted alike, which leaves each product's sum as it is: lane (g, t)
 // loads the 8 halves k0 + 8t .. + 7 of its rows and of column g in one 16-byte (x: 32-byte) load,
 // and the first product takes halves 0-3 as its k 2t, 2t + 1, 2t + 8, 2t + 9, the second 4-7.
-// x is rounded to f16, as MMF and the CPU backend round it.
+// x is rounded to f16, as MMF and the CPU backend round it. P = 2 (a loader with load_pair): a
+// lane-step also takes the 8 halves 32 further, from the same loads (q4_K's other nibbles), and
+// their x, in two more products: 64 of K a step.
 // W warps a CTA, 16 RG rows a CTA; SPLIT: K in equal shares over the CTAs of each cluster
 // (grid x: row blocks times the cluster's size), the cluster's first CTA adding their sums in
 // rank order
-template <ggml_type T, int W, int RG, bool SPLIT>
+template <ggml_type T, int W, int RG, bool SPLIT, int P>
 __global__ void __launch_bounds__(W * WARP_SIZE) gemv_cols(const cols_args a) {
     using weights = gemv_weights<T>;
     __shared__ int   pairs[MAX_SLOTS];  // the pairs (t * n_used + u) this CTA multiplies, in order
@@ -267,33 +269,44 @@ __global__ void __launch_bounds__(W * WARP_SIZE) gemv_cols(const cols_args a) {
         }
         float d[RG][4] = {};
 #pragma unroll 4
-        for (int k0 = kbeg + warp * KB; k0 < kend; k0 += W * KB) {
+        for (int k0 = kbeg + warp * KB * P; k0 < kend; k0 += W * KB * P) {
             const int k = k0 + t * 8;
-            uint4     wv[RG][2];
+            uint4     wv[RG][2][P];
 #pragma unroll
             for (int i = 0; i < RG; ++i) {
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
-                    wv[i][j] = weights::load(w + row_off[i][j], k);
+                    if constexpr (P == 2) {
+                        weights::load_pair(w + row_off[i][j], k, wv[i][j][0], wv[i][j][1]);
+                    } else {
+                        wv[i][j][0] = weights::load(w + row_off[i][j], k);
+                    }
                 }
             }
-            uint32_t b[4] = {};
+            uint32_t b[P][4] = {};
             if (x != nullptr) {
-                const float4 x0 = __ldg((const float4 *) (x + k));
-                const float4 x1 = __ldg((const float4 *) (x + k) + 1);
-                const half2  h[4] = { __floats2half2_rn(x0.x, x0.y), __floats2half2_rn(x0.z, x0.w),
-                                      __floats2half2_rn(x1.x, x1.y), __floats2half2_rn(x1.z, x1.w) };
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    b[i] = *(const uint32_t *) &h[i];
+                for (int p = 0; p < P; ++p) {
+                    const float4 x0   = __ldg((const float4 *) (x + k + KB * p));
+                    const float4 x1   = __ldg((const float4 *) (x + k + KB * p) + 1);
+                    const half2  h[4] = { __floats2half2_rn(x0.x, x0.y), __floats2half2_rn(x0.z, x0.w),
+                                          __floats2half2_rn(x1.x, x1.y), __floats2half2_rn(x1.z, x1.w) };
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        b[p][i] = *(const uint32_t *) &h[i];
+                    }
                 }
             }
 #pragma unroll
-            for (int i = 0; i < RG; ++i) {
-                const uint32_t a0[4] = { wv[i][0].x, wv[i][1].x, wv[i][0].y, wv[i][1].y };
-                const uint32_t a1[4] = { wv[i][0].z, wv[i][1].z, wv[i][0].w, wv[i][1].w };
-                pyqsa_mma::mma_f16(d[i], a0, b[0], b[1]);
-                pyqsa_mma::mma_f16(d[i], a1, b[2], b[3]);
+            for (int p = 0; p < P; ++p) {
+#pragma unroll
+                for (int i = 0; i < RG; ++i) {
+                    const uint4 (&v)[2][P] = wv[i];
+                    const uint32_t a0[4]   = { v[0][p].x, v[1][p].x, v[0][p].y, v[1][p].y };
+                    const uint32_t a1[4]   = { v[0][p].z, v[1][p].z, v[0][p].w, v[1][p].w };
+                    pyqsa_mma::mma_f16(d[i], a0, b[p][0], b[p][1]);
+                    pyqsa_mma::mma_f16(d[i], a1, b[p][2], b[p][3]);
+                }
             }
         }
         // d[i]: rows 16 i + g (0, 1) and + 8 (2, 3), columns 2t and 2t + 1; the warps' K shares
@@ -363,13 +376,20 @@ struct cols_form {
     int W, RG, S;
 };
 
+// a form forced by PYQSA_CUDA_GEMV_COLS_FORM, and the lane-step's chunks P (0: the type's own)
+struct forced_form {
+    cols_form f;
+    int       P;
+};
+
 // NOTE: about 20 warps a SM (native/dev/README.md, the cols-gemv study: every shape of an 8-
 // sequence step of both MoE sizes, H100 and H200). A grid of more gets fewer warps a CTA (dense:
 // 4; a MoE's, whose every CTA first finds its expert's pairs: 4, then 32 rows, then 2 warps, then
 // 64 rows); a dense grid of fewer than half that splits K over a cluster of 2, 4 or 8 CTAs while
 // each CTA keeps 512 or more of K (the hyper-connection norm's down product, 21 row blocks of K
 // 10240, 3.9x faster in clusters of 8). `a` is a copy: counting a form's blocks numbers the parts.
-cols_form cols_form_of(cols_args a, int grid_y, int n_sm, bool clusters) {
+// `step`: the K of a warp's lane-step, which each CTA's share of K must be a multiple of.
+cols_form cols_form_of(cols_args a, int grid_y, int n_sm, bool clusters, int step) {
     const long target = 20L * n_sm;
     const bool moe    = a.ids != nullptr;
     const auto warps  = [&](const cols_form & f) { return (long) number_blocks(a, 16 * f.RG) * grid_y * f.W * f.S; };
@@ -378,61 +398,77 @@ cols_form cols_form_of(cols_args a, int grid_y, int n_sm, bool clusters) {
     for (int i = 0; i < (moe ? 4 : 1) && warps(f) > target; ++i) {
         f = fewer[i];
     }
-    while (clusters && !moe && f.S < 8 && 2 * warps(f) < target && a.K % (2 * f.S * KB) == 0 &&
+    while (clusters && !moe && f.S < 8 && 2 * warps(f) < target && a.K % (2 * f.S * step) == 0 &&
            a.K / (2 * f.S) >= 512) {
         f.S *= 2;
     }
     return f;
 }
 
-template <ggml_type T, int W, int RG, bool SPLIT>
+template <ggml_type T, int P, int W, int RG, bool SPLIT>
 void launch_form(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y, int S) {
     const ggml_cuda_kernel_launch_params p(dim3(number_blocks(a, 16 * RG) * S, grid_y), dim3(W * WARP_SIZE), 0,
                                            ctx.stream());
     if constexpr (!SPLIT) {
-        ggml_cuda_kernel_launch(gemv_cols<T, W, RG, false>, p, a);
+        ggml_cuda_kernel_launch(gemv_cols<T, W, RG, false, P>, p, a);
     } else {
-        pyqsa_cuda_cluster_launch(gemv_cols<T, W, RG, true>, p, (unsigned) S, a);
+        pyqsa_cuda_cluster_launch(gemv_cols<T, W, RG, true, P>, p, (unsigned) S, a);
     }
 }
 
 // the forms a launch can take without a split (W, RG), in the rule's order of preference
 constexpr cols_form cols_forms[] = { { 8, 1, 1 }, { 8, 2, 1 }, { 4, 1, 1 }, { 4, 2, 1 }, { 4, 4, 1 }, { 2, 2, 1 }, { 2, 4, 1 } };
 
-// PYQSA_CUDA_GEMV_COLS_FORM="W,RG": one of cols_forms, forced for every 2-8 column launch (read
-// at every call, so that test-products checks and times each form in one process); else {0, 0, 0}
-cols_form forced_cols_form() {
+// PYQSA_CUDA_GEMV_COLS_FORM="W,RG" or "W,RG,P": one of cols_forms (another W, RG: the rule's)
+// and P = 1 or 2 chunks a lane-step (2 only where the type has load_pair), forced for every 2-8
+// column launch (read at every call, so that test-products checks and times each in one
+// process); W = 0 and P = 0 where not forced
+forced_form forced_cols_form() {
     const char * v = getenv("PYQSA_CUDA_GEMV_COLS_FORM");
-    int          W = 0, RG = 0;
-    if (v != nullptr && std::sscanf(v, "%d,%d", &W, &RG) == 2) {
+    int          W = 0, RG = 0, P = 0;
+    forced_form  forced = { { 0, 0, 0 }, 0 };
+    if (v != nullptr && std::sscanf(v, "%d,%d,%d", &W, &RG, &P) >= 2) {
         for (const cols_form & f : cols_forms) {
             if (f.W == W && f.RG == RG) {
-                return f;
+                forced.f = f;
             }
         }
+        forced.P = P == 1 || P == 2 ? P : 0;
     }
-    return { 0, 0, 0 };
+    return forced;
 }
 
-template <ggml_type T> void launch_cols(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y) {
-    const int n_sm   = ggml_cuda_info().devices[ctx.device].nsm;
-    cols_form forced = forced_cols_form();
-    const cols_form f =
-        forced.W ? forced : cols_form_of(a, grid_y, n_sm, pyqsa_cuda_clusters_on((const void *) gemv_cols<T, 8, 1, true>));
+template <ggml_type T, int P> void launch_in_form(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y, cols_form f) {
     if (f.S > 1) {
-        launch_form<T, 8, 1, true>(ctx, a, grid_y, f.S);
+        launch_form<T, P, 8, 1, true>(ctx, a, grid_y, f.S);
         return;
     }
     static_assert(std::size(cols_forms) == 7, "a launch_form below for each form");
     switch (f.W * 8 + f.RG) {
-        case 8 * 8 + 1: launch_form<T, 8, 1, false>(ctx, a, grid_y, 1); break;
-        case 8 * 8 + 2: launch_form<T, 8, 2, false>(ctx, a, grid_y, 1); break;
-        case 4 * 8 + 1: launch_form<T, 4, 1, false>(ctx, a, grid_y, 1); break;
-        case 4 * 8 + 2: launch_form<T, 4, 2, false>(ctx, a, grid_y, 1); break;
-        case 4 * 8 + 4: launch_form<T, 4, 4, false>(ctx, a, grid_y, 1); break;
-        case 2 * 8 + 2: launch_form<T, 2, 2, false>(ctx, a, grid_y, 1); break;
-        default: launch_form<T, 2, 4, false>(ctx, a, grid_y, 1); break;
+        case 8 * 8 + 1: launch_form<T, P, 8, 1, false>(ctx, a, grid_y, 1); break;
+        case 8 * 8 + 2: launch_form<T, P, 8, 2, false>(ctx, a, grid_y, 1); break;
+        case 4 * 8 + 1: launch_form<T, P, 4, 1, false>(ctx, a, grid_y, 1); break;
+        case 4 * 8 + 2: launch_form<T, P, 4, 2, false>(ctx, a, grid_y, 1); break;
+        case 4 * 8 + 4: launch_form<T, P, 4, 4, false>(ctx, a, grid_y, 1); break;
+        case 2 * 8 + 2: launch_form<T, P, 2, 2, false>(ctx, a, grid_y, 1); break;
+        default: launch_form<T, P, 2, 4, false>(ctx, a, grid_y, 1); break;
     }
+}
+
+// pairs (P = 2) wherever the type has them, but where forced off
+template <ggml_type T> void launch_cols(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y) {
+    const int         n_sm   = ggml_cuda_info().devices[ctx.device].nsm;
+    const forced_form forced = forced_cols_form();
+    const bool        pairs  = gemv_pairs<T>::value && forced.P != 1;
+    const bool        split  = pyqsa_cuda_clusters_on((const void *) gemv_cols<T, 8, 1, true, 1>);
+    const cols_form   f      = forced.f.W ? forced.f : cols_form_of(a, grid_y, n_sm, split, pairs ? 2 * KB : KB);
+    if constexpr (gemv_pairs<T>::value) {
+        if (pairs) {
+            launch_in_form<T, 2>(ctx, a, grid_y, f);
+            return;
+        }
+    }
+    launch_in_form<T, 1>(ctx, a, grid_y, f);
 }
 
 void launch_cols(ggml_backend_cuda_context & ctx, ggml_type type, cols_args & a, int grid_y) {

@@ -190,20 +190,40 @@ template <> struct gemv_weights<GGML_TYPE_Q5_1> {
 // 32-byte sector of each of its 8 rows whatever it loads of them, so a byte a load was a sector
 // for a byte; loaded apart (three byte loads and d's) they took 4 of a lane's 5 loads, and the
 // products of 2-8 columns read 0.7-1.1 TB/s of weights (f16 ~2.5)
+namespace pyqsa_gemv_detail {
+
+// sub-block j's 8 weights of the quant bytes q (their nibbles j % 2, with q5_K's fifth bits
+// already in bit 4) under the block header h
+__device__ __forceinline__ uint4 k_sub_block(uint2 q, uint4 h, int j) {
+    const float2 dm = __half22float2(from_bits(h.x));
+    float        sc, m;
+    scale_min_k4(h, j, sc, m);
+    return scaled_min(q, __float2half2_rn(dm.x * sc), __float2half2_rn(dm.y * m));
+}
+
+}  // namespace pyqsa_gemv_detail
+
 template <> struct gemv_weights<GGML_TYPE_Q4_K> {
     static constexpr int qk    = QK_K;
     static constexpr int align = 16;  // 144-byte blocks, qs at 16
     static __device__ __forceinline__ size_t offset(int k) { return (size_t) (k / QK_K) * sizeof(block_q4_K); }
     static __device__ __forceinline__ uint4 load(const char * row, int k) {
         using namespace pyqsa_gemv_detail;
-        const block_q4_K * b  = (const block_q4_K *) row + k / QK_K;
-        const int          j  = k % QK_K / 32;
-        const uint2        q  = __ldcs((const uint2 *) (b->qs + 32 * (j / 2) + k % 32));
-        const uint4        h  = __ldcs((const uint4 *) b);
-        const float2       dm = __half22float2(from_bits(h.x));
-        float              sc, m;
-        scale_min_k4(h, j, sc, m);
-        return scaled_min(nibbles(q, 4 * (j % 2)), __float2half2_rn(dm.x * sc), __float2half2_rn(dm.y * m));
+        const block_q4_K * b = (const block_q4_K *) row + k / QK_K;
+        const int          j = k % QK_K / 32;
+        const uint2        q = __ldcs((const uint2 *) (b->qs + 32 * (j / 2) + k % 32));
+        return k_sub_block(nibbles(q, 4 * (j % 2)), __ldcs((const uint4 *) b), j);
+    }
+    // k in an even sub-block j: its weights k .. k + 7 and sub-block j + 1's k + 32 .. k + 39, the
+    // other nibbles of the same bytes
+    static __device__ __forceinline__ void load_pair(const char * row, int k, uint4 & lo, uint4 & hi) {
+        using namespace pyqsa_gemv_detail;
+        const block_q4_K * b = (const block_q4_K *) row + k / QK_K;
+        const int          j = k % QK_K / 32;
+        const uint2        q = __ldcs((const uint2 *) (b->qs + 32 * (j / 2) + k % 32));
+        const uint4        h = __ldcs((const uint4 *) b);
+        lo                   = k_sub_block(nibbles(q, 0), h, j);
+        hi                   = k_sub_block(nibbles(q, 4), h, j + 1);
     }
 };
 
@@ -218,14 +238,26 @@ template <> struct gemv_weights<GGML_TYPE_Q5_K> {
         const int          j  = k % QK_K / 32;
         const uint2        q  = __ldcs((const uint2 *) (b->qs + 32 * (j / 2) + k % 32));
         const uint2        qh = __ldcs((const uint2 *) (b->qh + k % 32));
+        const uint2        q5 = with_high_bits(nibbles(q, 4 * (j % 2)), qh, j, 0x01010101u);
+        return k_sub_block(q5, __ldcs((const uint4 *) b), j);
+    }
+    static __device__ __forceinline__ void load_pair(const char * row, int k, uint4 & lo, uint4 & hi) {
+        using namespace pyqsa_gemv_detail;
+        const block_q5_K * b  = (const block_q5_K *) row + k / QK_K;
+        const int          j  = k % QK_K / 32;
+        const uint2        q  = __ldcs((const uint2 *) (b->qs + 32 * (j / 2) + k % 32));
+        const uint2        qh = __ldcs((const uint2 *) (b->qh + k % 32));
         const uint4        h  = __ldcs((const uint4 *) b);
-        const float2       dm = __half22float2(from_bits(h.x));
-        float              sc, m;
-        scale_min_k4(h, j, sc, m);
-        const uint2 q5 = with_high_bits(nibbles(q, 4 * (j % 2)), qh, j, 0x01010101u);
-        return scaled_min(q5, __float2half2_rn(dm.x * sc), __float2half2_rn(dm.y * m));
+        lo                    = k_sub_block(with_high_bits(nibbles(q, 0), qh, j, 0x01010101u), h, j);
+        hi                    = k_sub_block(with_high_bits(nibbles(q, 4), qh, j + 1, 0x01010101u), h, j + 1);
     }
 };
+
+// whether the type's loader has load_pair (two chunks 32 weights apart whose loads are one
+// chunk's): the 2-8 column kernel then takes 64 of K a lane-step
+template <ggml_type T> struct gemv_pairs : std::false_type {};
+template <> struct gemv_pairs<GGML_TYPE_Q4_K> : std::true_type {};
+template <> struct gemv_pairs<GGML_TYPE_Q5_K> : std::true_type {};
 
 // half n = (k % 256) / 128, quarter c of it, l = k % 32: d * sc * (q - 32), q 6 bits: the low
 // (c < 2) or high nibbles of ql[64 n + 32 (c % 2) + l ..] and bits 2c, 2c + 1 of qh[32 n + l ..],
