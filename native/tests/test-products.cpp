@@ -197,28 +197,18 @@ bool one_column_f32_x(const product_case & c) {
     return decode_step(c) && c.n_tok == 1 && (c.n_expert > 0 || c.n_out >= 8192);
 }
 
-// a dense MUL_MAT of 2-8 columns in each form of the gemv's cols kernel (gemv-f16.cu cols_forms),
-// forced, held to `ours`'s bound: the forms differ only in the order the K shares are added. q4_K
-// and q5_K (two chunks a lane-step) also with one chunk a lane-step, every form and the rule's
-// (the third field alone: an unlisted form leaves the rule's)
-void add_cols_forms(const product_case & c, const product_way & ours, std::vector<product_way> & ws) {
-    if (c.n_tok < 2 || c.n_tok > 8 || c.per_channel) {
-        return;
+// q4_K and q5_K (two chunks a lane-step) with one chunk a lane-step too; a dense MUL_MAT of 2-8
+// columns in each form of the gemv's cols kernel (gemv-f16.cu cols_forms), forced. Each held to
+// `ours`'s bound: the ways differ only in the order the K shares are added
+void add_gemv_forms(const product_case & c, const product_way & ours, std::vector<product_way> & ws) {
+    if (c.type == GGML_TYPE_Q4_K || c.type == GGML_TYPE_Q5_K) {
+        ws.push_back({ "PYQSA_CUDA_GEMV_NO_PAIRS", "1", ours.bound, ours.ref_x });
     }
-    const bool pairs = c.type == GGML_TYPE_Q4_K || c.type == GGML_TYPE_Q5_K;
-    if (pairs) {
-        ws.push_back({ "PYQSA_CUDA_GEMV_COLS_FORM", "0,0,1", ours.bound, ours.ref_x });
-    }
-    if (c.n_expert > 0) {
+    if (c.n_expert > 0 || c.n_tok < 2 || c.n_tok > 8 || c.per_channel) {
         return;
     }
     for (const char * form : { "8,1", "8,2", "4,1", "4,2", "4,4" }) {
-        ws.push_back({ "PYQSA_CUDA_GEMV_COLS_FORM", form, ours.bound, ours.ref_x });
-    }
-    if (pairs) {
-        for (const char * form : { "8,1,1", "8,2,1", "4,1,1", "4,2,1", "4,4,1" }) {
-            ws.push_back({ "PYQSA_CUDA_GEMV_COLS_FORM", form, ours.bound, ours.ref_x });
-        }
+        ws.push_back({ "PYQSA_CUDA_GEMV_FORM", form, ours.bound, ours.ref_x });
     }
 }
 
@@ -231,7 +221,7 @@ std::vector<product_way> ways(const product_case & c) {
         const product_way ours = gemv ? product_way{ nullptr, nullptr, 1e-6, gemv_x_type(c.n_tok) }
                                       : product_way{ nullptr, nullptr, 1e-3 };
         std::vector<product_way> ws = { ours, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", 1e-3 } };
-        add_cols_forms(c, ours, ws);
+        add_gemv_forms(c, ours, ws);
         return ws;
     }
     if (one_column_f32_x(c)) {
@@ -240,7 +230,7 @@ std::vector<product_way> ways(const product_case & c) {
     if (decode_step(c) && c.n_tok >= 2) {  // upstream's per-channel products: MMVF, f16 sums
         const product_way        ours = { nullptr, nullptr, 1e-9 };
         std::vector<product_way> ws   = { ours, { "PYQSA_CUDA_GEMV_UPSTREAM", "1", c.per_channel ? 1e-3 : 1e-9 } };
-        add_cols_forms(c, ours, ws);
+        add_gemv_forms(c, ours, ws);
         return ws;
     }
     if (c.n_expert == 0) {

@@ -55,8 +55,10 @@ struct gemv_args {
     int          K;
 };
 
-// a row's sum: each lane's chunks in order, 8 products a chunk in order, then the warp's butterfly
-template <ggml_type T, int R>
+// a row's sum: each lane's chunks in order, 8 products a chunk in order, then the warp's butterfly.
+// P = 2 (a loader with load_pair): lane-step s takes chunk c = 8 (s / 4) + s % 4 and c + 4 (32
+// weights further) from one chunk's loads, in that order
+template <ggml_type T, int R, int P>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_one(const gemv_args a) {
     using weights = gemv_weights<T>;
     const int       u        = blockIdx.y;
@@ -96,23 +98,32 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_one(const gemv_args a)
         acc[r] = 0.0f;
     }
 #pragma unroll 4
-    for (int c = lane; c < n_chunks; c += WARP_SIZE) {
-        uint4 v[R];
+    for (int s = lane; s < n_chunks / P; s += WARP_SIZE) {
+        const int c = P == 2 ? s / 4 * 8 + s % 4 : s;
+        uint4     v[R][P];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            v[r] = weights::load(w + row_off[r], c * CHUNK);
+            if constexpr (P == 2) {
+                weights::load_pair(w + row_off[r], c * CHUNK, v[r][0], v[r][1]);
+            } else {
+                v[r][0] = weights::load(w + row_off[r], c * CHUNK);
+            }
         }
-        const float4 x0        = __ldg((const float4 *) (x + c * CHUNK));
-        const float4 x1        = __ldg((const float4 *) (x + c * CHUNK) + 1);
-        const float  xf[CHUNK] = { x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w };
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const half2 * h = (const half2 *) &v[r];
+        for (int p = 0; p < P; ++p) {
+            const float * xc        = x + (c + 4 * p) * CHUNK;
+            const float4  x0        = __ldg((const float4 *) xc);
+            const float4  x1        = __ldg((const float4 *) xc + 1);
+            const float   xf[CHUNK] = { x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w };
 #pragma unroll
-            for (int i = 0; i < CHUNK / 2; ++i) {
-                const float2 f = __half22float2(h[i]);
-                acc[r]         = fmaf(f.x, xf[2 * i], acc[r]);
-                acc[r]         = fmaf(f.y, xf[2 * i + 1], acc[r]);
+            for (int r = 0; r < R; ++r) {
+                const half2 * h = (const half2 *) &v[r][p];
+#pragma unroll
+                for (int i = 0; i < CHUNK / 2; ++i) {
+                    const float2 f = __half22float2(h[i]);
+                    acc[r]         = fmaf(f.x, xf[2 * i], acc[r]);
+                    acc[r]         = fmaf(f.y, xf[2 * i + 1], acc[r]);
+                }
             }
         }
     }
@@ -376,11 +387,6 @@ struct cols_form {
     int W, RG, S;
 };
 
-// a form forced by PYQSA_CUDA_GEMV_COLS_FORM, and the lane-step's chunks P (0: the type's own)
-struct forced_form {
-    cols_form f;
-    int       P;
-};
 
 // NOTE: about 20 warps a SM (native/dev/README.md, the cols-gemv study: every shape of an 8-
 // sequence step of both MoE sizes, H100 and H200). A grid of more gets fewer warps a CTA (dense:
@@ -419,23 +425,19 @@ void launch_form(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y, int
 // the forms a launch can take without a split (W, RG), in the rule's order of preference
 constexpr cols_form cols_forms[] = { { 8, 1, 1 }, { 8, 2, 1 }, { 4, 1, 1 }, { 4, 2, 1 }, { 4, 4, 1 }, { 2, 2, 1 }, { 2, 4, 1 } };
 
-// PYQSA_CUDA_GEMV_COLS_FORM="W,RG" or "W,RG,P": one of cols_forms (another W, RG: the rule's)
-// and P = 1 or 2 chunks a lane-step (2 only where the type has load_pair), forced for every 2-8
-// column launch (read at every call, so that test-products checks and times each in one
-// process); W = 0 and P = 0 where not forced
-forced_form forced_cols_form() {
-    const char * v = getenv("PYQSA_CUDA_GEMV_COLS_FORM");
-    int          W = 0, RG = 0, P = 0;
-    forced_form  forced = { { 0, 0, 0 }, 0 };
-    if (v != nullptr && std::sscanf(v, "%d,%d,%d", &W, &RG, &P) >= 2) {
+// PYQSA_CUDA_GEMV_FORM="W,RG": one of cols_forms, forced for every 2-8 column launch (read at
+// every call, so that test-products checks and times each form in one process); else W = 0
+cols_form forced_cols_form() {
+    const char * v = getenv("PYQSA_CUDA_GEMV_FORM");
+    int          W = 0, RG = 0;
+    if (v != nullptr && std::sscanf(v, "%d,%d", &W, &RG) == 2) {
         for (const cols_form & f : cols_forms) {
             if (f.W == W && f.RG == RG) {
-                forced.f = f;
+                return f;
             }
         }
-        forced.P = P == 1 || P == 2 ? P : 0;
     }
-    return forced;
+    return { 0, 0, 0 };
 }
 
 template <ggml_type T, int P> void launch_in_form(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y, cols_form f) {
@@ -455,13 +457,13 @@ template <ggml_type T, int P> void launch_in_form(ggml_backend_cuda_context & ct
     }
 }
 
-// pairs (P = 2) wherever the type has them, but where forced off
+// two chunks a lane-step (P = 2) wherever the type's loader has load_pair and they are on
 template <ggml_type T> void launch_cols(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y) {
-    const int         n_sm   = ggml_cuda_info().devices[ctx.device].nsm;
-    const forced_form forced = forced_cols_form();
-    const bool        pairs  = gemv_pairs<T>::value && forced.P != 1;
-    const bool        split  = pyqsa_cuda_clusters_on((const void *) gemv_cols<T, 8, 1, true, 1>);
-    const cols_form   f      = forced.f.W ? forced.f : cols_form_of(a, grid_y, n_sm, split, pairs ? 2 * KB : KB);
+    const int       n_sm   = ggml_cuda_info().devices[ctx.device].nsm;
+    const cols_form forced = forced_cols_form();
+    const bool      pairs  = gemv_pairs<T>::value && pyqsa_cuda_gemv_pairs();
+    const bool      split  = pyqsa_cuda_clusters_on((const void *) gemv_cols<T, 8, 1, true, 1>);
+    const cols_form f      = forced.W ? forced : cols_form_of(a, grid_y, n_sm, split, pairs ? 2 * KB : KB);
     if constexpr (gemv_pairs<T>::value) {
         if (pairs) {
             launch_in_form<T, 2>(ctx, a, grid_y, f);
@@ -489,16 +491,27 @@ int rows_per_warp(int64_t N, int64_t grid_y, int n_sm) {
     return 1;
 }
 
+template <ggml_type T, int P> void launch_rows(const ggml_cuda_kernel_launch_params & p, const gemv_args & a, int r) {
+    switch (r) {
+        case 4: ggml_cuda_kernel_launch(gemv_one<T, 4, P>, p, a); break;
+        case 2: ggml_cuda_kernel_launch(gemv_one<T, 2, P>, p, a); break;
+        default: ggml_cuda_kernel_launch(gemv_one<T, 1, P>, p, a); break;
+    }
+}
+
 void launch(ggml_backend_cuda_context & ctx, ggml_type type, gemv_args & a, int n_used, int r) {
     const ggml_cuda_kernel_launch_params p(dim3(number_blocks(a, WARPS * r), n_used), dim3(WARPS * WARP_SIZE), 0,
                                            ctx.stream());
+    const bool pairs = pyqsa_cuda_gemv_pairs();
     pyqsa_with_gemv_weights(type, [&](auto t) {
         constexpr ggml_type T = decltype(t)::value;
-        switch (r) {
-            case 4: ggml_cuda_kernel_launch(gemv_one<T, 4>, p, a); break;
-            case 2: ggml_cuda_kernel_launch(gemv_one<T, 2>, p, a); break;
-            default: ggml_cuda_kernel_launch(gemv_one<T, 1>, p, a); break;
+        if constexpr (gemv_pairs<T>::value) {
+            if (pairs) {
+                launch_rows<T, 2>(p, a, r);
+                return;
+            }
         }
+        launch_rows<T, 1>(p, a, r);
     });
 }
 
