@@ -36,7 +36,7 @@
 #                 joinunf: pyqsa's with PYQSA_HC_JOIN_UNFUSED=1, the MoE's gated join an op of its own, not inside the combine after it;
 #                 gdnconvapart: pyqsa's with PYQSA_CUDA_GDN_CONV_APART=1, a decode step's gdn_gates a launch of its own, not conv_step's;
 #                 inputsync: pyqsa's with PYQSA_SCHED_INPUTS_SYNC=1, upstream's synchronous copy of each host input, not queued from a stage;
-#                 nopairs: pyqsa's with PYQSA_CUDA_GEMV_NO_PAIRS=1, q4_K's and q5_K's decode products one 8-weight chunk a lane-step;
+#                 chunk1: pyqsa's with PYQSA_CUDA_GEMV_ONE_CHUNK=1, q4_K's, q5_K's and q6_K's decode products one 8-weight chunk a lane-step;
 #                 fastoff: pyqsa's with every switch of the decode fast path at once (gemvup, ungrp,
 #                 hcunf, gatesunf, hcmixunf, topk1, inputsync): upstream's decode path, pyqsa's attention;
 #                 mix8: pyqsa's with PYQSA_HC_MIX_TOKENS=8, the hyper-connection mixes of steps of up to 8 tokens as hc_down and hc_pre;

@@ -9,7 +9,7 @@ declare -A variant_env=([cores]=PYQSA_QSA_ATTN_MMA=0 [moesync]=PYQSA_CUDA_MOE_SY
                         [hcmixunf]=PYQSA_HC_MIX_UNFUSED=1 [combapart]=PYQSA_CUDA_HC_COMBINE_APART=1
                         [mix8]=PYQSA_HC_MIX_TOKENS=8 [gdnconvapart]=PYQSA_CUDA_GDN_CONV_APART=1
                         [joinunf]=PYQSA_HC_JOIN_UNFUSED=1 [inputsync]=PYQSA_SCHED_INPUTS_SYNC=1
-                        [nopairs]=PYQSA_CUDA_GEMV_NO_PAIRS=1
+                        [chunk1]=PYQSA_CUDA_GEMV_ONE_CHUNK=1
                         [fastoff]="PYQSA_CUDA_GEMV_UPSTREAM=1 PYQSA_CUDA_PRODUCTS_UNGROUPED=1
                                    PYQSA_HC_UNFUSED=1 PYQSA_GATES_UNFUSED=1 PYQSA_HC_MIX_UNFUSED=1
                                    PYQSA_CUDA_TOPK_ONE_CTA=1 PYQSA_SCHED_INPUTS_SYNC=1"

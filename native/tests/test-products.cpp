@@ -197,12 +197,12 @@ bool one_column_f32_x(const product_case & c) {
     return decode_step(c) && c.n_tok == 1 && (c.n_expert > 0 || c.n_out >= 8192);
 }
 
-// q4_K and q5_K (two chunks a lane-step) with one chunk a lane-step too; a dense MUL_MAT of 2-8
+// q4_K, q5_K and q6_K (2 and 4 chunks a lane-step) with one chunk a lane-step too; a dense MUL_MAT of 2-8
 // columns in each form of the gemv's cols kernel (gemv-f16.cu cols_forms), forced. Each held to
 // `ours`'s bound: the ways differ only in the order the K shares are added
 void add_gemv_forms(const product_case & c, const product_way & ours, std::vector<product_way> & ws) {
-    if (c.type == GGML_TYPE_Q4_K || c.type == GGML_TYPE_Q5_K) {
-        ws.push_back({ "PYQSA_CUDA_GEMV_NO_PAIRS", "1", ours.bound, ours.ref_x });
+    if (c.type == GGML_TYPE_Q4_K || c.type == GGML_TYPE_Q5_K || c.type == GGML_TYPE_Q6_K) {
+        ws.push_back({ "PYQSA_CUDA_GEMV_ONE_CHUNK", "1", ours.bound, ours.ref_x });
     }
     if (c.n_expert > 0 || c.n_tok < 2 || c.n_tok > 8 || c.per_channel) {
         return;

@@ -249,7 +249,7 @@ UPSTREAM_SWITCHES = {
     "PYQSA_HC_MIX_TOKENS": "-mix8",  # hyper-connection mixes fused at steps of up to 8 tokens
     "PYQSA_CUDA_GDN_CONV_APART": "-gdnconvapart",  # a decode step's gates a launch apart
     "PYQSA_SCHED_INPUTS_SYNC": "-inputsync",  # each host input copied with upstream's waits
-    "PYQSA_CUDA_GEMV_NO_PAIRS": "-nopairs",  # q4_K/q5_K decode products one 8-weight chunk a step
+    "PYQSA_CUDA_GEMV_ONE_CHUNK": "-chunk1",  # q4_K/q5_K/q6_K decode products one chunk a step
 }
 
 

@@ -46,9 +46,9 @@ from .meta import RESULTS
 # (a decode step's gdn_gates a launch of its own, not inside conv_step's); pyqsa-joinunf:
 # PYQSA_HC_JOIN_UNFUSED=1 (the MoE's gated join an op of its own, not inside the combine after it);
 # pyqsa-inputsync: PYQSA_SCHED_INPUTS_SYNC=1 (each host input of a step copied by upstream's
-# synchronous set, not queued from a pinned stage); pyqsa-nopairs: PYQSA_CUDA_GEMV_NO_PAIRS=1
-# (q4_K's and q5_K's decode products one 8-weight chunk a lane-step, not two from one chunk's
-# loads); pyqsa-fastoff: every switch of the decode fast
+# synchronous set, not queued from a pinned stage); pyqsa-chunk1: PYQSA_CUDA_GEMV_ONE_CHUNK=1
+# (q4_K's, q5_K's and q6_K's decode products one 8-weight chunk a lane-step, not 2 or 4 from
+# about one chunk's loads); pyqsa-fastoff: every switch of the decode fast
 # path together (decode.FAST_PATH_OFF: upstream's decode products, ungrouped, the hyper-connection,
 # gate and mix ops unfused, the top-k on one CTA a row, the inputs copied synchronously)
 VARIANTS = (
@@ -75,7 +75,7 @@ VARIANTS = (
     "pyqsa-gdnconvapart",
     "pyqsa-joinunf",
     "pyqsa-inputsync",
-    "pyqsa-nopairs",
+    "pyqsa-chunk1",
     "pyqsa-fastoff",
 )
 SHORT = {
@@ -102,7 +102,7 @@ SHORT = {
     "pyqsa-gdnconvapart": "gcvap",
     "pyqsa-joinunf": "joinu",
     "pyqsa-inputsync": "insyn",
-    "pyqsa-nopairs": "nopai",
+    "pyqsa-chunk1": "chnk1",
     "pyqsa-fastoff": "fstof",
 }
 # the paged variants, each compared with pyqsa's unpaged f16 runs: (variant, ratio key, label)

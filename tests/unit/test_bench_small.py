@@ -337,7 +337,7 @@ def test_decode_profile_without_a_cuda_profiler_is_a_one_line_error(tmp_path):
         ("PYQSA_CUDA_GDN_CONV_APART", "1", "pyqsa-gdnconvapart", "gcvap"),
         ("PYQSA_HC_JOIN_UNFUSED", "1", "pyqsa-joinunf", "joinu"),
         ("PYQSA_SCHED_INPUTS_SYNC", "1", "pyqsa-inputsync", "insyn"),
-        ("PYQSA_CUDA_GEMV_NO_PAIRS", "1", "pyqsa-nopairs", "nopai"),
+        ("PYQSA_CUDA_GEMV_ONE_CHUNK", "1", "pyqsa-chunk1", "chnk1"),
     ],
 )
 def test_decode_under_a_library_switch_is_a_variant_of_its_own(
@@ -358,8 +358,8 @@ def test_decode_under_a_library_switch_is_a_variant_of_its_own(
     (PYQSA_HC_MIX_TOKENS=8: the mixes of steps of up to 8 tokens fused), `gdnconvapart`
     (PYQSA_CUDA_GDN_CONV_APART=1: a decode step's gates a launch of their own), `joinunf`
     (PYQSA_HC_JOIN_UNFUSED=1: the MoE's join an op apart from the combine), `inputsync`
-    (PYQSA_SCHED_INPUTS_SYNC=1: upstream's synchronous copy of each host input) and `nopairs`
-    (PYQSA_CUDA_GEMV_NO_PAIRS=1: q4_K/q5_K products one chunk a lane-step) run pyqsa's
+    (PYQSA_SCHED_INPUTS_SYNC=1: upstream's synchronous copy of each host input) and `chunk1`
+    (PYQSA_CUDA_GEMV_ONE_CHUNK=1: q4_K/q5_K/q6_K products one chunk a lane-step) run pyqsa's
     library with one switch flipped, so decode.py records each as a variant and report.py
     gives it a column."""
     monkeypatch.setenv(env, value)

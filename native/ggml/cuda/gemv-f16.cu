@@ -56,8 +56,8 @@ struct gemv_args {
 };
 
 // a row's sum: each lane's chunks in order, 8 products a chunk in order, then the warp's butterfly.
-// P = 2 (a loader with load_pair): lane-step s takes chunk c = 8 (s / 4) + s % 4 and c + 4 (32
-// weights further) from one chunk's loads, in that order
+// P = gemv_step_chunks (2, 4: load_step): lane-step s takes chunks c = 4 P (s / 4) + s % 4, c + 4,
+// .. c + 4 (P - 1), 32 weights apart, in that order
 template <ggml_type T, int R, int P>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_one(const gemv_args a) {
     using weights = gemv_weights<T>;
@@ -99,12 +99,12 @@ __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_one(const gemv_args a)
     }
 #pragma unroll 4
     for (int s = lane; s < n_chunks / P; s += WARP_SIZE) {
-        const int c = P == 2 ? s / 4 * 8 + s % 4 : s;
+        const int c = s / 4 * 4 * P + s % 4;
         uint4     v[R][P];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            if constexpr (P == 2) {
-                weights::load_pair(w + row_off[r], c * CHUNK, v[r][0], v[r][1]);
+            if constexpr (P > 1) {
+                weights::load_step(w + row_off[r], c * CHUNK, v[r]);
             } else {
                 v[r][0] = weights::load(w + row_off[r], c * CHUNK);
             }
@@ -167,9 +167,9 @@ struct cols_args : gemv_args {
 // NOTE: A's and B's k are permuted alike, which leaves each product's sum as it is: lane (g, t)
 // loads the 8 halves k0 + 8t .. + 7 of its rows and of column g in one 16-byte (x: 32-byte) load,
 // and the first product takes halves 0-3 as its k 2t, 2t + 1, 2t + 8, 2t + 9, the second 4-7.
-// x is rounded to f16, as MMF and the CPU backend round it. P = 2 (a loader with load_pair): a
-// lane-step also takes the 8 halves 32 further, from the same loads (q4_K's other nibbles), and
-// their x, in two more products: 64 of K a step.
+// x is rounded to f16, as MMF and the CPU backend round it. P = gemv_step_chunks (2, 4: load_step):
+// a lane-step also takes the 8 halves 32, 64, 96 further, from the same loads (q4_K's other
+// nibbles), and their x, in two more products each: 32 P of K a step.
 // W warps a CTA, 16 RG rows a CTA; SPLIT: K in equal shares over the CTAs of each cluster
 // (grid x: row blocks times the cluster's size), the cluster's first CTA adding their sums in
 // rank order
@@ -287,8 +287,8 @@ __global__ void __launch_bounds__(W * WARP_SIZE) gemv_cols(const cols_args a) {
             for (int i = 0; i < RG; ++i) {
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
-                    if constexpr (P == 2) {
-                        weights::load_pair(w + row_off[i][j], k, wv[i][j][0], wv[i][j][1]);
+                    if constexpr (P > 1) {
+                        weights::load_step(w + row_off[i][j], k, wv[i][j]);
                     } else {
                         wv[i][j][0] = weights::load(w + row_off[i][j], k);
                     }
@@ -446,27 +446,29 @@ template <ggml_type T, int P> void launch_in_form(ggml_backend_cuda_context & ct
         return;
     }
     static_assert(std::size(cols_forms) == 7, "a launch_form below for each form");
+    constexpr int P4 = P < 2 ? P : 2;  // 64 rows a CTA: 4 chunks a lane-step would spill (q6_K)
     switch (f.W * 8 + f.RG) {
         case 8 * 8 + 1: launch_form<T, P, 8, 1, false>(ctx, a, grid_y, 1); break;
         case 8 * 8 + 2: launch_form<T, P, 8, 2, false>(ctx, a, grid_y, 1); break;
         case 4 * 8 + 1: launch_form<T, P, 4, 1, false>(ctx, a, grid_y, 1); break;
         case 4 * 8 + 2: launch_form<T, P, 4, 2, false>(ctx, a, grid_y, 1); break;
-        case 4 * 8 + 4: launch_form<T, P, 4, 4, false>(ctx, a, grid_y, 1); break;
+        case 4 * 8 + 4: launch_form<T, P4, 4, 4, false>(ctx, a, grid_y, 1); break;
         case 2 * 8 + 2: launch_form<T, P, 2, 2, false>(ctx, a, grid_y, 1); break;
-        default: launch_form<T, P, 2, 4, false>(ctx, a, grid_y, 1); break;
+        default: launch_form<T, P4, 2, 4, false>(ctx, a, grid_y, 1); break;
     }
 }
 
-// two chunks a lane-step (P = 2) wherever the type's loader has load_pair and they are on
+// the type's chunks a lane-step (gemv_step_chunks) unless one is forced
 template <ggml_type T> void launch_cols(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y) {
+    constexpr int   P      = gemv_step_chunks<T>::value;
     const int       n_sm   = ggml_cuda_info().devices[ctx.device].nsm;
     const cols_form forced = forced_cols_form();
-    const bool      pairs  = gemv_pairs<T>::value && pyqsa_cuda_gemv_pairs();
+    const bool      steps  = P > 1 && pyqsa_cuda_gemv_steps();
     const bool      split  = pyqsa_cuda_clusters_on((const void *) gemv_cols<T, 8, 1, true, 1>);
-    const cols_form f      = forced.W ? forced : cols_form_of(a, grid_y, n_sm, split, pairs ? 2 * KB : KB);
-    if constexpr (gemv_pairs<T>::value) {
-        if (pairs) {
-            launch_in_form<T, 2>(ctx, a, grid_y, f);
+    const cols_form f      = forced.W ? forced : cols_form_of(a, grid_y, n_sm, split, steps ? P * KB : KB);
+    if constexpr (P > 1) {
+        if (steps) {
+            launch_in_form<T, P>(ctx, a, grid_y, f);
             return;
         }
     }
@@ -502,12 +504,13 @@ template <ggml_type T, int P> void launch_rows(const ggml_cuda_kernel_launch_par
 void launch(ggml_backend_cuda_context & ctx, ggml_type type, gemv_args & a, int n_used, int r) {
     const ggml_cuda_kernel_launch_params p(dim3(number_blocks(a, WARPS * r), n_used), dim3(WARPS * WARP_SIZE), 0,
                                            ctx.stream());
-    const bool pairs = pyqsa_cuda_gemv_pairs();
+    const bool steps = pyqsa_cuda_gemv_steps();
     pyqsa_with_gemv_weights(type, [&](auto t) {
         constexpr ggml_type T = decltype(t)::value;
-        if constexpr (gemv_pairs<T>::value) {
-            if (pairs) {
-                launch_rows<T, 2>(p, a, r);
+        constexpr int       P = gemv_step_chunks<T>::value;
+        if constexpr (P > 1) {
+            if (steps) {
+                launch_rows<T, P>(p, a, r);
                 return;
             }
         }

@@ -23,9 +23,9 @@
 // launch's rows pick the form, so a row's sums may differ from its own launch's).
 // PYQSA_CUDA_GEMV_UPSTREAM=1 leaves every call to upstream's kernels (read at every call, so that
 // test-products checks and times both ways in one process).
-// q4_K and q5_K take two 8-weight chunks a lane-step, 32 apart, from one chunk's loads (sub-blocks
-// j and j + 1 share their quant bytes and their block's header); PYQSA_CUDA_GEMV_NO_PAIRS=1 gives
-// them one chunk a lane-step, as every other type. PYQSA_CUDA_GEMV_FORM="W,RG" forces one form on
+// q4_K and q5_K take two 8-weight chunks a lane-step, q6_K four, 32 apart, from about one chunk's
+// loads (gemv-weights.cuh, gemv_step_chunks); PYQSA_CUDA_GEMV_ONE_CHUNK=1 gives them one chunk a
+// lane-step, as every other type. PYQSA_CUDA_GEMV_FORM="W,RG" forces one form on
 // every 2-8 column launch (W warps, 16 RG rows a CTA, no split). Both are read at every call (so
 // that test-products checks and times each way in one process).
 #pragma once
@@ -40,8 +40,8 @@ constexpr int PYQSA_GEMV_MAX_PARTS = 8;
 // PYQSA_CUDA_GEMV_UPSTREAM unset or "0" (pyqsa-cuda.cu reads it at every call)
 bool pyqsa_cuda_gemv_on();
 
-// PYQSA_CUDA_GEMV_NO_PAIRS unset or "0"
-bool pyqsa_cuda_gemv_pairs();
+// PYQSA_CUDA_GEMV_ONE_CHUNK unset or "0"
+bool pyqsa_cuda_gemv_steps();
 
 // whether the gemv reads weights of this type (gemv-weights.cuh)
 bool pyqsa_cuda_gemv_reads(ggml_type type);

@@ -216,14 +216,14 @@ template <> struct gemv_weights<GGML_TYPE_Q4_K> {
     }
     // k in an even sub-block j: its weights k .. k + 7 and sub-block j + 1's k + 32 .. k + 39, the
     // other nibbles of the same bytes
-    static __device__ __forceinline__ void load_pair(const char * row, int k, uint4 & lo, uint4 & hi) {
+    static __device__ __forceinline__ void load_step(const char * row, int k, uint4 (&v)[2]) {
         using namespace pyqsa_gemv_detail;
         const block_q4_K * b = (const block_q4_K *) row + k / QK_K;
         const int          j = k % QK_K / 32;
         const uint2        q = __ldcs((const uint2 *) (b->qs + 32 * (j / 2) + k % 32));
         const uint4        h = __ldcs((const uint4 *) b);
-        lo                   = k_sub_block(nibbles(q, 0), h, j);
-        hi                   = k_sub_block(nibbles(q, 4), h, j + 1);
+        v[0]                 = k_sub_block(nibbles(q, 0), h, j);
+        v[1]                 = k_sub_block(nibbles(q, 4), h, j + 1);
     }
 };
 
@@ -241,23 +241,18 @@ template <> struct gemv_weights<GGML_TYPE_Q5_K> {
         const uint2        q5 = with_high_bits(nibbles(q, 4 * (j % 2)), qh, j, 0x01010101u);
         return k_sub_block(q5, __ldcs((const uint4 *) b), j);
     }
-    static __device__ __forceinline__ void load_pair(const char * row, int k, uint4 & lo, uint4 & hi) {
+    static __device__ __forceinline__ void load_step(const char * row, int k, uint4 (&v)[2]) {
         using namespace pyqsa_gemv_detail;
         const block_q5_K * b  = (const block_q5_K *) row + k / QK_K;
         const int          j  = k % QK_K / 32;
         const uint2        q  = __ldcs((const uint2 *) (b->qs + 32 * (j / 2) + k % 32));
         const uint2        qh = __ldcs((const uint2 *) (b->qh + k % 32));
         const uint4        h  = __ldcs((const uint4 *) b);
-        lo                    = k_sub_block(with_high_bits(nibbles(q, 0), qh, j, 0x01010101u), h, j);
-        hi                    = k_sub_block(with_high_bits(nibbles(q, 4), qh, j + 1, 0x01010101u), h, j + 1);
+        v[0]                  = k_sub_block(with_high_bits(nibbles(q, 0), qh, j, 0x01010101u), h, j);
+        v[1]                  = k_sub_block(with_high_bits(nibbles(q, 4), qh, j + 1, 0x01010101u), h, j + 1);
     }
 };
 
-// whether the type's loader has load_pair (two chunks 32 weights apart whose loads are one
-// chunk's): the 2-8 column kernel then takes 64 of K a lane-step
-template <ggml_type T> struct gemv_pairs : std::false_type {};
-template <> struct gemv_pairs<GGML_TYPE_Q4_K> : std::true_type {};
-template <> struct gemv_pairs<GGML_TYPE_Q5_K> : std::true_type {};
 
 // half n = (k % 256) / 128, quarter c of it, l = k % 32: d * sc * (q - 32), q 6 bits: the low
 // (c < 2) or high nibbles of ql[64 n + 32 (c % 2) + l ..] and bits 2c, 2c + 1 of qh[32 n + l ..],
@@ -277,7 +272,33 @@ template <> struct gemv_weights<GGML_TYPE_Q6_K> {
         const uint2        q6 = with_high_bits(nibbles(ql, 4 * (c / 2)), qh, 2 * c, 0x03030303u);
         return scaled(q6, __float2half2_rn(1024.0f + 32.0f), s);
     }
+    // k in quarter 0 (k % 128 < 32): the chunks k + 32 c of the first N = 2 or 4 quarters c, whose
+    // quants are the two nibbles of the same two 8-byte runs of ql and the bit pairs of one of qh
+    template <int N> static __device__ __forceinline__ void load_step(const char * row, int k, uint4 (&v)[N]) {
+        using namespace pyqsa_gemv_detail;
+        const block_q6_K * b     = (const block_q6_K *) row + k / QK_K;
+        const int          n     = k % QK_K / 128, l = k % 32;
+        const uint2        ql[2] = { ld8_2(b->ql + 64 * n + l), ld8_2(b->ql + 64 * n + 32 + l) };
+        static_assert(N == 2 || N == 4, "the quarters of one half");
+        const uint2        qh    = ld8_2(b->qh + 32 * n + l);
+        const float        d     = __half2float(__ushort_as_half((unsigned short) ld16(&b->d)));
+#pragma unroll
+        for (int c = 0; c < N; ++c) {
+            const half2 s  = __float2half2_rn(d * (float) b->scales[8 * n + l / 16 + 2 * c]);
+            const uint2 q6 = with_high_bits(nibbles(ql[c % 2], 4 * (c / 2)), qh, 2 * c, 0x03030303u);
+            v[c]           = scaled(q6, __float2half2_rn(1024.0f + 32.0f), s);
+        }
+    }
 };
+
+// the 8-weight chunks a lane-step of the gemv takes (gemv-f16.cu), 32 weights apart, where the
+// type's loader has load_step (their loads those of one chunk, or nearly: q4_K's and q5_K's two
+// sub-blocks share quant bytes and the block header, q6_K's four quarters quant bytes, d and the
+// bit pairs of qh); 1: load alone
+template <ggml_type T> struct gemv_step_chunks : std::integral_constant<int, 1> {};
+template <> struct gemv_step_chunks<GGML_TYPE_Q4_K> : std::integral_constant<int, 2> {};
+template <> struct gemv_step_chunks<GGML_TYPE_Q5_K> : std::integral_constant<int, 2> {};
+template <> struct gemv_step_chunks<GGML_TYPE_Q6_K> : std::integral_constant<int, 4> {};
 
 // calls f(std::integral_constant<ggml_type, T>) for a type of these weights and returns true, or
 // returns false

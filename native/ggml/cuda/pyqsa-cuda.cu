@@ -192,8 +192,8 @@ bool pyqsa_cuda_gemv_on() {
     return !pyqsa_env_switch_on("PYQSA_CUDA_GEMV_UPSTREAM");
 }
 
-bool pyqsa_cuda_gemv_pairs() {
-    return !pyqsa_env_switch_on("PYQSA_CUDA_GEMV_NO_PAIRS");
+bool pyqsa_cuda_gemv_steps() {
+    return !pyqsa_env_switch_on("PYQSA_CUDA_GEMV_ONE_CHUNK");
 }
 
 bool pyqsa_cuda_products_grouped() {
