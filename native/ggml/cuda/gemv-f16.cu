@@ -387,7 +387,6 @@ struct cols_form {
     int W, RG, S;
 };
 
-
 // NOTE: about 20 warps a SM (native/dev/README.md, the cols-gemv study: every shape of an 8-
 // sequence step of both MoE sizes, H100 and H200). A grid of more gets fewer warps a CTA (dense:
 // 4; a MoE's, whose every CTA first finds its expert's pairs: 4, then 32 rows, then 2 warps, then
@@ -458,21 +457,40 @@ template <ggml_type T, int P> void launch_in_form(ggml_backend_cuda_context & ct
     }
 }
 
-// the type's chunks a lane-step (gemv_step_chunks) unless one is forced
-template <ggml_type T> void launch_cols(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y) {
-    constexpr int   P      = gemv_step_chunks<T>::value;
-    const int       n_sm   = ggml_cuda_info().devices[ctx.device].nsm;
-    const cols_form forced = forced_cols_form();
-    const bool      steps  = P > 1 && pyqsa_cuda_gemv_steps();
-    const bool      split  = pyqsa_cuda_clusters_on((const void *) gemv_cols<T, 8, 1, true, 1>);
-    const cols_form f      = forced.W ? forced : cols_form_of(a, grid_y, n_sm, split, steps ? P * KB : KB);
-    if constexpr (P > 1) {
-        if (steps) {
-            launch_in_form<T, P>(ctx, a, grid_y, f);
-            return;
+// the chunks a lane-step a launch takes: the type's (gemv_step_chunks) but where one is forced,
+// halved while the lane-steps of `lanes` lanes would cover more than K
+template <ggml_type T> int step_chunks(int K, int lanes) {
+    int P = pyqsa_cuda_gemv_steps() ? gemv_step_chunks<T>::value : 1;
+    while (P > 1 && K < lanes * CHUNK * P) {
+        P /= 2;
+    }
+    return P;
+}
+
+// F(std::integral_constant<int, P>) for P = 1, 2 or 4 where the type's loader takes that many
+template <ggml_type T, typename F> void with_step_chunks(int P, F && f) {
+    constexpr int most = gemv_step_chunks<T>::value;
+    if constexpr (most >= 4) {
+        if (P == 4) {
+            return f(std::integral_constant<int, 4>{});
         }
     }
-    launch_in_form<T, 1>(ctx, a, grid_y, f);
+    if constexpr (most >= 2) {
+        if (P == 2) {
+            return f(std::integral_constant<int, 2>{});
+        }
+    }
+    f(std::integral_constant<int, 1>{});
+}
+
+template <ggml_type T> void launch_cols(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y) {
+    const int       n_sm   = ggml_cuda_info().devices[ctx.device].nsm;
+    const cols_form forced = forced_cols_form();
+    const bool      split  = pyqsa_cuda_clusters_on((const void *) gemv_cols<T, 8, 1, true, 1>);
+    const int       most   = step_chunks<T>(a.K, 8 * 4);  // a warp's share of K at least one lane-step
+    const cols_form f      = forced.W ? forced : cols_form_of(a, grid_y, n_sm, split, most * KB);
+    with_step_chunks<T>(step_chunks<T>(a.K / f.S, f.W * 4),
+                        [&](auto P) { launch_in_form<T, decltype(P)::value>(ctx, a, grid_y, f); });
 }
 
 void launch_cols(ggml_backend_cuda_context & ctx, ggml_type type, cols_args & a, int grid_y) {
@@ -504,17 +522,9 @@ template <ggml_type T, int P> void launch_rows(const ggml_cuda_kernel_launch_par
 void launch(ggml_backend_cuda_context & ctx, ggml_type type, gemv_args & a, int n_used, int r) {
     const ggml_cuda_kernel_launch_params p(dim3(number_blocks(a, WARPS * r), n_used), dim3(WARPS * WARP_SIZE), 0,
                                            ctx.stream());
-    const bool steps = pyqsa_cuda_gemv_steps();
     pyqsa_with_gemv_weights(type, [&](auto t) {
         constexpr ggml_type T = decltype(t)::value;
-        constexpr int       P = gemv_step_chunks<T>::value;
-        if constexpr (P > 1) {
-            if (steps) {
-                launch_rows<T, P>(p, a, r);
-                return;
-            }
-        }
-        launch_rows<T, 1>(p, a, r);
+        with_step_chunks<T>(step_chunks<T>(a.K, WARP_SIZE), [&](auto P) { launch_rows<T, decltype(P)::value>(p, a, r); });
     });
 }
 
