@@ -272,21 +272,22 @@ template <> struct gemv_weights<GGML_TYPE_Q6_K> {
         const uint2        q6 = with_high_bits(nibbles(ql, 4 * (c / 2)), qh, 2 * c, 0x03030303u);
         return scaled(q6, __float2half2_rn(1024.0f + 32.0f), s);
     }
-    // k in quarter 0 (k % 128 < 32): the chunks k + 32 c of the first N = 2 or 4 quarters c, whose
-    // quants are the two nibbles of the same two 8-byte runs of ql and the bit pairs of one of qh
+    // k in quarter q = 0, or 0 or 2 (N = 2): the chunks k + 32 i of quarters q + i, i < N = 2 or 4,
+    // whose quants are the nibbles of the same two 8-byte runs of ql and the bit pairs of one of qh
     template <int N> static __device__ __forceinline__ void load_step(const char * row, int k, uint4 (&v)[N]) {
         using namespace pyqsa_gemv_detail;
-        const block_q6_K * b     = (const block_q6_K *) row + k / QK_K;
-        const int          n     = k % QK_K / 128, l = k % 32;
-        const uint2        ql[2] = { ld8_2(b->ql + 64 * n + l), ld8_2(b->ql + 64 * n + 32 + l) };
         static_assert(N == 2 || N == 4, "the quarters of one half");
+        const block_q6_K * b     = (const block_q6_K *) row + k / QK_K;
+        const int          n     = k % QK_K / 128, q = k % 128 / 32, l = k % 32;
+        const uint2        ql[2] = { ld8_2(b->ql + 64 * n + l), ld8_2(b->ql + 64 * n + 32 + l) };
         const uint2        qh    = ld8_2(b->qh + 32 * n + l);
         const float        d     = __half2float(__ushort_as_half((unsigned short) ld16(&b->d)));
 #pragma unroll
-        for (int c = 0; c < N; ++c) {
+        for (int i = 0; i < N; ++i) {
+            const int   c  = q + i;
             const half2 s  = __float2half2_rn(d * (float) b->scales[8 * n + l / 16 + 2 * c]);
-            const uint2 q6 = with_high_bits(nibbles(ql[c % 2], 4 * (c / 2)), qh, 2 * c, 0x03030303u);
-            v[c]           = scaled(q6, __float2half2_rn(1024.0f + 32.0f), s);
+            const uint2 q6 = with_high_bits(nibbles(ql[i % 2], 4 * (c / 2)), qh, 2 * c, 0x03030303u);  // q even
+            v[i]           = scaled(q6, __float2half2_rn(1024.0f + 32.0f), s);
         }
     }
 };
