@@ -23,8 +23,9 @@
 // launch's rows pick the form, so a row's sums may differ from its own launch's).
 // PYQSA_CUDA_GEMV_UPSTREAM=1 leaves every call to upstream's kernels (read at every call, so that
 // test-products checks and times both ways in one process).
-// q4_K and q5_K take two 8-weight chunks a lane-step, q6_K four, 32 apart, from about one chunk's
-// loads (gemv-weights.cuh, gemv_step_chunks); PYQSA_CUDA_GEMV_ONE_CHUNK=1 gives them one chunk a
+// At 2-8 columns q4_K and q5_K take two 8-weight chunks a lane-step, q6_K four, 32 apart, from
+// about one chunk's loads (gemv-weights.cuh, gemv_step_chunks); at one column q6_K four (where K
+// gives every lane a step), the others one; PYQSA_CUDA_GEMV_ONE_CHUNK=1 gives them one chunk a
 // lane-step, as every other type. PYQSA_CUDA_GEMV_FORM="W,RG" forces one form on
 // every 2-8 column launch (W warps, 16 RG rows a CTA, no split). Both are read at every call (so
 // that test-products checks and times each way in one process).

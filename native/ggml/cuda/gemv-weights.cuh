@@ -184,12 +184,6 @@ template <> struct gemv_weights<GGML_TYPE_Q5_1> {
     }
 };
 
-// sub-block j = (k % 256) / 32 of 32 weights: d * sc_j * q - dmin * m_j, q the low (j even) or
-// high nibbles of qs[32 (j / 2) ..], 4 bits
-// NOTE: the block's d, dmin and scales in one 16-byte load: a warp's load instruction reads a
-// 32-byte sector of each of its 8 rows whatever it loads of them, so a byte a load was a sector
-// for a byte; loaded apart (three byte loads and d's) they took 4 of a lane's 5 loads, and the
-// products of 2-8 columns read 0.7-1.1 TB/s of weights (f16 ~2.5)
 namespace pyqsa_gemv_detail {
 
 // sub-block j's 8 weights of the quant bytes q (their nibbles j % 2, with q5_K's fifth bits
@@ -203,6 +197,12 @@ __device__ __forceinline__ uint4 k_sub_block(uint2 q, uint4 h, int j) {
 
 }  // namespace pyqsa_gemv_detail
 
+// sub-block j = (k % 256) / 32 of 32 weights: d * sc_j * q - dmin * m_j, q the low (j even) or
+// high nibbles of qs[32 (j / 2) ..], 4 bits
+// NOTE: the block's d, dmin and scales in one 16-byte load: a warp's load instruction reads a
+// 32-byte sector of each of its 8 rows whatever it loads of them, so a byte a load was a sector
+// for a byte; loaded apart (three byte loads and d's) they took 4 of a lane's 5 loads, and the
+// products of 2-8 columns read 0.7-1.1 TB/s of weights (f16 ~2.5)
 template <> struct gemv_weights<GGML_TYPE_Q4_K> {
     static constexpr int qk    = QK_K;
     static constexpr int align = 16;  // 144-byte blocks, qs at 16
@@ -252,7 +252,6 @@ template <> struct gemv_weights<GGML_TYPE_Q5_K> {
         v[1]                  = k_sub_block(with_high_bits(nibbles(q, 4), qh, j + 1, 0x01010101u), h, j + 1);
     }
 };
-
 
 // half n = (k % 256) / 128, quarter c of it, l = k % 32: d * sc * (q - 32), q 6 bits: the low
 // (c < 2) or high nibbles of ql[64 n + 32 (c % 2) + l ..] and bits 2c, 2c + 1 of qh[32 n + l ..],
