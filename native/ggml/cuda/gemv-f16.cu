@@ -526,8 +526,13 @@ void launch(ggml_backend_cuda_context & ctx, ggml_type type, gemv_args & a, int 
         constexpr ggml_type T = decltype(t)::value;
         // NOTE: one column takes 4 chunks a lane-step, not 2 (test-products perf on the H100: q6_K's
         // output layer 173.5 us against 327.6 with one; q4_K 2560 x 12288 23.4 with two against 20.6)
-        const int chunks = step_chunks<T>(a.K, WARP_SIZE);
-        with_step_chunks<T>(chunks == 4 ? 4 : 1, [&](auto P) { launch_rows<T, decltype(P)::value>(p, a, r); });
+        if constexpr (gemv_step_chunks<T>::value == 4) {
+            if (step_chunks<T>(a.K, WARP_SIZE) == 4) {
+                launch_rows<T, 4>(p, a, r);
+                return;
+            }
+        }
+        launch_rows<T, 1>(p, a, r);
     });
 }
 
