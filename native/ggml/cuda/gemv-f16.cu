@@ -56,8 +56,8 @@ struct gemv_args {
 };
 
 // a row's sum: each lane's chunks in order, 8 products a chunk in order, then the warp's butterfly.
-// P = gemv_step_chunks (2, 4: load_step): lane-step s takes chunks c = 4 P (s / 4) + s % 4, c + 4,
-// .. c + 4 (P - 1), 32 weights apart, in that order
+// P = 4 (q6_K's load_step; launch() says why no other type): lane-step s takes chunks
+// c = 4 P (s / 4) + s % 4, c + 4, .. c + 4 (P - 1), 32 weights apart, in that order
 template <ggml_type T, int R, int P>
 __global__ void __launch_bounds__(WARPS * WARP_SIZE) gemv_one(const gemv_args a) {
     using weights = gemv_weights<T>;
@@ -421,7 +421,8 @@ void launch_form(ggml_backend_cuda_context & ctx, cols_args & a, int grid_y, int
     }
 }
 
-// the forms a launch can take without a split (W, RG), in the rule's order of preference
+// the forms a launch can take without a split (W, RG): cols_form_of's and two more only
+// PYQSA_CUDA_GEMV_FORM picks (8 warps of 32 rows, 4 of 64)
 constexpr cols_form cols_forms[] = { { 8, 1, 1 }, { 8, 2, 1 }, { 4, 1, 1 }, { 4, 2, 1 }, { 4, 4, 1 }, { 2, 2, 1 }, { 2, 4, 1 } };
 
 // PYQSA_CUDA_GEMV_FORM="W,RG": one of cols_forms, forced for every 2-8 column launch (read at
