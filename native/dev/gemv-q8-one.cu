@@ -11,6 +11,7 @@
 // Checked against a double reference over the same f16 weights first; timed as the median of 20
 // CUDA graphs of 16 launches, each on another copy of the weights (copies past 4x the L2).
 #include "cuda-check.cuh"
+#include "graph-timing.cuh"
 
 #include <cuda_fp16.h>
 
@@ -88,6 +89,14 @@ __device__ __forceinline__ void store(const args & a, int row0, float (&acc)[R],
     }
 }
 
+// the warp's R rows from row0 (rows past N read row N - 1 again, never stored)
+__device__ __forceinline__ void warp_rows(const args & a, int row0, const uint8_t * (&rows)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        rows[r] = a.w + (size_t) min(row0 + r, a.N - 1) * a.row_bytes;
+    }
+}
+
 // A and W3: chunk s of every row a lane-step
 template <bool WORDS> __global__ void __launch_bounds__(WARPS * WARP) gemv_chunks(const args a) {
     const int lane = threadIdx.x % WARP;
@@ -96,10 +105,7 @@ template <bool WORDS> __global__ void __launch_bounds__(WARPS * WARP) gemv_chunk
         return;
     }
     const uint8_t * rows[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        rows[r] = a.w + (size_t) min(row0 + r, a.N - 1) * a.row_bytes;
-    }
+    warp_rows(a, row0, rows);
     float     acc[R]   = {};
     const int n_chunks = a.K / 8;
 #pragma unroll 4
@@ -134,10 +140,7 @@ __global__ void __launch_bounds__(WARPS * WARP) gemv_blocks(const args a) {
         return;
     }
     const uint8_t * rows[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        rows[r] = a.w + (size_t) min(row0 + r, a.N - 1) * a.row_bytes;
-    }
+    warp_rows(a, row0, rows);
     float     acc[R]   = {};
     const int n_blocks = a.K / QK;
 #pragma unroll 2
@@ -257,37 +260,13 @@ int main() {
             if (!ok) {
                 continue;  // a failed form is not timed
             }
-            cudaGraph_t     g;
-            cudaGraphExec_t ge;
-            CHECK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-            for (int i = 0; i < 16; ++i) {
+            // 16 launches a graph, each on the next copy
+            const launch_times t = time_launches(st, 16, [&](int i) {
                 const args ai = { w_d + (size_t) (i % copies) * span, x_d, y_d, sh.N, sh.K, row_bytes };
                 launch((form) f, ai, st);
-            }
-            CHECK_CUDA(cudaStreamEndCapture(st, &g));
-            CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
-            cudaEvent_t e0, e1;
-            CHECK_CUDA(cudaEventCreate(&e0));
-            CHECK_CUDA(cudaEventCreate(&e1));
-            std::vector<float> us;
-            for (int rep = 0; rep < 21; ++rep) {
-                CHECK_CUDA(cudaEventRecord(e0, st));
-                CHECK_CUDA(cudaGraphLaunch(ge, st));
-                CHECK_CUDA(cudaEventRecord(e1, st));
-                CHECK_CUDA(cudaEventSynchronize(e1));
-                float ms = 0.0f;
-                CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-                if (rep > 0) {
-                    us.push_back(ms * 1000.0f / 16);
-                }
-            }
-            std::sort(us.begin(), us.end());
-            const float med = us[us.size() / 2];
-            std::printf("; %8.2f us a launch (%.2f-%.2f), %.0f GB/s\n", med, us.front(), us.back(), bytes / (med * 1e3));
-            CHECK_CUDA(cudaGraphExecDestroy(ge));
-            CHECK_CUDA(cudaGraphDestroy(g));
-            CHECK_CUDA(cudaEventDestroy(e0));
-            CHECK_CUDA(cudaEventDestroy(e1));
+            });
+            std::printf("; %8.2f us a launch (%.2f-%.2f), %.0f GB/s\n", t.median, t.min, t.max,
+                        bytes / (t.median * 1e3));
         }
         CHECK_CUDA(cudaFree(w_d));
         CHECK_CUDA(cudaFree(x_d));

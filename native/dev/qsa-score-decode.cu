@@ -12,6 +12,7 @@
 // first; timed as median of 20 CUDA graphs of 16 launches, each launch on another copy of the keys
 // (copies past twice the L2, so every launch reads from HBM, as a decode step's does).
 #include "cuda-check.cuh"
+#include "graph-timing.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -324,38 +325,13 @@ int main() {
                 continue;  // a failed form is not timed
             }
             // 20 graphs of 16 launches, each on the next copy of the keys
-            cudaGraph_t     g;
-            cudaGraphExec_t ge;
-            CHECK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-            for (int i = 0; i < 16; ++i) {
+            // 16 launches a graph, each on the next copy
+            const launch_times t = time_launches(st, 16, [&](int i) {
                 const args ai = { q_d, keys_d + (size_t) (i % copies) * n_keys, dst_d, sh.n_blocks, scale };
                 launch((form) f, ai, sh.ns, st);
-            }
-            CHECK_CUDA(cudaStreamEndCapture(st, &g));
-            CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
-            cudaEvent_t e0, e1;
-            CHECK_CUDA(cudaEventCreate(&e0));
-            CHECK_CUDA(cudaEventCreate(&e1));
-            std::vector<float> us;
-            for (int r = 0; r < 21; ++r) {
-                CHECK_CUDA(cudaEventRecord(e0, st));
-                CHECK_CUDA(cudaGraphLaunch(ge, st));
-                CHECK_CUDA(cudaEventRecord(e1, st));
-                CHECK_CUDA(cudaEventSynchronize(e1));
-                float ms = 0.0f;
-                CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-                if (r > 0) {
-                    us.push_back(ms * 1000.0f / 16);
-                }
-            }
-            std::sort(us.begin(), us.end());
-            const float med = us[us.size() / 2];
-            std::printf("; %8.2f us a launch (%.2f-%.2f), %.0f GB/s\n", med, us.front(), us.back(),
-                        bytes / (med * 1e3));
-            CHECK_CUDA(cudaGraphExecDestroy(ge));
-            CHECK_CUDA(cudaGraphDestroy(g));
-            CHECK_CUDA(cudaEventDestroy(e0));
-            CHECK_CUDA(cudaEventDestroy(e1));
+            });
+            std::printf("; %8.2f us a launch (%.2f-%.2f), %.0f GB/s\n", t.median, t.min, t.max,
+                        bytes / (t.median * 1e3));
         }
         CHECK_CUDA(cudaFree(q_d));
         CHECK_CUDA(cudaFree(keys_d));
