@@ -57,7 +57,8 @@
 #                 and --seqs under the kernel profiler (decode.py --profile), its tables of kernel
 #                 time and launches a step in $OUT/kernels.txt; never timed)
 #                 --dev (the studies of native/dev, each built with nvcc and run while the builds
-#                 run (180 s at most each), finished before any timing; each one's output in $OUT/dev-NAME.txt)
+#                 run (180 s at most each), finished before any timing; each one's output in
+#                 $OUT/dev-NAME.txt)
 # Steps: unpack the carried upstream extract; build pyqsa's CUDA variant (setup path) and an
 # unpatched upstream CUDA `llama` in .build/bench/upstream-cuda, while the model is written to
 # .build/bench/ (all three in parallel); then decode.py per context, cheapest first, pyqsa then
