@@ -247,6 +247,7 @@ int main() {
             const args a = { w_d, x_d, y_d, sh.N, sh.K, row_bytes };
             CHECK_CUDA(cudaMemset(y_d, 0xff, sh.N * sizeof(float)));
             launch((form) f, a, st);
+            CHECK_CUDA(cudaGetLastError());
             CHECK_CUDA(cudaStreamSynchronize(st));
             std::vector<float> y(sh.N);
             CHECK_CUDA(cudaMemcpy(y.data(), y_d, y.size() * sizeof(float), cudaMemcpyDeviceToHost));

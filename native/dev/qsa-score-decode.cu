@@ -211,14 +211,8 @@ __global__ void score_p(const args a) {
 enum form { FORM_A, FORM_V4, FORM_V8, FORM_P4, N_FORMS };
 const char * form_name[N_FORMS] = { "A", "V4", "V8", "P4" };
 
-int sms() {
-    int dev = 0, n = 0;
-    CHECK_CUDA(cudaGetDevice(&dev));
-    CHECK_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-}
-
-void launch(form f, const args & a, int ns, cudaStream_t st) {
+// sms: the device's SMs (P4's grid)
+void launch(form f, const args & a, int ns, int sms, cudaStream_t st) {
     const int blocks_a_cta4 = WARPS * 4, blocks_a_cta8 = WARPS * 8;
     switch (f) {
         case FORM_A:
@@ -234,7 +228,7 @@ void launch(form f, const args & a, int ns, cudaStream_t st) {
             {
                 // about 8 CTAs a SM in all, split over the streams
                 const int per_stream = std::max(1, std::min((a.n_blocks + blocks_a_cta4 - 1) / blocks_a_cta4,
-                                                            8 * sms() / ns));
+                                                            8 * sms / ns));
                 score_p<<<dim3(per_stream, ns), WARPS * WARP, 0, st>>>(a);
                 break;
             }
@@ -303,7 +297,8 @@ int main() {
         for (int f = 0; f < N_FORMS; ++f) {
             const args a = { q_d, keys_d, dst_d, sh.n_blocks, scale };
             CHECK_CUDA(cudaMemset(dst_d, 0xff, ref.size() * sizeof(float)));
-            launch((form) f, a, sh.ns, st);
+            launch((form) f, a, sh.ns, prop.multiProcessorCount, st);
+            CHECK_CUDA(cudaGetLastError());
             CHECK_CUDA(cudaStreamSynchronize(st));
             std::vector<float> out(ref.size());
             CHECK_CUDA(cudaMemcpy(out.data(), dst_d, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
@@ -324,11 +319,10 @@ int main() {
             if (!ok) {
                 continue;  // a failed form is not timed
             }
-            // 20 graphs of 16 launches, each on the next copy of the keys
             // 16 launches a graph, each on the next copy
             const launch_times t = time_launches(st, 16, [&](int i) {
                 const args ai = { q_d, keys_d + (size_t) (i % copies) * n_keys, dst_d, sh.n_blocks, scale };
-                launch((form) f, ai, sh.ns, st);
+                launch((form) f, ai, sh.ns, prop.multiProcessorCount, st);
             });
             std::printf("; %8.2f us a launch (%.2f-%.2f), %.0f GB/s\n", t.median, t.min, t.max,
                         bytes / (t.median * 1e3));
