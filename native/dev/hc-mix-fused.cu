@@ -247,12 +247,14 @@ template <int PARTS> __global__ void __launch_bounds__(THREADS, 1) mix(const arg
             }
         }
     }
+    if constexpr (PARTS & UP) {
+        stream_factors(a, factor);  // x alone: before the barrier, while the last down tasks finish
+    }
     if constexpr (PARTS == BOTH) {
         __threadfence();
         grid_barrier(a.barrier);
     }
     if constexpr (PARTS & UP) {
-        stream_factors(a, factor);
         low_rank(a, factor, lo);
 #pragma unroll
         for (int t = 0; t < TASKS; ++t) {
